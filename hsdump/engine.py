@@ -1,0 +1,423 @@
+"""The SGLang side of hsdump: the only module that imports sglang.
+
+`CaptureEngine` runs `sglang.Engine` in-process. A patch installed in every scheduler process
+(through `Engine.run_scheduler_process_func`, so it survives the `spawn` start method):
+
+1. after the model loads, and so before CUDA graphs are captured, turns on EAGLE-3 aux capture
+   and sets the model's `layers_to_capture` to the hf_hidden_states_index list (sorted);
+2. wraps `SchedulerBatchResultProcessor.process_batch_result_prefill`: on attention-TP rank 0
+   only, it slices the batch's aux rows `[tokens_in_batch, K * H]` per request by the batch's
+   extend lengths, sends each slice as raw bytes with (rid, start position) over a ZMQ PUSH
+   socket of its own, and clears `logits_output.hidden_states` so SGLang's `.tolist()` path
+   never runs. Every prefill chunk is sent, so chunked prefill loses nothing.
+
+The caller's receiver thread stitches chunks per rid by start position and checks that the
+rows cover exactly `len(input_ids)` before a sample is handed on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ctypes
+import json
+import logging
+import os
+import subprocess
+import tempfile
+import threading
+import time
+import uuid
+import warnings
+from importlib import metadata
+from pathlib import Path
+from typing import Callable, Dict, Iterable, List, Optional, Sequence, Tuple
+
+import torch
+
+from .config import EngineConfig, ModelConfig
+from .layers import ModelInfo
+
+log = logging.getLogger(__name__)
+
+SUPPORTED_SGLANG = ("0.5.17", "0.5.23")
+ENV = "HSDUMP_CAPTURE"
+DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+ROWS_TIMEOUT_S = 120.0
+
+Sink = Callable[[int, List[int], List[torch.Tensor]], None]
+
+
+class CaptureError(RuntimeError):
+    """The engine did not deliver what a sample needs; the message says what went wrong."""
+
+
+# --------------------------------------------------------------------------- CPU support
+_STUB_C = "int cuPointerGetAttribute(void *d, int a, unsigned long long p) { return 1; }\n"
+
+
+def load_libcuda_stub() -> None:
+    """sglang-kernel's CUDA build needs `libcuda.so.1` to import; on a machine without a GPU
+    driver, build a one-symbol stub, load it here and put it on LD_LIBRARY_PATH so every
+    process SGLang spawns (schedulers, detokenizer) finds it too."""
+    try:
+        ctypes.CDLL("libcuda.so.1", mode=ctypes.RTLD_GLOBAL)
+        return
+    except OSError:
+        pass
+    from .tiny import cache_dir
+
+    stub = cache_dir() / "libcuda-stub" / "libcuda.so.1"
+    if not stub.exists():
+        stub.parent.mkdir(parents=True, exist_ok=True)
+        src = stub.with_suffix(".c")
+        src.write_text(_STUB_C)
+        tmp = stub.with_name(f".libcuda.{os.getpid()}.so")
+        subprocess.run(["cc", "-shared", "-fPIC", "-Wl,-soname,libcuda.so.1", "-o", str(tmp),
+                        str(src)], check=True)
+        os.replace(tmp, stub)
+    ctypes.CDLL(str(stub), mode=ctypes.RTLD_GLOBAL)
+    paths = [p for p in os.environ.get("LD_LIBRARY_PATH", "").split(":") if p]
+    if str(stub.parent) not in paths:
+        os.environ["LD_LIBRARY_PATH"] = ":".join([str(stub.parent)] + paths)
+
+
+def _prepare_process(device: str) -> None:
+    if device == "cpu":
+        os.environ["SGLANG_USE_CPU_ENGINE"] = "1"
+        load_libcuda_stub()
+
+
+# --------------------------------------------------------------------------- scheduler side
+class _Sender:
+    """Per scheduler process: a PUSH socket carrying (header, raw rows) messages."""
+
+    def __init__(self, endpoint: str):
+        import zmq
+
+        self.sock = zmq.Context.instance().socket(zmq.PUSH)
+        self.sock.setsockopt(zmq.LINGER, 10_000)
+        self.sock.connect(endpoint)
+
+    def rows(self, rid: str, start: int, rows: torch.Tensor) -> None:
+        # rows: [n, K * H], contiguous, on the CPU
+        header = {"rid": rid, "start": int(start), "n": int(rows.shape[0]),
+                  "width": int(rows.shape[1]), "dtype": str(rows.dtype).split(".")[-1]}
+        payload = rows.view(torch.uint8).numpy() if rows.numel() else b""
+        self.sock.send_multipart([json.dumps(header).encode(), payload], copy=False)
+
+    def error(self, message: str) -> None:
+        self.sock.send_multipart([json.dumps({"error": message}).encode(), b""])
+
+
+def _is_writer_rank() -> bool:
+    from sglang.srt.runtime_context import get_parallel
+
+    ps = get_parallel()
+    return getattr(ps, "attn_tp_rank", 0) == 0 and getattr(ps, "pp_rank", 0) == 0
+
+
+def _install_patch(spec: dict) -> None:
+    from sglang.srt.managers.scheduler_components import batch_result_processor as brp
+    from sglang.srt.model_executor import model_runner as mr
+
+    layers = sorted(spec["layers"])
+    sender: Dict[str, _Sender] = {}
+
+    orig_load = mr.ModelRunner.load_model
+
+    def load_model(self, *a, **k):
+        out = orig_load(self, *a, **k)
+        if getattr(self, "is_draft_worker", False):
+            return out
+        model = self.model
+        if not hasattr(model, "set_eagle3_layers_to_capture"):
+            raise RuntimeError(f"hsdump: {type(model).__name__} has no EAGLE-3 aux capture")
+        model.set_eagle3_layers_to_capture([k - 1 for k in layers])
+        inner = getattr(model, "model", None)
+        if inner is None or not hasattr(inner, "layers_to_capture"):
+            raise RuntimeError(f"hsdump: {type(model).__name__} keeps no layers_to_capture")
+        inner.layers_to_capture = list(layers)  # entry i = stream entering layer i = HF hs[i]
+        return out
+
+    mr.ModelRunner.load_model = load_model
+
+    orig_prefill = brp.SchedulerBatchResultProcessor.process_batch_result_prefill
+
+    def process_batch_result_prefill(self, batch, result):
+        if batch.return_hidden_states and _is_writer_rank():
+            if "s" not in sender:
+                sender["s"] = _Sender(spec["endpoint"])
+            _emit_rows(sender["s"], batch, result, spec["width"])
+        return orig_prefill(self, batch, result)
+
+    brp.SchedulerBatchResultProcessor.process_batch_result_prefill = process_batch_result_prefill
+
+
+def _emit_rows(sender: _Sender, batch, result, width: int) -> None:
+    if getattr(result, "copy_done", None) is not None:
+        result.copy_done.synchronize()
+    out = getattr(result, "logits_output", None)
+    hs = None if out is None else out.hidden_states
+    if hs is None:
+        sender.error("SGLang returned no hidden states for a prefill batch: aux capture is "
+                     "not active in this SGLang build")
+        return
+    if isinstance(hs, (list, tuple)):
+        hs = torch.cat(list(hs), dim=-1)
+    if hs.shape[-1] != width:
+        sender.error(f"captured rows are {hs.shape[-1]} wide, expected {width} "
+                     "(K layers x hidden size); the model did not capture the asked layers")
+        return
+    hs = hs.detach().to("cpu").contiguous()  # [tokens_in_batch, K * H]
+    lens = getattr(result, "extend_input_len_per_req", None) or batch.extend_lens
+    off = 0
+    for req, start, n in zip(batch.reqs, batch.prefix_lens, lens):
+        sender.rows(req.rid, start, hs[off: off + n])
+        off += n
+    if off != hs.shape[0]:
+        sender.error(f"batch has {hs.shape[0]} captured rows but its requests extend {off}")
+    out.hidden_states = None  # SGLang's own per-request .tolist() path is skipped
+
+
+def run_scheduler_process(*args, **kwargs):
+    """Entry point of every SGLang scheduler process: install the patch, then run SGLang's."""
+    spec = json.loads(os.environ[ENV])
+    _prepare_process(spec["device"])
+    _install_patch(spec)
+    from sglang.srt.managers.scheduler import run_scheduler_process as stock
+
+    return stock(*args, **kwargs)
+
+
+# --------------------------------------------------------------------------- caller side
+class _Receiver(threading.Thread):
+    """Pulls row messages and stitches them per request id."""
+
+    def __init__(self, endpoint: str):
+        super().__init__(name="hsdump-rows", daemon=True)
+        import zmq
+
+        self._zmq = zmq
+        self.sock = zmq.Context.instance().socket(zmq.PULL)
+        self.sock.bind(endpoint)
+        self.cond = threading.Condition()
+        self.parts: Dict[str, List[Tuple[int, torch.Tensor]]] = {}
+        self.error: Optional[str] = None
+        self._stop_evt = threading.Event()
+
+    def run(self) -> None:
+        poller = self._zmq.Poller()
+        poller.register(self.sock, self._zmq.POLLIN)
+        while not self._stop_evt.is_set():
+            if not poller.poll(100):
+                continue
+            head, body = self.sock.recv_multipart(copy=False)
+            h = json.loads(head.bytes)
+            with self.cond:
+                if "error" in h:
+                    self.error = h["error"]
+                else:
+                    self.parts.setdefault(h["rid"], []).append((h["start"], _tensor(h, body)))
+                self.cond.notify_all()
+
+    def take(self, rid: str, n: int, timeout: float) -> torch.Tensor:
+        """Rows 0..n-1 of request `rid` as one [n, K * H] tensor."""
+        def have() -> int:
+            return sum(t.shape[0] for _, t in self.parts.get(rid, []))
+
+        with self.cond:
+            ok = self.cond.wait_for(lambda: self.error is not None or have() >= n, timeout)
+            if self.error is not None:
+                raise CaptureError(self.error)
+            parts = sorted(self.parts.pop(rid, []), key=lambda p: p[0])
+        if not ok:
+            raise CaptureError(f"request {rid}: {sum(t.shape[0] for _, t in parts)} of {n} "
+                               f"captured rows arrived within {timeout:.0f} s")
+        pos, chunks = 0, []
+        for start, t in parts:
+            if start != pos:
+                raise CaptureError(f"request {rid}: rows from {start} arrived where {pos} was "
+                                   "expected; chunks were lost or repeated")
+            chunks.append(t)
+            pos += t.shape[0]
+        rows = chunks[0] if len(chunks) == 1 else torch.cat(chunks)
+        return rows[:n]
+
+    def discard(self, rid: str) -> None:
+        with self.cond:
+            self.parts.pop(rid, None)
+
+    def stop(self) -> None:
+        self._stop_evt.set()
+        self.join(timeout=5)
+        self.sock.close(linger=0)
+
+
+def _tensor(h: dict, body) -> torch.Tensor:
+    dtype = DTYPES[h["dtype"]]
+    if h["n"] == 0:
+        return torch.empty((0, h["width"]), dtype=dtype)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # zmq frames are read-only; hsdump never writes them
+        flat = torch.frombuffer(body.buffer, dtype=torch.uint8)
+    return flat.view(dtype).view(h["n"], h["width"])
+
+
+def sglang_version() -> str:
+    try:
+        return metadata.version("sglang")
+    except metadata.PackageNotFoundError:
+        import sglang
+
+        return sglang.__version__
+
+
+def check_supported(info: ModelInfo, engine_cfg: EngineConfig, model_cfg: ModelConfig) -> str:
+    """Refuse, before the engine starts, what would corrupt data or cannot work."""
+    version = sglang_version()
+    if version not in SUPPORTED_SGLANG:
+        raise RuntimeError(f"sglang {version} is not supported; hsdump supports "
+                           f"{', '.join(SUPPORTED_SGLANG)} (pip install sglang==0.5.23)")
+    extra = engine_cfg.extra
+    if extra.get("disable_radix_cache") is False:
+        raise ValueError("engine.extra.disable_radix_cache=false: a prefix-cache hit computes "
+                         "only the uncached suffix, so rows go missing. Remove the override.")
+    if int(extra.get("pp_size", 1)) != 1:
+        raise ValueError("engine.extra.pp_size must be 1: aux capture sees only the last "
+                         "pipeline rank's layers. Use model.tp_size instead.")
+    for key in ("speculative_algorithm", "speculative_draft_model_path", "enable_mixed_chunk"):
+        if extra.get(key):
+            raise ValueError(f"engine.extra.{key} is not supported by hsdump's capture; remove it")
+    _prepare_process(engine_cfg.device)
+    from sglang.srt.models.registry import ModelRegistry
+
+    try:
+        cls, _ = ModelRegistry.resolve_model_cls([info.architecture])
+    except Exception as e:  # SGLang raises ValueError with its own list
+        raise ValueError(f"SGLang has no model class for {info.architecture}: {e}") from e
+    if not hasattr(cls, "set_eagle3_layers_to_capture"):
+        raise ValueError(f"{info.architecture} ({cls.__name__}) has no EAGLE-3 aux capture in "
+                         f"sglang {version}; hsdump cannot capture its layers. Supported "
+                         "families include Llama, Qwen2/3, Qwen3-MoE, DeepSeek-V2/V3/Kimi.")
+    return version
+
+
+class CaptureEngine:
+    """open -> run(samples, sink) -> close. Samples are (sample_id, input_ids)."""
+
+    def __init__(self, model_path: str, model_cfg: ModelConfig, engine_cfg: EngineConfig,
+                 layers: Sequence[int], info: ModelInfo):
+        self.version = check_supported(info, engine_cfg, model_cfg)
+        self.layers = list(layers)
+        self.hidden = info.hidden_size
+        self.cfg = engine_cfg
+        # aux rows arrive in ascending layer order; this puts them in the user's order
+        order = sorted(range(len(layers)), key=lambda j: layers[j])
+        self._slot = [order.index(j) for j in range(len(layers))]
+        self._ipc_dir = tempfile.mkdtemp(prefix="hsdump-")
+        endpoint = f"ipc://{self._ipc_dir}/rows"
+        self._rx = _Receiver(endpoint)
+        self._rx.start()
+        os.environ[ENV] = json.dumps({"endpoint": endpoint, "layers": self.layers,
+                                      "width": len(layers) * info.hidden_size,
+                                      "device": engine_cfg.device})
+        from sglang.srt.entrypoints.engine import Engine
+
+        class HsdumpEngine(Engine):
+            run_scheduler_process_func = staticmethod(run_scheduler_process)
+
+        kwargs = self._engine_kwargs(model_path, model_cfg, info)
+        log.info("starting sglang %s engine: %s", self.version, kwargs)
+        t0 = time.time()
+        try:
+            self._engine = HsdumpEngine(**kwargs)
+        except BaseException:
+            self._rx.stop()
+            raise
+        log.info("engine ready in %.1f s", time.time() - t0)
+        self._tag = uuid.uuid4().hex[:8]
+
+    def _engine_kwargs(self, model_path: str, model_cfg: ModelConfig, info: ModelInfo) -> dict:
+        c = self.cfg
+        kw = dict(model_path=model_path, tp_size=model_cfg.tp_size, dtype=model_cfg.dtype,
+                  device=c.device, skip_tokenizer_init=True, disable_radix_cache=True,
+                  chunked_prefill_size=c.chunked_prefill_size,
+                  max_prefill_tokens=c.max_prefill_tokens,
+                  enable_return_hidden_states=True, disable_cuda_graph=c.disable_cuda_graph,
+                  trust_remote_code=model_cfg.trust_remote_code, log_level=c.log_level)
+        for key in ("attention_backend", "sampling_backend", "mem_fraction_static",
+                    "max_running_requests", "max_total_tokens"):
+            if getattr(c, key) is not None:
+                kw[key] = getattr(c, key)
+        if self.version != "0.5.17":
+            # capture-only mode: aux capture with no draft model (the patch then sets the layers)
+            kw.update(speculative_algorithm="EAGLE3", enable_return_aux_hidden_states=True,
+                      return_aux_hidden_state_layer_ids=[k - 1 for k in sorted(self.layers)])
+        kw.update(c.extra)
+        return kw
+
+    # ---------------------------------------------------------------- driving
+    def run(self, samples: Iterable[Tuple[int, List[int]]], sink: Sink) -> None:
+        """Capture every sample and call `sink(sample_id, input_ids, hidden_states)`, where
+        hidden_states is K tensors [seq, H] in the order of `layers`, in completion order."""
+        loop = self._engine.loop
+        loop.run_until_complete(self._drive(iter(samples), sink))
+
+    async def _one(self, sid: int, ids: List[int]):
+        rid = f"hsdump-{self._tag}-{sid}"
+        try:
+            out = await self._engine.async_generate(
+                input_ids=ids, sampling_params={"max_new_tokens": 1, "temperature": 0.0},
+                return_hidden_states=True, rid=rid)
+            reason = (out.get("meta_info") or {}).get("finish_reason") or {}
+            if isinstance(reason, dict) and reason.get("type") == "abort":
+                raise CaptureError(f"sample {sid}: SGLang aborted the request: "
+                                   f"{reason.get('message')}")
+            loop = asyncio.get_running_loop()
+            rows = await loop.run_in_executor(None, self._rx.take, rid, len(ids), ROWS_TIMEOUT_S)
+        except BaseException:
+            self._rx.discard(rid)
+            raise
+        # rows: [seq, K * H] -> K views [seq, H] in the user's layer order
+        per_layer = rows.view(len(ids), len(self.layers), self.hidden)
+        return sid, ids, [per_layer[:, s, :] for s in self._slot]
+
+    async def _drive(self, samples, sink: Sink) -> None:
+        budget = self.cfg.inflight_tokens
+        inflight: Dict[asyncio.Task, int] = {}
+        used = 0
+        nxt = next(samples, None)
+        try:
+            while nxt is not None or inflight:
+                while nxt is not None and (not inflight or used + len(nxt[1]) <= budget):
+                    sid, ids = nxt
+                    inflight[asyncio.ensure_future(self._one(sid, list(ids)))] = len(ids)
+                    used += len(ids)
+                    nxt = next(samples, None)
+                done, _ = await asyncio.wait(list(inflight), return_when=asyncio.FIRST_COMPLETED)
+                for task in done:
+                    used -= inflight.pop(task)
+                    sink(*task.result())
+        finally:
+            for task in inflight:
+                task.cancel()
+            if inflight:
+                await asyncio.gather(*inflight, return_exceptions=True)
+
+    def close(self) -> None:
+        try:
+            self._engine.shutdown()
+        finally:
+            self._rx.stop()
+            try:
+                for p in Path(self._ipc_dir).iterdir():
+                    p.unlink()
+                os.rmdir(self._ipc_dir)
+            except OSError:
+                pass
+
+    def __enter__(self) -> "CaptureEngine":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

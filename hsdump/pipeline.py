@@ -1,0 +1,152 @@
+"""One extraction run: dataset -> tokens -> engine -> writer, with progress and a summary."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional
+
+from . import __version__
+from .config import Config
+from .data import dataset_fingerprint, load_rows, load_tokenizer, template_sha256, tokenize_dataset
+from .layers import CONVENTION, read_model_info, resolve_layers
+from .tiny import resolve_model_path
+from .writer import FORMAT, FORMAT_VERSION, DatasetWriter
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Summary:
+    out_dir: str
+    layers: List[int]
+    written: int = 0
+    already_done: int = 0
+    skipped: Dict[str, int] = field(default_factory=dict)
+    tokens: int = 0
+    bytes: int = 0
+    wall_s: float = 0.0
+    engine_start_s: float = 0.0
+
+    def lines(self) -> List[str]:
+        rate = self.tokens / self.wall_s if self.wall_s else 0.0
+        skipped = ", ".join(f"{k}={v}" for k, v in sorted(self.skipped.items())) or "none"
+        return [
+            f"dataset: {self.out_dir} (layers {self.layers})",
+            f"samples written: {self.written}, already committed before this run: "
+            f"{self.already_done}",
+            f"samples skipped: {sum(self.skipped.values())} ({skipped})",
+            f"tokens: {self.tokens} ({rate:,.0f} tokens/s over the run)",
+            f"bytes written: {self.bytes:,} ({self.bytes / max(self.written, 1):,.0f} per sample)",
+            f"wall time: {self.wall_s:.1f} s (engine start {self.engine_start_s:.1f} s)",
+        ]
+
+
+def _versions() -> Dict[str, str]:
+    from importlib import metadata
+
+    out = {"hsdump": __version__}
+    for pkg in ("sglang", "torch", "transformers", "datasets", "safetensors"):
+        try:
+            out[pkg] = metadata.version(pkg)
+        except metadata.PackageNotFoundError:
+            out[pkg] = "absent"
+    return out
+
+
+def run(cfg: Config, resolved_config: Optional[dict] = None) -> Summary:
+    t0 = time.time()
+    model_path = resolve_model_path(cfg.model.path)
+    info = read_model_info(model_path, cfg.model.trust_remote_code)
+    layers = resolve_layers(cfg.capture.layers, cfg.model.default_layers, info.num_hidden_layers)
+    if info.max_position_embeddings and cfg.dataset.max_seq_len > info.max_position_embeddings:
+        raise ValueError(f"dataset.max_seq_len={cfg.dataset.max_seq_len} exceeds the model's "
+                         f"max_position_embeddings={info.max_position_embeddings}; lower it")
+
+    tok = load_tokenizer(cfg.model, model_path)
+    rows = load_rows(cfg.dataset)
+    data = tokenize_dataset(rows, tok, cfg.dataset)
+    if not data.ids:
+        raise ValueError(f"no usable sample in {cfg.dataset.path} (skipped: {data.skipped})")
+
+    compat = {
+        "model": cfg.model.path, "architecture": info.architecture,
+        "hidden_size": info.hidden_size, "num_hidden_layers": info.num_hidden_layers,
+        "layers": layers, "storage_dtype": cfg.output.dtype, "model_dtype": cfg.model.dtype,
+        "tokenizer": cfg.model.tokenizer or cfg.model.path,
+        "chat_template_sha256": template_sha256(tok),
+        "dataset": [cfg.dataset.path, cfg.dataset.name, cfg.dataset.split, cfg.dataset.revision,
+                    cfg.dataset.column],
+        "max_seq_len": cfg.dataset.max_seq_len, "truncation": cfg.dataset.truncation,
+    }
+    manifest = {
+        "format": FORMAT, "format_version": FORMAT_VERSION, "versions": _versions(),
+        "hsdump_version": __version__, "sglang_version": _versions()["sglang"],
+        "model": {"path": cfg.model.path, "resolved_path": model_path,
+                  "architecture": info.architecture, "hidden_size": info.hidden_size,
+                  "num_hidden_layers": info.num_hidden_layers, "dtype": cfg.model.dtype,
+                  "tp_size": cfg.model.tp_size},
+        "layers": layers, "convention": CONVENTION, "storage_dtype": cfg.output.dtype,
+        "tokenizer": {"path": cfg.model.tokenizer or model_path,
+                      "chat_template_sha256": template_sha256(tok)},
+        "dataset": {"path": cfg.dataset.path, "name": cfg.dataset.name,
+                    "split": cfg.dataset.split, "revision": cfg.dataset.revision,
+                    "fingerprint": dataset_fingerprint(rows), "rows": data.rows,
+                    "column": cfg.dataset.column, "skipped_rows": data.skipped},
+        "max_seq_len": cfg.dataset.max_seq_len, "truncation": cfg.dataset.truncation,
+        "config": resolved_config if resolved_config is not None else dataclasses.asdict(cfg),
+    }
+    writer = DatasetWriter(cfg.output.dir, manifest, compat, layers=layers,
+                           hidden_size=info.hidden_size, dtype=cfg.output.dtype,
+                           shard_bytes=cfg.output.shard_bytes, overwrite=cfg.output.overwrite,
+                           on_nonfinite=cfg.output.on_nonfinite)
+    done = writer.committed | {int(s) for s in writer.index["skipped"]}
+    todo = [i for i, sid in enumerate(data.ids) if sid not in done]
+    summary = Summary(out_dir=cfg.output.dir, layers=layers, skipped=dict(data.skipped),
+                      already_done=len(data.ids) - len(todo))
+    if not todo:
+        writer.close()
+        log.info("nothing to do: all %d samples are committed", len(data.ids))
+        summary.wall_s = time.time() - t0
+        return summary
+
+    from .engine import CaptureEngine  # the sglang import happens only now
+    from tqdm import tqdm
+
+    t_eng = time.time()
+    engine = CaptureEngine(model_path, cfg.model, cfg.engine, layers, info)
+    summary.engine_start_s = time.time() - t_eng
+    bar = tqdm(total=len(todo), unit="sample", disable=not cfg.progress, dynamic_ncols=True)
+    t_run = time.time()
+    ok = False
+
+    def sink(sid, input_ids, hidden_states):
+        mask = data.loss_mask[pos[sid]]
+        if writer.add(sid, input_ids, mask, hidden_states):
+            summary.tokens += len(input_ids)
+        bar.update(1)
+        el = max(time.time() - t_run, 1e-9)
+        bar.set_postfix_str(f"{summary.tokens / el:,.0f} tok/s, "
+                            f"{writer.bytes_written / 2**20:,.0f} MiB written", refresh=False)
+
+    pos = {data.ids[i]: i for i in todo}
+    try:
+        engine.run(((data.ids[i], data.input_ids[i]) for i in todo), sink)
+        ok = True
+    finally:
+        bar.close()
+        try:
+            engine.close()
+        finally:
+            writer.close(commit=True)
+    summary.written = writer.samples_written
+    summary.bytes = writer.bytes_written
+    for k, v in writer.skipped.items():
+        summary.skipped[k] = summary.skipped.get(k, 0) + v
+    summary.wall_s = time.time() - t0
+    if ok:
+        for line in summary.lines():
+            log.info(line)
+    return summary

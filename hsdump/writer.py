@@ -1,0 +1,229 @@
+"""Sharded safetensors writer with atomic commits (spec/format.md, version 1).
+
+A shard is serialized in memory, written under a temporary name in the output folder,
+fsynced, renamed, and only then listed in `index.json`, which is itself replaced atomically.
+A sample is in the dataset iff `index.json` lists it; killing the process at any instant
+leaves a valid, resumable dataset. Shards are written by one background thread while the
+next shard fills, so at most two shards are held in memory.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import queue
+import re
+import threading
+from pathlib import Path
+from typing import Dict, List, Optional, Sequence
+
+import torch
+from safetensors.torch import save
+
+from . import __version__
+
+log = logging.getLogger(__name__)
+
+FORMAT = "hsdump/speculators-v1"
+FORMAT_VERSION = 1
+MANIFEST = "manifest.json"
+INDEX = "index.json"
+SHARD_RE = re.compile(r"^shard-.*\.safetensors(\.tmp.*)?$")
+DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+
+
+class SampleError(ValueError):
+    """A captured sample that must not be committed (wrong shape, NaN/Inf)."""
+
+
+def atomic_write(path: Path, data: bytes) -> None:
+    """Write to a temporary name in the same folder, fsync, rename, fsync the folder."""
+    tmp = path.with_name(f"{path.name}.tmp.{os.getpid()}")
+    with open(tmp, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    fsync_dir(path.parent)
+
+
+def fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def write_json(path: Path, obj) -> None:
+    atomic_write(path, (json.dumps(obj, indent=1, sort_keys=True) + "\n").encode())
+
+
+def read_json(path: Path):
+    with open(path) as f:
+        return json.load(f)
+
+
+def empty_index() -> dict:
+    return {"format": FORMAT, "format_version": FORMAT_VERSION, "samples": {}, "shards": {},
+            "skipped": {}}
+
+
+def compat_diff(old: dict, new: dict) -> List[str]:
+    """Keys of the resume fingerprint that differ, as 'key: old -> new' lines."""
+    keys = sorted(set(old) | set(new))
+    return [f"{k}: {old.get(k)!r} -> {new.get(k)!r}" for k in keys if old.get(k) != new.get(k)]
+
+
+def check_sample(sid: int, input_ids: Sequence[int], loss_mask: Sequence[int],
+                 hidden_states: Sequence[torch.Tensor], hidden_size: int, k: int) -> Optional[str]:
+    """None if the sample may be committed, else the reason (shape problems raise)."""
+    n = len(input_ids)
+    if len(loss_mask) != n:
+        raise SampleError(f"sample {sid}: loss_mask has {len(loss_mask)} entries, input_ids {n}")
+    if len(hidden_states) != k:
+        raise SampleError(f"sample {sid}: {len(hidden_states)} hidden-state tensors, expected {k}")
+    for j, h in enumerate(hidden_states):
+        if tuple(h.shape) != (n, hidden_size):
+            raise SampleError(f"sample {sid}: hidden_states[{j}] has shape {tuple(h.shape)}, "
+                              f"expected ({n}, {hidden_size})")
+        if not bool(torch.isfinite(h).all()):
+            return f"nonfinite in hidden_states[{j}]"
+    return None
+
+
+class DatasetWriter:
+    def __init__(self, out_dir: str, manifest: dict, compat: dict, *, layers: Sequence[int],
+                 hidden_size: int, dtype: str = "bfloat16", shard_bytes: int = 1 << 30,
+                 overwrite: bool = False, on_nonfinite: str = "raise"):
+        self.dir = Path(out_dir)
+        self.layers = list(layers)
+        self.hidden = hidden_size
+        self.dtype = DTYPES[dtype]
+        self.shard_bytes = shard_bytes
+        self.on_nonfinite = on_nonfinite
+        self.index = self._open(manifest, compat, overwrite)
+        self.committed = {int(s) for s in self.index["samples"]}
+        nums = [int(m.group(1)) for s in self.index["shards"]
+                if (m := re.match(r"shard-(\d+)\.safetensors$", s))]
+        self._next = max(nums, default=-1) + 1
+        self._pending: Dict[str, torch.Tensor] = {}
+        self._pending_ids: List[int] = []
+        self._pending_bytes = 0
+        self._lock = threading.Lock()  # guards self.index and the stats
+        self.bytes_written = 0
+        self.samples_written = 0
+        self.skipped: Dict[str, int] = {}
+        self._error: Optional[BaseException] = None
+        self._q: "queue.Queue" = queue.Queue(maxsize=1)
+        self._thread = threading.Thread(target=self._loop, name="hsdump-writer", daemon=True)
+        self._thread.start()
+
+    # -------------------------------------------------------------- open / resume
+    def _open(self, manifest: dict, compat: dict, overwrite: bool) -> dict:
+        d = self.dir
+        if overwrite and d.exists():
+            for p in d.iterdir():
+                if p.name in (MANIFEST, INDEX) or SHARD_RE.match(p.name) or \
+                        p.name.startswith((MANIFEST + ".tmp", INDEX + ".tmp")):
+                    p.unlink()
+        d.mkdir(parents=True, exist_ok=True)
+        mpath, ipath = d / MANIFEST, d / INDEX
+        if mpath.exists():
+            old = read_json(mpath)
+            diff = compat_diff(old.get("resume_key", {}), compat)
+            if diff:
+                raise ValueError(
+                    f"{d} holds a dataset made with a different config; it cannot resume:\n  "
+                    + "\n  ".join(diff)
+                    + "\nUse another output.dir, or output.overwrite=true to start over.")
+            index = read_json(ipath) if ipath.exists() else empty_index()
+            log.info("resuming %s: %d samples committed", d, len(index["samples"]))
+            return index
+        stray = [p.name for p in d.iterdir() if not SHARD_RE.match(p.name)]
+        if stray:
+            raise ValueError(f"output.dir={d} is not empty and holds no hsdump dataset "
+                             f"({', '.join(sorted(stray)[:5])}); choose an empty or new folder")
+        write_json(mpath, {**manifest, "resume_key": compat})
+        return empty_index()
+
+    # -------------------------------------------------------------- adding samples
+    def add(self, sid: int, input_ids: Sequence[int], loss_mask: Sequence[int],
+            hidden_states: Sequence[torch.Tensor]) -> bool:
+        """Validate and stage one sample; returns False if it was skipped (NaN/Inf, skip policy)."""
+        self._raise_if_failed()
+        reason = check_sample(sid, input_ids, loss_mask, hidden_states, self.hidden,
+                              len(self.layers))
+        if reason is not None:
+            if self.on_nonfinite == "raise":
+                raise SampleError(f"sample {sid}: {reason} (output.on_nonfinite=skip records and "
+                                  "skips such samples)")
+            with self._lock:
+                self.index["skipped"][str(sid)] = reason
+                self.skipped["nonfinite"] = self.skipped.get("nonfinite", 0) + 1
+            return False
+        t = {f"{sid}/input_ids": torch.as_tensor(input_ids, dtype=torch.int64),
+             f"{sid}/loss_mask": torch.as_tensor(loss_mask, dtype=torch.int64)}
+        for j, h in enumerate(hidden_states):
+            t[f"{sid}/hidden_states/{j}"] = h.to(self.dtype).contiguous()
+        self._pending.update(t)
+        self._pending_ids.append(sid)
+        self._pending_bytes += sum(x.numel() * x.element_size() for x in t.values())
+        if self._pending_bytes >= self.shard_bytes:
+            self._flush()
+        return True
+
+    def _flush(self) -> None:
+        if not self._pending_ids:
+            return
+        name = f"shard-{self._next:05d}.safetensors"
+        self._next += 1
+        self._q.put((name, self._pending, self._pending_ids))
+        self._pending, self._pending_ids, self._pending_bytes = {}, [], 0
+
+    def _loop(self) -> None:
+        while True:
+            item = self._q.get()
+            if item is None:
+                return
+            if self._error is None:
+                try:
+                    self._commit(*item)
+                except BaseException as e:  # reported on the next add()/close()
+                    self._error = e
+            self._q.task_done()
+
+    def _commit(self, name: str, tensors: Dict[str, torch.Tensor], ids: List[int]) -> None:
+        meta = {"format": FORMAT, "format_version": str(FORMAT_VERSION),
+                "layers": json.dumps(self.layers), "convention": "hf_hidden_states_index",
+                "hsdump_version": __version__}
+        data = save(tensors, metadata=meta)
+        digest = hashlib.sha256(data).hexdigest()
+        atomic_write(self.dir / name, data)
+        with self._lock:
+            self.index["shards"][name] = {"bytes": len(data), "samples": len(ids),
+                                          "sha256": digest}
+            for sid in ids:
+                self.index["samples"][str(sid)] = name
+            write_json(self.dir / INDEX, self.index)
+            self.committed.update(ids)
+            self.bytes_written += len(data)
+            self.samples_written += len(ids)
+
+    def _raise_if_failed(self) -> None:
+        if self._error is not None:
+            raise RuntimeError(f"writing to {self.dir} failed: {self._error}") from self._error
+
+    def close(self, commit: bool = True) -> None:
+        """Commit what is staged (unless `commit` is False), wait for the writer thread."""
+        if commit and self._error is None:
+            self._flush()
+        self._q.put(None)
+        self._thread.join()
+        if commit:
+            with self._lock:
+                if self.index["skipped"]:
+                    write_json(self.dir / INDEX, self.index)
+        self._raise_if_failed()
