@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional
 
-from omegaconf import MISSING, OmegaConf
+MISSING = "???"  # omegaconf's marker for a value the user must give; no import needed here
 
 DTYPES = ("bfloat16", "float16", "float32")
 ON_BAD = ("raise", "skip")
@@ -144,6 +144,7 @@ def layers_tag(layers: Optional[List[int]]) -> str:
 
 def register_configs() -> None:
     from hydra.core.config_store import ConfigStore
+    from omegaconf import OmegaConf
 
     if not OmegaConf.has_resolver("layers_tag"):
         OmegaConf.register_new_resolver("layers_tag", layers_tag)
@@ -158,6 +159,8 @@ def register_configs() -> None:
 
 def to_config(cfg: Any) -> Config:
     """A composed DictConfig (or plain dict) to the typed `Config`, running the field checks."""
+    from omegaconf import OmegaConf
+
     if not OmegaConf.is_config(cfg):
         cfg = OmegaConf.merge(OmegaConf.structured(Config), cfg)
     return OmegaConf.to_object(cfg)

@@ -30,12 +30,14 @@ import uuid
 import warnings
 from importlib import metadata
 from pathlib import Path
-from typing import Callable, Dict, Iterable, List, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Callable, Dict, Iterable, List, Optional, Sequence, Tuple
 
 import torch
 
-from .config import EngineConfig, ModelConfig
 from .layers import ModelInfo
+
+if TYPE_CHECKING:
+    from .config import EngineConfig, ModelConfig
 
 log = logging.getLogger(__name__)
 
@@ -272,7 +274,7 @@ def sglang_version() -> str:
         return sglang.__version__
 
 
-def check_supported(info: ModelInfo, engine_cfg: EngineConfig, model_cfg: ModelConfig) -> str:
+def check_supported(info: ModelInfo, engine_cfg: "EngineConfig", model_cfg: "ModelConfig") -> str:
     """Refuse, before the engine starts, what would corrupt data or cannot work."""
     version = sglang_version()
     if version not in SUPPORTED_SGLANG:
@@ -305,7 +307,7 @@ def check_supported(info: ModelInfo, engine_cfg: EngineConfig, model_cfg: ModelC
 class CaptureEngine:
     """open -> run(samples, sink) -> close. Samples are (sample_id, input_ids)."""
 
-    def __init__(self, model_path: str, model_cfg: ModelConfig, engine_cfg: EngineConfig,
+    def __init__(self, model_path: str, model_cfg: "ModelConfig", engine_cfg: "EngineConfig",
                  layers: Sequence[int], info: ModelInfo):
         self.version = check_supported(info, engine_cfg, model_cfg)
         self.layers = list(layers)
@@ -337,7 +339,7 @@ class CaptureEngine:
         log.info("engine ready in %.1f s", time.time() - t0)
         self._tag = uuid.uuid4().hex[:8]
 
-    def _engine_kwargs(self, model_path: str, model_cfg: ModelConfig, info: ModelInfo) -> dict:
+    def _engine_kwargs(self, model_path: str, model_cfg: "ModelConfig", info: ModelInfo) -> dict:
         c = self.cfg
         kw = dict(model_path=model_path, tp_size=model_cfg.tp_size, dtype=model_cfg.dtype,
                   device=c.device, skip_tokenizer_init=True, disable_radix_cache=True,

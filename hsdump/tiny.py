@@ -12,7 +12,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from .data import TEMPLATES
+TEMPLATES = Path(__file__).with_name("templates")
 
 ARCHS = ("llama", "qwen3")
 
