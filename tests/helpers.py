@@ -1,0 +1,29 @@
+"""Reference computations shared by the tests: transformers forward passes."""
+
+import torch
+
+
+def hf_hidden_states(model_path: str, input_ids, dtype=torch.float32):
+    """transformers' output_hidden_states tuple for one sequence: L + 1 tensors [seq, H]."""
+    from transformers import AutoModelForCausalLM
+
+    model = _model(model_path, dtype)
+    with torch.no_grad():
+        out = model(torch.tensor([list(input_ids)]), output_hidden_states=True)
+    return [h[0].float() for h in out.hidden_states]
+
+
+_cache = {}
+
+
+def _model(path, dtype):
+    from transformers import AutoModelForCausalLM
+
+    key = (path, dtype)
+    if key not in _cache:
+        _cache[key] = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).eval()
+    return _cache[key]
+
+
+def rel_err(a: torch.Tensor, ref: torch.Tensor) -> float:
+    return float((a.float() - ref).norm() / ref.norm())

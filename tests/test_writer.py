@@ -1,0 +1,116 @@
+import json
+import pytest
+import torch
+from safetensors import safe_open
+
+from hsdump.reader import HsdumpDataset
+from hsdump.writer import DatasetWriter, SampleError
+
+H = 8
+LAYERS = [2, 4, 5]
+COMPAT = {"model": "m", "layers": LAYERS, "storage_dtype": "bfloat16"}
+
+
+def sample(sid, n):
+    g = torch.Generator().manual_seed(sid)
+    ids = torch.randint(0, 100, (n,), generator=g).tolist()
+    mask = [0] * (n // 2) + [1] * (n - n // 2)
+    hs = [torch.randn(n, H, generator=g) for _ in LAYERS]
+    return ids, mask, hs
+
+
+def writer(path, **kw):
+    args = dict(layers=LAYERS, hidden_size=H, shard_bytes=2000)
+    args.update(kw)
+    compat = args.pop("compat", COMPAT)
+    return DatasetWriter(str(path), {"format": "hsdump/speculators-v1", "layers": LAYERS},
+                         compat, **args)
+
+
+def test_round_trip_follows_the_spec(tmp_path):
+    w = writer(tmp_path)
+    data = {sid: sample(sid, n) for sid, n in [(0, 5), (3, 17), (7, 40), (8, 1)]}
+    for sid, (ids, mask, hs) in data.items():
+        assert w.add(sid, ids, mask, hs)
+    w.close()
+    index = json.loads((tmp_path / "index.json").read_text())
+    assert sorted(index["samples"], key=int) == ["0", "3", "7", "8"]
+    assert len(index["shards"]) >= 2  # 2000-byte shards force several
+    for name, meta in index["shards"].items():
+        assert (tmp_path / name).stat().st_size == meta["bytes"]
+        with safe_open(str(tmp_path / name), framework="pt") as f:
+            m = f.metadata()
+            assert m["format"] == "hsdump/speculators-v1" and m["format_version"] == "1"
+            assert json.loads(m["layers"]) == LAYERS
+            for key in f.keys():
+                sid, rest = key.split("/", 1)
+                assert rest in ("input_ids", "loss_mask", "hidden_states/0", "hidden_states/1",
+                                "hidden_states/2")
+    ds = HsdumpDataset(str(tmp_path))
+    assert ds.ids == [0, 3, 7, 8] and ds.layers == LAYERS and len(ds) == 4
+    for sid, (ids, mask, hs) in data.items():
+        r = ds.get(sid)
+        assert r["input_ids"].dtype == torch.int64 and r["input_ids"].tolist() == ids
+        assert r["loss_mask"].dtype == torch.int64 and r["loss_mask"].tolist() == mask
+        for a, b in zip(r["hidden_states"], hs):
+            assert a.dtype == torch.bfloat16 and torch.equal(a, b.to(torch.bfloat16))
+    batch = next(iter(torch.utils.data.DataLoader(ds, batch_size=None, num_workers=0)))
+    assert batch["id"] == 0
+
+
+def test_a_shard_missing_from_the_index_is_never_read(tmp_path):
+    w = writer(tmp_path, shard_bytes=1 << 30)
+    w.add(0, *sample(0, 4))
+    w.close()
+    # a crash after a rename but before the index update leaves exactly this: a shard that
+    # index.json does not list. It is garbage and must stay invisible.
+    (tmp_path / "shard-00001.safetensors").write_bytes(b"\x00" * 100)
+    (tmp_path / "shard-00002.safetensors.tmp.123").write_bytes(b"junk")
+    ds = HsdumpDataset(str(tmp_path))
+    assert ds.ids == [0]
+    w = writer(tmp_path, shard_bytes=1 << 30)  # resume
+    assert w.committed == {0}
+    w.add(1, *sample(1, 4))
+    w.close()
+    assert HsdumpDataset(str(tmp_path)).ids == [0, 1]
+
+
+def test_resume_refuses_a_different_config_and_names_it(tmp_path):
+    w = writer(tmp_path)
+    w.add(0, *sample(0, 4))
+    w.close()
+    with pytest.raises(ValueError) as e:
+        writer(tmp_path, compat={**COMPAT, "layers": [1, 2, 3]})
+    assert "layers: [2, 4, 5] -> [1, 2, 3]" in str(e.value)
+    assert "output.overwrite=true" in str(e.value)
+    w = writer(tmp_path, compat={**COMPAT, "layers": [1, 2, 3]}, overwrite=True)
+    assert w.committed == set()
+    w.close()
+
+
+def test_foreign_directory_is_refused(tmp_path):
+    (tmp_path / "notes.txt").write_text("mine")
+    with pytest.raises(ValueError, match="holds no hsdump dataset"):
+        writer(tmp_path)
+
+
+def test_bad_samples_are_never_committed(tmp_path):
+    w = writer(tmp_path)
+    ids, mask, hs = sample(0, 6)
+    with pytest.raises(SampleError, match=r"hidden_states\[1\] has shape \(5, 8\)"):
+        w.add(0, ids, mask, [hs[0], hs[1][:5], hs[2]])
+    with pytest.raises(SampleError, match="loss_mask has 5 entries"):
+        w.add(0, ids, mask[:5], hs)
+    bad = [hs[0], hs[1].clone(), hs[2]]
+    bad[1][2, 3] = float("nan")
+    with pytest.raises(SampleError, match=r"nonfinite in hidden_states\[1\]"):
+        w.add(0, ids, mask, bad)
+    w.close()
+    assert not (tmp_path / "index.json").exists()  # nothing was committed
+
+    w = writer(tmp_path / "skip", on_nonfinite="skip")
+    assert not w.add(0, ids, mask, bad)
+    assert w.add(1, *sample(1, 3))
+    w.close()
+    index = json.loads((tmp_path / "skip" / "index.json").read_text())
+    assert list(index["samples"]) == ["1"] and index["skipped"] == {"0": "nonfinite in hidden_states[1]"}
