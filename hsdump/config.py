@@ -104,6 +104,8 @@ class EngineConfig:
 
 @dataclass
 class OutputConfig:
+    root: str = "outputs"
+    """Folder under which the default `dir` is named after model and layer set."""
     dir: str = MISSING
     """Dataset directory. Re-running into it resumes."""
     shard_bytes: int = 1 << 30
@@ -135,11 +137,12 @@ class Config:
     """Show a progress bar."""
 
 
-def layers_tag(layers: Optional[List[int]]) -> str:
+def layers_tag(layers: Optional[List[int]], default_layers: Optional[List[int]] = None) -> str:
     """Directory-name form of a layer set: [3, 31, 59] -> 'layers-3-31-59'."""
-    if layers is None:
-        return "layers-default"
-    return "layers-" + "-".join(str(int(x)) for x in layers)
+    chosen = layers if layers is not None else default_layers
+    if chosen is None:
+        return "layers-eagle3"
+    return "layers-" + "-".join(str(int(x)) for x in chosen)
 
 
 def register_configs() -> None:

@@ -1,0 +1,649 @@
+"""Throughput benchmark: plain SGLang prefill vs hsdump vs SGLang's built-in hidden-state path.
+
+In one process, on one machine, with the same engine settings, model and samples, and one
+engine at a time (each shut down before the next starts):
+
+  a   plain prefill: `sglang.srt.entrypoints.engine.Engine`, no capture, `generate(...,
+      max_new_tokens=1, return_hidden_states=False)` over all samples in one call;
+  b0  hsdump capture only: `CaptureEngine.run` with a sink that drops the rows (same engine as b);
+  b   hsdump end to end: `CaptureEngine` + `DatasetWriter` writing the dataset to local disk
+      (timed until `writer.close()` has fsynced the last shard);
+  c   SGLang's built-in path: an Engine with aux capture on (0.5.17: EAGLE-3 layers set by a
+      scheduler hook; 0.5.23: capture-only EAGLE3 mode) and `return_hidden_states=True`, the
+      caller collecting the Python lists.
+
+It also measures the output disk's sequential write bandwidth (dd with oflag=direct and with
+conv=fdatasync) and the serial stages of the writer thread (safetensors serialize, sha256,
+write+fsync) on one shard's worth of data. Peak host memory is the summed RSS of this process
+and all its descendants (SGLang's scheduler and detokenizer), peak GPU memory is NVML's
+device-wide `used`; both are sampled every 0.2 s during the timed window.
+
+    make bench                                          # CPU-sized: tiny Llama, SGLang CPU engine
+    python3 bench/bench.py --device cuda --models llama8b:2048,dsv3-small:2048 --name gpu-h200
+
+Results: a table on stdout and bench/results/<name>.json (--results-dir to change).
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import datetime
+import hashlib
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import threading
+import time
+import traceback
+from pathlib import Path
+from typing import Dict, List, Optional
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+for p in (str(ROOT), str(HERE)):
+    if p not in sys.path:
+        sys.path.insert(0, p)
+
+import torch  # noqa: E402
+
+AUX_ENV = "HSDUMP_BENCH_AUX_LAYERS"
+
+# name -> (builder, default capture layers); sizes per device are chosen in main()
+MODELS = ("tiny-llama", "llama8b", "dsv3-small")
+
+
+# --------------------------------------------------------------------------- models
+def llama8b_config():
+    from transformers import LlamaConfig
+
+    return LlamaConfig(vocab_size=128256, hidden_size=4096, intermediate_size=14336,
+                       num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=8,
+                       head_dim=128, max_position_embeddings=131072, rope_theta=500000.0,
+                       rms_norm_eps=1e-5, tie_word_embeddings=False, bos_token_id=128000,
+                       eos_token_id=128001)
+
+
+def build_model(name: str, dest: str) -> str:
+    """Random bf16 weights, saved with save_pretrained; reused if dest already holds one."""
+    if name == "tiny-llama":
+        from hsdump.tiny import resolve_model_path
+
+        return resolve_model_path("tiny:llama")
+    if (Path(dest) / "config.json").exists():
+        return dest
+    if name == "llama8b":
+        # built in a child process so this process never holds GPU memory
+        code = ("import sys, os, torch; sys.path[:0] = [%r, %r]; import bench; "
+                "from transformers import AutoModelForCausalLM; torch.manual_seed(0); "
+                "dev = 'cuda' if torch.cuda.is_available() else 'cpu'\n"
+                "with torch.device(dev):\n"
+                "    m = AutoModelForCausalLM.from_config(bench.llama8b_config(), dtype=torch.bfloat16)\n"
+                "m.save_pretrained(sys.argv[1] + '.tmp'); os.replace(sys.argv[1] + '.tmp', sys.argv[1])"
+                % (str(HERE), str(ROOT)))
+    elif name == "dsv3-small":
+        code = ("import sys; sys.path[:0] = [%r, %r]; import gpu_check; "
+                "gpu_check.make_model('deepseek_v3', sys.argv[1], num_layers=8)"
+                % (str(HERE), str(ROOT)))
+    else:
+        raise ValueError(f"unknown model {name!r}; use one of {MODELS}")
+    shutil.rmtree(dest + ".tmp", ignore_errors=True)
+    Path(dest).parent.mkdir(parents=True, exist_ok=True)
+    subprocess.run([sys.executable, "-c", code, dest], check=True)
+    return dest
+
+
+def default_layers(name: str, num_layers: int) -> List[int]:
+    if name == "dsv3-small":  # the Kimi-K2.5 preset's pattern [3, L // 2 + 1, L - 2]
+        return [3, num_layers // 2 + 1, num_layers - 2]
+    from hsdump.layers import eagle3_default
+
+    return eagle3_default(num_layers)
+
+
+# --------------------------------------------------------------------------- monitoring
+class _NvmlMem(ctypes.Structure):
+    _fields_ = [("total", ctypes.c_ulonglong), ("free", ctypes.c_ulonglong),
+                ("used", ctypes.c_ulonglong)]
+
+
+class Gpu:
+    """Device-wide memory use through NVML (no CUDA context in this process)."""
+
+    def __init__(self):
+        self.handle = None
+        try:
+            self.lib = ctypes.CDLL("libnvidia-ml.so.1")
+            if self.lib.nvmlInit_v2() != 0:
+                return
+            idx = 0
+            vis = os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",")[0].strip()
+            if vis.isdigit():
+                idx = int(vis)
+            h = ctypes.c_void_p()
+            if self.lib.nvmlDeviceGetHandleByIndex_v2(idx, ctypes.byref(h)) == 0:
+                self.handle = h
+        except OSError:
+            pass
+
+    def used(self) -> Optional[int]:
+        if self.handle is None:
+            return None
+        m = _NvmlMem()
+        if self.lib.nvmlDeviceGetMemoryInfo(self.handle, ctypes.byref(m)) != 0:
+            return None
+        return int(m.used)
+
+
+def tree_rss(root: int) -> int:
+    """Summed VmRSS (bytes) of `root` and all its descendants."""
+    parent: Dict[int, int] = {}
+    rss: Dict[int, int] = {}
+    for d in os.listdir("/proc"):
+        if not d.isdigit():
+            continue
+        try:
+            with open(f"/proc/{d}/stat") as f:
+                st = f.read()
+            ppid = int(st[st.rindex(")") + 2:].split()[1])
+            with open(f"/proc/{d}/statm") as f:
+                pages = int(f.read().split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+        parent[int(d)] = ppid
+        rss[int(d)] = pages * os.sysconf("SC_PAGE_SIZE")
+    keep = {root}
+    changed = True
+    while changed:
+        changed = False
+        for pid, pp in parent.items():
+            if pp in keep and pid not in keep:
+                keep.add(pid)
+                changed = True
+    return sum(rss.get(p, 0) for p in keep)
+
+
+class Monitor(threading.Thread):
+    def __init__(self, period: float = 0.2):
+        super().__init__(name="bench-monitor", daemon=True)
+        self.period = period
+        self.gpu = Gpu()
+        self.lock = threading.Lock()
+        self.peak_rss = 0
+        self.peak_gpu: Optional[int] = None
+        self._halt = threading.Event()
+
+    def sample(self):
+        r = tree_rss(os.getpid())
+        g = self.gpu.used()
+        with self.lock:
+            self.peak_rss = max(self.peak_rss, r)
+            if g is not None:
+                self.peak_gpu = g if self.peak_gpu is None else max(self.peak_gpu, g)
+        return r, g
+
+    def run(self):
+        while not self._halt.wait(self.period):
+            try:
+                self.sample()
+            except Exception:  # never kill the benchmark over a sampling hiccup
+                pass
+
+    def reset(self) -> dict:
+        """Start a window; returns the current (baseline) values."""
+        with self.lock:
+            self.peak_rss, self.peak_gpu = 0, None
+        r, g = self.sample()
+        return {"rss_bytes": r, "gpu_used_bytes": g}
+
+    def peaks(self) -> dict:
+        self.sample()
+        with self.lock:
+            return {"peak_rss_bytes": self.peak_rss, "peak_gpu_used_bytes": self.peak_gpu}
+
+    def stop(self):
+        self._halt.set()
+
+
+# --------------------------------------------------------------------------- disk & writer stages
+def disk_bandwidth(out_dir: str, mib: int) -> dict:
+    Path(out_dir).mkdir(parents=True, exist_ok=True)
+    path = os.path.join(out_dir, ".dd-test")
+    res = {"path": out_dir, "bytes": mib << 20}
+    for label, flag in (("oflag_direct", "oflag=direct"), ("conv_fdatasync", "conv=fdatasync")):
+        t = time.time()
+        p = subprocess.run(["dd", "if=/dev/zero", f"of={path}", "bs=16M", f"count={mib // 16}",
+                            flag], capture_output=True, text=True)
+        dt = time.time() - t
+        if p.returncode == 0:
+            res[label + "_bytes_per_s"] = (mib << 20) / dt
+            res[label + "_dd_says"] = p.stderr.strip().splitlines()[-1]
+        else:
+            res[label + "_error"] = p.stderr.strip()[-300:]
+        try:
+            os.unlink(path)
+        except OSError:
+            pass
+    return res
+
+
+def writer_stages(out_dir: str, nbytes: int, width: int) -> dict:
+    """Rates of the writer thread's serial steps on one shard of `nbytes` (bf16 rows)."""
+    from safetensors.torch import save
+
+    rows = max(1, nbytes // (2 * width) // 8)
+    tensors = {f"{i}/hidden_states/0": torch.randn(rows, width).to(torch.bfloat16)
+               for i in range(8)}
+    total = sum(t.numel() * 2 for t in tensors.values())
+    t0 = time.time()
+    data = save(tensors, metadata={"format": "bench"})
+    t1 = time.time()
+    hashlib.sha256(data).hexdigest()
+    t2 = time.time()
+    path = os.path.join(out_dir, ".stage-test")
+    with open(path, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    t3 = time.time()
+    os.unlink(path)
+    return {"bytes": total, "serialize_bytes_per_s": total / (t1 - t0),
+            "sha256_bytes_per_s": total / (t2 - t1), "write_fsync_bytes_per_s": total / (t3 - t2),
+            "serial_bytes_per_s": total / (t3 - t0)}
+
+
+# --------------------------------------------------------------------------- engines
+def _prepare(device: str) -> None:
+    if device == "cpu":
+        from hsdump.engine import load_libcuda_stub
+
+        os.environ["SGLANG_USE_CPU_ENGINE"] = "1"
+        load_libcuda_stub()
+
+
+def engine_config(device: str, mem_fraction: Optional[float]):
+    """conf/engine/cpu.yaml or conf/engine/gpu.yaml (mem_fraction_static overridable)."""
+    from hsdump.config import EngineConfig
+
+    if device == "cpu":
+        return EngineConfig(device="cpu", attention_backend="torch_native",
+                            sampling_backend="pytorch", mem_fraction_static=mem_fraction or 0.3,
+                            max_total_tokens=8192, max_running_requests=16,
+                            max_prefill_tokens=4096, inflight_tokens=8192,
+                            disable_cuda_graph=True, chunked_prefill_size=-1)
+    return EngineConfig(device="cuda", attention_backend="triton", sampling_backend="pytorch",
+                        mem_fraction_static=mem_fraction or 0.5, max_prefill_tokens=16384,
+                        inflight_tokens=131072, disable_cuda_graph=False,
+                        chunked_prefill_size=-1)
+
+
+def plain_kwargs(model_path: str, ec) -> dict:
+    """The keyword arguments CaptureEngine gives sglang, minus everything about capture."""
+    kw = dict(model_path=model_path, tp_size=1, dtype="bfloat16", device=ec.device,
+              skip_tokenizer_init=True, disable_radix_cache=True,
+              chunked_prefill_size=ec.chunked_prefill_size,
+              max_prefill_tokens=ec.max_prefill_tokens, disable_cuda_graph=ec.disable_cuda_graph,
+              log_level=ec.log_level)
+    for key in ("attention_backend", "sampling_backend", "mem_fraction_static",
+                "max_running_requests", "max_total_tokens"):
+        if getattr(ec, key) is not None:
+            kw[key] = getattr(ec, key)
+    return kw
+
+
+def aux_scheduler_process(*args, **kwargs):
+    """Scheduler entry for mode c on SGLang 0.5.17 (device README §4), plus the same
+    layers_to_capture override hsdump makes, so both capture the same HF indices."""
+    layers = sorted(int(x) for x in os.environ[AUX_ENV].split(","))
+    from sglang.srt.model_executor import model_runner as mr
+
+    orig = mr.ModelRunner.load_model
+
+    def load_model(self, *a, **k):
+        out = orig(self, *a, **k)
+        if not getattr(self, "is_draft_worker", False):
+            self.model.set_eagle3_layers_to_capture([k - 1 for k in layers])
+            self.model.model.layers_to_capture = list(layers)
+        return out
+
+    mr.ModelRunner.load_model = load_model
+    from sglang.srt.managers.scheduler import run_scheduler_process
+
+    return run_scheduler_process(*args, **kwargs)
+
+
+def builtin_engine(model_path: str, ec, layers: List[int], version: str):
+    from sglang.srt.entrypoints.engine import Engine
+
+    kw = plain_kwargs(model_path, ec)
+    kw["enable_return_hidden_states"] = True
+    if version == "0.5.17":
+        os.environ[AUX_ENV] = ",".join(str(k) for k in layers)
+
+        class AuxCaptureEngine(Engine):
+            run_scheduler_process_func = staticmethod(aux_scheduler_process)
+
+        return AuxCaptureEngine(**kw)
+    kw.update(speculative_algorithm="EAGLE3", enable_return_aux_hidden_states=True,
+              return_aux_hidden_state_layer_ids=[k - 1 for k in sorted(layers)])
+    return Engine(**kw)
+
+
+SP = {"max_new_tokens": 1, "temperature": 0.0}
+
+
+def _rate(tokens: int, samples: int, wall: float, **extra) -> dict:
+    d = {"wall_s": wall, "tokens": tokens, "samples": samples, "tokens_per_s": tokens / wall,
+         "samples_per_s": samples / wall}
+    d.update(extra)
+    return d
+
+
+def mode_plain(model_path, ec, samples, warm, mon) -> dict:
+    from sglang.srt.entrypoints.engine import Engine
+
+    base = mon.reset()
+    t0 = time.time()
+    eng = Engine(**plain_kwargs(model_path, ec))
+    start_s = time.time() - t0
+    try:
+        t = time.time()
+        eng.generate(input_ids=warm, sampling_params=SP, return_hidden_states=False)
+        warm_s = time.time() - t
+        idle = mon.reset()
+        t = time.time()
+        outs = eng.generate(input_ids=samples, sampling_params=SP, return_hidden_states=False)
+        wall = time.time() - t
+        peaks = mon.peaks()
+        assert len(outs) == len(samples)
+    finally:
+        eng.shutdown()
+    n_tok = sum(len(s) for s in samples)
+    return _rate(n_tok, len(samples), wall, engine_start_s=start_s, warmup_s=warm_s,
+                 baseline=base, idle=idle, **peaks)
+
+
+def mode_hsdump(model_path, ec, samples, warm, layers, info, out_dir, mon) -> dict:
+    from hsdump.config import ModelConfig
+    from hsdump.engine import CaptureEngine
+    from hsdump.layers import CONVENTION
+    from hsdump.writer import FORMAT, FORMAT_VERSION, DatasetWriter
+
+    res = {}
+    base = mon.reset()
+    t0 = time.time()
+    eng = CaptureEngine(model_path, ModelConfig(path=model_path), ec, layers, info)
+    res["engine_start_s"] = time.time() - t0
+    res["sglang"] = eng.version
+    k_bytes = len(layers) * info.hidden_size * 2
+    try:
+        t = time.time()
+        eng.run([(10_000_000 + i, s) for i, s in enumerate(warm)], lambda *a: None)
+        res["warmup_s"] = time.time() - t
+
+        # b0: capture only, the rows are dropped in the sink
+        got = [0, 0]
+
+        def null_sink(sid, ids, hs):
+            got[0] += 1
+            got[1] += hs[0].shape[0]
+
+        idle = mon.reset()
+        t = time.time()
+        eng.run([(1_000_000 + i, s) for i, s in enumerate(samples)], null_sink)
+        wall = time.time() - t
+        n_tok = sum(len(s) for s in samples)
+        assert got == [len(samples), n_tok], got
+        res["b0"] = _rate(n_tok, len(samples), wall, payload_bytes_per_s=n_tok * k_bytes / wall,
+                          idle=idle, **mon.peaks())
+
+        # b: end to end into a DatasetWriter on local disk
+        ds_dir = os.path.join(out_dir, "dataset")
+        shutil.rmtree(ds_dir, ignore_errors=True)
+        manifest = {"format": FORMAT, "format_version": FORMAT_VERSION, "layers": layers,
+                    "convention": CONVENTION, "storage_dtype": "bfloat16",
+                    "model": {"path": model_path, "hidden_size": info.hidden_size,
+                              "num_hidden_layers": info.num_hidden_layers}}
+        blocked = [0.0]
+        idle = mon.reset()
+        t = time.time()
+        writer = DatasetWriter(ds_dir, manifest, {"bench": True}, layers=layers,
+                               hidden_size=info.hidden_size)
+
+        def sink(sid, ids, hs):
+            t_add = time.time()
+            writer.add(sid, ids, [1] * len(ids), hs)
+            blocked[0] += time.time() - t_add
+
+        try:
+            eng.run(list(enumerate(samples)), sink)
+            t_run = time.time() - t
+        finally:
+            t_c = time.time()
+            writer.close()
+            close_s = time.time() - t_c
+        wall = time.time() - t
+        n_bytes = writer.bytes_written
+        assert writer.samples_written == len(samples)
+        res["b"] = _rate(n_tok, len(samples), wall, bytes_written=n_bytes,
+                         bytes_written_per_s=n_bytes / wall,
+                         payload_bytes_per_s=n_tok * k_bytes / wall,
+                         shards=len(writer.index["shards"]), sink_add_s=blocked[0],
+                         run_s=t_run, final_close_s=close_s, idle=idle, **mon.peaks())
+        shutil.rmtree(ds_dir, ignore_errors=True)
+    finally:
+        eng.close()
+    res["baseline"] = base
+    return res
+
+
+def mode_builtin(model_path, ec, samples, warm, layers, info, version, mon) -> dict:
+    base = mon.reset()
+    t0 = time.time()
+    eng = builtin_engine(model_path, ec, layers, version)
+    start_s = time.time() - t0
+    width = len(layers) * info.hidden_size
+    try:
+        t = time.time()
+        eng.generate(input_ids=warm, sampling_params=SP, return_hidden_states=True)
+        warm_s = time.time() - t
+        idle = mon.reset()
+        t = time.time()
+        outs = eng.generate(input_ids=samples, sampling_params=SP, return_hidden_states=True)
+        collected = [o["meta_info"]["hidden_states"][0] for o in outs]
+        wall = time.time() - t
+        peaks = mon.peaks()
+        for s, hs in zip(samples, collected):
+            assert len(hs) == len(s) and len(hs[0]) == width, (len(hs), len(hs[0]), width)
+        del outs, collected
+    finally:
+        eng.shutdown()
+    n_tok = sum(len(s) for s in samples)
+    return _rate(n_tok, len(samples), wall, payload_bytes_per_s=n_tok * width * 2 / wall,
+                 engine_start_s=start_s, warmup_s=warm_s, baseline=base, idle=idle, **peaks)
+
+
+# --------------------------------------------------------------------------- report
+def _gb(x):
+    return "-" if x is None else f"{x / 1e9:.2f}"
+
+
+def table(name: str, r: dict) -> str:
+    rows = [("a plain prefill", r.get("a")), ("b0 hsdump capture only", (r.get("b") or {}).get("b0")),
+            ("b hsdump -> disk", (r.get("b") or {}).get("b")), ("c built-in lists", r.get("c"))]
+    lines = [f"{name}: {r['model']} seq {r['seq']} layers {r['layers']} "
+             f"(samples a/b {r['samples']}, c {r['samples_builtin']})",
+             f"| mode | tokens/s | samples/s | write GB/s | payload GB/s | peak RSS GB "
+             f"| peak GPU GB | wall s |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|"]
+    for label, m in rows:
+        if not m or "tokens_per_s" not in m:
+            err = (m or {}).get("error", "not run") if isinstance(m, dict) else "not run"
+            lines.append(f"| {label} | {str(err)[:60]} | | | | | | |")
+            continue
+        lines.append(f"| {label} | {m['tokens_per_s']:,.0f} | {m['samples_per_s']:.2f} | "
+                     f"{_gb(m.get('bytes_written_per_s')) if 'bytes_written_per_s' in m else '-'} | "
+                     f"{_gb(m.get('payload_bytes_per_s')) if 'payload_bytes_per_s' in m else '-'} | "
+                     f"{_gb(m.get('peak_rss_bytes'))} | {_gb(m.get('peak_gpu_used_bytes'))} | "
+                     f"{m['wall_s']:.1f} |")
+    ra = r.get("ratios", {})
+    lines.append("ratios: " + ", ".join(f"{k} = {v:.3f}" for k, v in ra.items()))
+    return "\n".join(lines)
+
+
+def environment(device: str) -> dict:
+    from importlib import metadata
+
+    env = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+           "device": device, "cpus": os.cpu_count(),
+           "mem_total_gb": os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 1e9}
+    for pkg in ("sglang", "sglang-kernel", "torch", "transformers", "safetensors", "pyzmq"):
+        try:
+            env[pkg] = metadata.version(pkg)
+        except metadata.PackageNotFoundError:
+            env[pkg] = None
+    if device == "cuda":
+        env["gpu"] = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
+    try:
+        env["cpu_model"] = re.search(r"model name\s*:\s*(.*)", open("/proc/cpuinfo").read()).group(1)
+    except Exception:
+        pass
+    return env
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description="hsdump throughput benchmark (see module doc)")
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--models", default=None,
+                    help="comma list of MODEL:SEQ[:N[:N_BUILTIN]]; MODEL in " + ", ".join(MODELS))
+    ap.add_argument("--modes", default="a,b,c")
+    ap.add_argument("--name", default=None, help="results file name (default: the device)")
+    ap.add_argument("--results-dir", default=str(HERE / "results"))
+    ap.add_argument("--out-dir", default="/tmp/hsdump-bench", help="dataset and dd target")
+    ap.add_argument("--model-dir", default="/tmp/hsdump-bench-models")
+    ap.add_argument("--mem-fraction", type=float, default=None)
+    ap.add_argument("--dd-mib", type=int, default=None)
+    ap.add_argument("--deadline-s", type=float, default=0,
+                    help="skip modes that would start after this many seconds")
+    args = ap.parse_args(argv)
+    dev = args.device
+    gpu = dev == "cuda"
+    if args.models is None:
+        args.models = "llama8b:2048,dsv3-small:2048" if gpu else "tiny-llama:256:32:16"
+    name = args.name or ("gpu" if gpu else "cpu")
+    t_start = time.time()
+    _prepare(dev)
+    from hsdump.engine import sglang_version
+    from hsdump.layers import read_model_info
+
+    version = sglang_version()
+    report = {"name": name, "command": " ".join([sys.executable] + sys.argv),
+              "env": environment(dev), "sglang": version, "runs": {}}
+    out_json = Path(args.results_dir) / f"{name}.json"
+
+    def save():
+        out_json.parent.mkdir(parents=True, exist_ok=True)
+        out_json.write_text(json.dumps(report, indent=1, default=str))
+
+    mon = Monitor()
+    mon.start()
+    ec = engine_config(dev, args.mem_fraction)
+    report["engine_config"] = {k: getattr(ec, k) for k in ec.__dataclass_fields__}
+    report["disk"] = disk_bandwidth(args.out_dir, args.dd_mib or (4096 if gpu else 256))
+    print("disk:", json.dumps(report["disk"]))
+    save()
+
+    for spec in [s for s in args.models.split(",") if s]:
+        parts = spec.split(":")
+        mname, seq = parts[0], int(parts[1])
+        small = mname in ("tiny-llama", "dsv3-small")
+        n = int(parts[2]) if len(parts) > 2 else (max(8, (2 << 20) // seq) if small
+                                                  else max(8, (1 << 19) // seq))
+        nc = int(parts[3]) if len(parts) > 3 else (max(2, 65536 // seq) if small
+                                                   else max(1, 16384 // seq))
+        key = f"{mname}:{seq}"
+        t_build = time.time()
+        model_path = build_model(mname, os.path.join(args.model_dir, mname))
+        info = read_model_info(model_path)
+        layers = default_layers(mname, info.num_hidden_layers)
+        r = {"model": mname, "model_path": model_path, "architecture": info.architecture,
+             "hidden_size": info.hidden_size, "num_hidden_layers": info.num_hidden_layers,
+             "seq": seq, "samples": n, "samples_builtin": nc, "layers": layers,
+             "model_build_s": time.time() - t_build}
+        report["runs"][key] = r
+        if "writer_stages" not in report:
+            report["writer_stages"] = writer_stages(
+                args.out_dir, 1 << 30 if gpu else 64 << 20, len(layers) * info.hidden_size)
+            print("writer stages:", json.dumps(report["writer_stages"]))
+        g = torch.Generator().manual_seed(1234)
+        vocab = json.load(open(os.path.join(model_path, "config.json")))["vocab_size"]
+        samples = [torch.randint(10, vocab, (seq,), generator=g).tolist() for _ in range(n)]
+        warm_n = 16 if gpu else 4
+        warm = [torch.randint(10, vocab, (seq,), generator=g).tolist() for _ in range(warm_n)]
+        est = {"a": 150, "b": 200, "c": 150}
+        for mode in args.modes.split(","):
+            if args.deadline_s and time.time() - t_start + est.get(mode, 120) > args.deadline_s:
+                r[mode] = {"error": "skipped: deadline"}
+                print(f"[{key}] mode {mode}: skipped (deadline)")
+                continue
+            print(f"[{key}] mode {mode} ... (t={time.time() - t_start:.0f} s)", flush=True)
+            try:
+                if mode == "a":
+                    r["a"] = mode_plain(model_path, ec, samples, warm, mon)
+                elif mode == "b":
+                    r["b"] = mode_hsdump(model_path, ec, samples, warm[:4], layers, info,
+                                         args.out_dir, mon)
+                elif mode == "c":
+                    r["c"] = mode_builtin(model_path, ec, samples[:nc], warm[:1], layers, info,
+                                          version, mon)
+                else:
+                    raise ValueError(f"unknown mode {mode}")
+            except Exception as e:
+                r[mode] = {"error": f"{type(e).__name__}: {e}",
+                           "traceback": traceback.format_exc()[-3000:]}
+                print(traceback.format_exc())
+            _wait_gpu_free(mon, r.get("a", {}).get("baseline", {}).get("gpu_used_bytes"))
+            _ratios(r)
+            save()
+        print()
+        print(table(name, r))
+        print()
+    mon.stop()
+    report["elapsed_s"] = time.time() - t_start
+    save()
+    print(f"wrote {out_json} ({report['elapsed_s']:.0f} s)")
+    return 0
+
+
+def _ratios(r: dict) -> None:
+    a = (r.get("a") or {}).get("tokens_per_s")
+    b = ((r.get("b") or {}).get("b") or {}).get("tokens_per_s")
+    b0 = ((r.get("b") or {}).get("b0") or {}).get("tokens_per_s")
+    c = (r.get("c") or {}).get("tokens_per_s")
+    ra = {}
+    if a and b:
+        ra["b/a"] = b / a
+    if a and b0:
+        ra["b0/a"] = b0 / a
+    if b and c:
+        ra["b/c"] = b / c
+    r["ratios"] = ra
+
+
+def _wait_gpu_free(mon: Monitor, baseline: Optional[int], timeout: float = 30.0) -> None:
+    """Engines free GPU memory asynchronously; wait until use is back near the baseline."""
+    if baseline is None:
+        return
+    t = time.time()
+    while time.time() - t < timeout:
+        u = mon.gpu.used()
+        if u is None or u < baseline + (2 << 30):
+            return
+        time.sleep(0.5)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,121 @@
+"""`make extract`'s path end to end: Hydra config -> dataset -> real CPU engine -> shards."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from hydra import compose, initialize_config_dir
+
+from helpers import hf_hidden_states, rel_err
+from hsdump.config import register_configs, to_config
+from hsdump.pipeline import run
+from hsdump.reader import HsdumpDataset
+
+ROOT = Path(__file__).resolve().parents[1]
+register_configs()
+
+
+def config(*overrides):
+    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
+        return compose("config", overrides=list(overrides))
+
+
+def test_composition_and_presets():
+    c = to_config(config("model=kimi_k25", "engine=gpu"))
+    assert c.model.tp_size == 8 and c.model.default_layers == [3, 31, 59]
+    assert c.output.dir == "outputs/kimi-k2.5/layers-3-31-59"
+    assert c.engine.device == "cuda" and c.engine.chunked_prefill_size == -1
+    c = to_config(config("capture.layers=[1,2,3]", "dataset.max_samples=7", "output.root=/x",
+                         "+engine.extra.context_length=512"))
+    assert c.capture.layers == [1, 2, 3] and c.dataset.max_samples == 7
+    assert c.output.dir == "/x/tiny-llama/layers-1-2-3" and c.engine.extra == {"context_length": 512}
+    assert to_config(config()).output.dir == "outputs/tiny-llama/layers-eagle3"
+    with pytest.raises(Exception, match="output.dtype='int3'"):
+        to_config(config("output.dtype=int3"))
+    with pytest.raises(Exception, match="no_such_key"):
+        config("engine.no_such_key=1")
+
+
+@pytest.mark.engine
+def test_extract_writes_a_valid_dataset_and_resumes(tmp_path, tiny_llama):
+    out = tmp_path / "ds"
+    cfg = config("dataset.max_samples=12", f"output.dir={out}", "progress=false",
+                 "dataset.on_bad_row=skip", "output.shard_bytes=200000")
+    s = run(to_config(cfg))
+    assert s.written + sum(s.skipped.values()) == 12 and s.written >= 10
+
+    manifest = json.loads((out / "manifest.json").read_text())
+    for key in ("format", "format_version", "hsdump_version", "sglang_version", "model",
+                "layers", "convention", "storage_dtype", "tokenizer", "dataset", "max_seq_len",
+                "truncation", "config"):
+        assert key in manifest, key
+    assert manifest["convention"] == "hf_hidden_states_index"
+    assert manifest["layers"] == [2, 4, 5]  # EAGLE-3 default for the 8-layer tiny model
+    assert manifest["model"]["hidden_size"] == 64 and manifest["sglang_version"] == "0.5.23"
+    assert len(manifest["tokenizer"]["chat_template_sha256"]) == 64
+
+    ds = HsdumpDataset(str(out))
+    assert len(ds) == s.written and all(0 <= i < 12 for i in ds.ids)
+    index = json.loads((out / "index.json").read_text())
+    assert len(index["shards"]) > 1
+    r = ds[len(ds) - 1]
+    ref = hf_hidden_states(tiny_llama, r["input_ids"].tolist())
+    ref16 = hf_hidden_states(tiny_llama, r["input_ids"].tolist(), torch.bfloat16)
+    for h, k in zip(r["hidden_states"], ds.layers):
+        assert rel_err(h, ref[k]) <= 3 * rel_err(ref16[k], ref[k]) + 0.002
+
+    # the same command again resumes: nothing is recomputed, nothing changes
+    before = {p.name: p.stat().st_mtime_ns for p in out.iterdir()}
+    s2 = run(to_config(cfg))
+    assert s2.written == 0 and s2.already_done == s.written + s.skipped.get("nonfinite", 0)
+    assert before == {p.name: p.stat().st_mtime_ns for p in out.iterdir()}
+
+    # another layer set into the same folder is refused before any work, naming the field
+    with pytest.raises(ValueError, match=r"layers: \[2, 4, 5\] -> \[1, 2, 3\]"):
+        run(to_config(config("dataset.max_samples=12", f"output.dir={out}", "progress=false",
+                             "dataset.on_bad_row=skip", "capture.layers=[1,2,3]")))
+
+
+@pytest.mark.engine
+def test_multirun_sweeps_layer_sets_into_separate_datasets(tmp_path, tiny_llama):
+    cmd = [sys.executable, "extract.py", "-m", "capture.layers=[1,2,3],[3,5,7]",
+           "dataset.max_samples=3", f"output.root={tmp_path}", "progress=false",
+           f"hydra.sweep.dir={tmp_path}/hydra"]
+    p = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stderr[-3000:]
+    for layers in ([1, 2, 3], [3, 5, 7]):
+        d = tmp_path / "tiny-llama" / ("layers-" + "-".join(map(str, layers)))
+        ds = HsdumpDataset(str(d))
+        assert ds.layers == layers and len(ds) == 3
+
+
+def test_refusals_before_the_engine_starts(tmp_path, tiny_llama, monkeypatch):
+    from hsdump import engine
+    from hsdump.config import EngineConfig, ModelConfig
+    from hsdump.layers import ModelInfo, read_model_info
+
+    info = read_model_info(tiny_llama)
+    ok = EngineConfig(device="cpu")
+    m = ModelConfig(path=tiny_llama)
+    with pytest.raises(ValueError, match="prefix-cache hit"):
+        engine.check_supported(info, EngineConfig(device="cpu",
+                                                  extra={"disable_radix_cache": False}), m)
+    with pytest.raises(ValueError, match="pp_size must be 1"):
+        engine.check_supported(info, EngineConfig(device="cpu", extra={"pp_size": 2}), m)
+    with pytest.raises(ValueError, match="enable_mixed_chunk is not supported"):
+        engine.check_supported(info, EngineConfig(device="cpu",
+                                                  extra={"enable_mixed_chunk": True}), m)
+    cohere = ModelInfo("CohereForCausalLM", 64, 8, 2048)
+    with pytest.raises(ValueError, match="CohereForCausalLM .* has no EAGLE-3 aux capture"):
+        engine.check_supported(cohere, ok, m)
+    assert engine.check_supported(info, ok, m) == "0.5.23"
+    monkeypatch.setattr(engine, "sglang_version", lambda: "0.5.20")
+    with pytest.raises(RuntimeError, match="sglang 0.5.20 is not supported.*0.5.17, 0.5.23"):
+        engine.check_supported(info, ok, m)
+    # out-of-range layers stop the run before tokenization or the engine
+    with pytest.raises(ValueError, match=r"\[9\] out of range"):
+        run(to_config(config("capture.layers=[1,9]", f"output.dir={tmp_path}/x")))
+    assert not (tmp_path / "x").exists()
