@@ -1,20 +1,64 @@
-"""Read an hsdump dataset: speculators v1 records by sample id, lazily through `safe_open`.
+"""Read an hsdump dataset for training: speculators v1 records by sample id, memory-mapped.
 
 Only `index.json` decides what is in the dataset; shard files it does not list are never
 opened. No sglang or Hydra import here: trainers can use this module alone.
+
+    ds = HsdumpDataset("OUT", max_len=4096)      # optional length filter (header-only)
+    rec = ds.get(17)                              # by sample id
+    rec = ds[0]                                   # i-th sample in id order
+    loader = DataLoader(ds, batch_size=8, collate_fn=PadCollator(), num_workers=4)
+
+Tensors come from `safetensors.safe_open(..., framework="pt")`, whose `get_tensor` maps the
+tensor's byte range of the shard file (MAP_PRIVATE) instead of reading it: `get` costs a
+header lookup and an mmap, and pages are read from disk (or the page cache) only when the
+tensor is used. Hidden states stored in fp8 (see `hsdump.fp8`) are dequantized on `get`, which
+does read them; everything else is returned as stored, without a copy.
 """
 
 from __future__ import annotations
 
+import copy
 import json
+import struct
+import warnings
 from pathlib import Path
-from typing import Dict, Iterator, List
+from typing import Dict, Iterable, Iterator, List, Optional, Sequence
 
 import torch
 from safetensors import safe_open
 
+from . import fp8
+
 FORMAT = "hsdump/speculators-v1"
 SUPPORTED_VERSIONS = (1,)
+
+# Final-layer states (format extension, see README): `{i}/final/pre_norm` is the last decoder
+# layer's output before the model's final norm, `{i}/final/post_norm` after it; each
+# [seq, hidden_size] in the storage dtype. A dataset holds those it captured.
+FINAL_KINDS = ("pre_norm", "post_norm")
+LAST_LAYER = "last-layer"  # stand-in for a final state that was not captured (see v1_record)
+
+_ST_DTYPES = {"BOOL": torch.bool, "U8": torch.uint8, "I8": torch.int8, "I16": torch.int16,
+              "I32": torch.int32, "I64": torch.int64, "F16": torch.float16,
+              "BF16": torch.bfloat16, "F32": torch.float32, "F64": torch.float64,
+              "F8_E4M3": torch.float8_e4m3fn, "F8_E5M2": torch.float8_e5m2}
+
+
+def final_name(sid: int, kind: str) -> str:
+    return f"{sid}/final/{kind}"
+
+
+def read_safetensors_header(path) -> dict:
+    """The JSON header of a safetensors file (tensor dtypes, shapes, offsets, `__metadata__`),
+    read with two small reads; no tensor data is touched."""
+    with open(path, "rb") as f:
+        head = f.read(8)
+        if len(head) != 8:
+            raise ValueError(f"{path}: not a safetensors file (truncated header)")
+        (n,) = struct.unpack("<Q", head)
+        if n > 1 << 31:
+            raise ValueError(f"{path}: not a safetensors file (header size {n})")
+        return json.loads(f.read(n))
 
 
 class HsdumpDataset(torch.utils.data.Dataset):
@@ -22,10 +66,18 @@ class HsdumpDataset(torch.utils.data.Dataset):
 
     A record is `{"id", "input_ids": int64[seq], "loss_mask": int64[seq],
     "hidden_states": [K tensors [seq, H]]}` with `hidden_states[j]` at capture index
-    `ds.layers[j]`.
+    `ds.layers[j]`, plus `"final": {"pre_norm"|"post_norm": [seq, H]}` when the dataset
+    captured the final layer.
+
+    `min_len` / `max_len` keep only samples whose token count lies in [min_len, max_len];
+    lengths come from the shard headers, not from the tensors. `ids` restricts to those
+    sample ids. `dtype` converts hidden states on `get` (a copy); by default they are returned
+    as stored, and fp8-stored ones are dequantized to bfloat16.
     """
 
-    def __init__(self, path: str):
+    def __init__(self, path: str, *, min_len: Optional[int] = None,
+                 max_len: Optional[int] = None, ids: Optional[Iterable[int]] = None,
+                 dtype: Optional[torch.dtype] = None):
         self.path = Path(path)
         index_file = self.path / "index.json"
         if not index_file.exists():
@@ -40,10 +92,89 @@ class HsdumpDataset(torch.utils.data.Dataset):
             raise ValueError(f"{self.path}: format {self.index.get('format')!r} version "
                              f"{self.index.get('format_version')!r} is not one this reader knows")
         self.layers: List[int] = list(self.manifest["layers"])
-        self.ids: List[int] = sorted(int(s) for s in self.index["samples"])
+        self.storage_dtype: str = str(self.manifest.get("storage_dtype", "bfloat16"))
+        self.dtype = dtype
         self._shard_of: Dict[int, str] = {int(s): n for s, n in self.index["samples"].items()}
+        self.ids: List[int] = sorted(self._shard_of)
         self._handles: Dict[str, object] = {}
+        self._headers: Dict[str, dict] = {}
+        self._len_of: Optional[Dict[int, int]] = None
+        if ids is not None:
+            wanted = set(int(i) for i in ids)
+            missing = wanted - set(self._shard_of)
+            if missing:
+                raise KeyError(f"samples {sorted(missing)[:10]} are not in {self.path}")
+            self.ids = [i for i in self.ids if i in wanted]
+        if min_len is not None or max_len is not None:
+            self.ids = self._filtered(min_len, max_len)
 
+    # ------------------------------------------------------------------ sizes, cheaply
+    def header(self, shard: str) -> dict:
+        h = self._headers.get(shard)
+        if h is None:
+            h = self._headers[shard] = read_safetensors_header(self.path / shard)
+        return h
+
+    def _lengths_by_id(self) -> Dict[int, int]:
+        if self._len_of is None:
+            out = {}
+            for sid, shard in self._shard_of.items():
+                out[sid] = int(self.header(shard)[f"{sid}/input_ids"]["shape"][0])
+            self._len_of = out
+        return self._len_of
+
+    def length(self, sid: int) -> int:
+        """Token count of sample `sid`, from its shard's header."""
+        return self._lengths_by_id()[sid]
+
+    @property
+    def lengths(self) -> List[int]:
+        """Token counts aligned with `self.ids` (and `ds[i]`)."""
+        by_id = self._lengths_by_id()
+        return [by_id[s] for s in self.ids]
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(self.lengths)
+
+    @property
+    def hidden_size(self) -> int:
+        h = (self.manifest.get("model") or {}).get("hidden_size")
+        if h is None and self.ids:
+            sid = self.ids[0]
+            h = self.header(self._shard_of[sid])[f"{sid}/hidden_states/0"]["shape"][1]
+        return int(h)
+
+    @property
+    def final_kinds(self) -> List[str]:
+        """Which final-layer states this dataset holds ([] if none was captured)."""
+        if not self.ids:
+            return []
+        sid = self.ids[0]
+        head = self.header(self._shard_of[sid])
+        return [k for k in FINAL_KINDS if final_name(sid, k) in head]
+
+    def _filtered(self, min_len, max_len) -> List[int]:
+        by_id = self._lengths_by_id()
+        lo = 0 if min_len is None else int(min_len)
+        hi = float("inf") if max_len is None else int(max_len)
+        return [s for s in self.ids if lo <= by_id[s] <= hi]
+
+    def filter(self, min_len: Optional[int] = None, max_len: Optional[int] = None,
+               ids: Optional[Iterable[int]] = None) -> "HsdumpDataset":
+        """A view of this dataset restricted by length and/or ids (shares nothing mutable)."""
+        new = copy.copy(self)
+        new._handles = {}
+        new._idset = None
+        new.ids = list(self.ids)
+        if ids is not None:
+            wanted = set(int(i) for i in ids)
+            new.ids = [i for i in new.ids if i in wanted]
+        if min_len is not None or max_len is not None:
+            new.ids = new._filtered(min_len, max_len)
+        return new
+
+    # ------------------------------------------------------------------ records
     def __len__(self) -> int:
         return len(self.ids)
 
@@ -55,7 +186,11 @@ class HsdumpDataset(torch.utils.data.Dataset):
             yield self.get(sid)
 
     def __contains__(self, sid: int) -> bool:
-        return sid in self._shard_of
+        if len(self.ids) == len(self._shard_of):
+            return sid in self._shard_of
+        if getattr(self, "_idset", None) is None or len(self._idset) != len(self.ids):
+            self._idset = set(self.ids)
+        return sid in self._idset
 
     def _open(self, shard: str):
         h = self._handles.get(shard)
@@ -64,17 +199,36 @@ class HsdumpDataset(torch.utils.data.Dataset):
             self._handles[shard] = h
         return h
 
-    def get(self, sid: int) -> dict:
+    def _hidden(self, f, head: dict, name: str) -> torch.Tensor:
+        t = f.get_tensor(name)
+        if t.dtype == fp8.FP8_DTYPE:
+            sname = name + fp8.SCALE_SUFFIX
+            if sname not in head:
+                raise ValueError(f"{self.path}: {name} is stored in fp8 but {sname} is missing")
+            return fp8.dequantize(t, f.get_tensor(sname), self.dtype or torch.bfloat16)
+        if self.dtype is not None and t.dtype != self.dtype:
+            t = t.to(self.dtype)
+        return t
+
+    def get(self, sid: int, *, hidden: bool = True) -> dict:
+        """Sample `sid`; `hidden=False` leaves out the hidden states (ids and mask only)."""
         if sid not in self._shard_of:
             raise KeyError(f"sample {sid} is not in {self.path}")
-        f = self._open(self._shard_of[sid])
-        return {
-            "id": sid,
-            "input_ids": f.get_tensor(f"{sid}/input_ids"),
-            "loss_mask": f.get_tensor(f"{sid}/loss_mask"),
-            "hidden_states": [f.get_tensor(f"{sid}/hidden_states/{j}")
-                              for j in range(len(self.layers))],
-        }
+        shard = self._shard_of[sid]
+        f = self._open(shard)
+        rec = {"id": sid,
+               "input_ids": f.get_tensor(f"{sid}/input_ids"),
+               "loss_mask": f.get_tensor(f"{sid}/loss_mask")}
+        if not hidden:
+            return rec
+        head = self.header(shard)
+        rec["hidden_states"] = [self._hidden(f, head, f"{sid}/hidden_states/{j}")
+                                for j in range(len(self.layers))]
+        final = {k: self._hidden(f, head, final_name(sid, k)) for k in FINAL_KINDS
+                 if final_name(sid, k) in head}
+        if final:
+            rec["final"] = final
+        return rec
 
     def __getstate__(self):  # DataLoader workers open their own handles
         state = dict(self.__dict__)
@@ -82,5 +236,133 @@ class HsdumpDataset(torch.utils.data.Dataset):
         return state
 
 
-def open_dataset(path: str) -> HsdumpDataset:
-    return HsdumpDataset(path)
+def open_dataset(path: str, **kw) -> HsdumpDataset:
+    return HsdumpDataset(path, **kw)
+
+
+# ---------------------------------------------------------------------- batching
+class PadCollator:
+    """Pads a list of records into a batch (picklable, for DataLoader workers).
+
+    Returns `ids` int64 [B], `lengths` int64 [B], `input_ids` int64 [B, T] (padded with
+    `pad_token_id`), `loss_mask` int64 [B, T] (0 on padding), `attention_mask` int64 [B, T]
+    (1 on real tokens), `hidden_states`: K tensors [B, T, H] (zeros on padding) and, when the
+    records have them, `final`: {kind: [B, T, H]}. T is the longest length in the batch,
+    rounded up to `pad_to_multiple_of`; `max_len` truncates samples first.
+    """
+
+    def __init__(self, pad_token_id: int = 0, pad_to_multiple_of: Optional[int] = None,
+                 max_len: Optional[int] = None):
+        self.pad_token_id = pad_token_id
+        self.pad_to_multiple_of = pad_to_multiple_of
+        self.max_len = max_len
+
+    def __call__(self, batch: Sequence[dict]) -> dict:
+        if not batch:
+            raise ValueError("empty batch")
+        cut = self.max_len
+        lens = [len(r["input_ids"]) if cut is None else min(len(r["input_ids"]), cut)
+                for r in batch]
+        T = max(lens)
+        m = self.pad_to_multiple_of
+        if m:
+            T = -(-T // m) * m
+        B = len(batch)
+        out = {"ids": torch.tensor([int(r.get("id", -1)) for r in batch], dtype=torch.int64),
+               "lengths": torch.tensor(lens, dtype=torch.int64),
+               "input_ids": torch.full((B, T), self.pad_token_id, dtype=torch.int64),
+               "loss_mask": torch.zeros((B, T), dtype=torch.int64),
+               "attention_mask": torch.zeros((B, T), dtype=torch.int64)}
+        for b, (r, n) in enumerate(zip(batch, lens)):
+            out["input_ids"][b, :n] = r["input_ids"][:n]
+            out["loss_mask"][b, :n] = r["loss_mask"][:n]
+            out["attention_mask"][b, :n] = 1
+        out["hidden_states"] = [self._pad([r["hidden_states"][j] for r in batch], lens, T)
+                                for j in range(len(batch[0]["hidden_states"]))]
+        if "final" in batch[0]:
+            out["final"] = {k: self._pad([r["final"][k] for r in batch], lens, T)
+                            for k in batch[0]["final"]}
+        return out
+
+    @staticmethod
+    def _pad(ts: List[torch.Tensor], lens: List[int], T: int) -> torch.Tensor:
+        first = ts[0]
+        out = torch.zeros((len(ts), T, *first.shape[1:]), dtype=first.dtype)
+        for b, (t, n) in enumerate(zip(ts, lens)):
+            out[b, :n] = t[:n]  # the one copy: page cache -> batch
+        return out
+
+
+def pad_collate(batch: Sequence[dict]) -> dict:
+    """`PadCollator()` with its defaults (pad id 0, no rounding, no truncation)."""
+    return PadCollator()(batch)
+
+
+# ---------------------------------------------------------------------- speculators v1
+def resolve_final_state(ds: HsdumpDataset, final_state: str = "auto",
+                        prefer: str = "pre_norm") -> Optional[str]:
+    """Which tensor fills the verifier-state slot that trainers expect after the aux layers.
+
+    `auto` takes `prefer` ("pre_norm" for speculators, whose model applies the verifier's norm
+    itself; "post_norm" for SpecForge) and refuses if the dataset did not capture it.
+    `pre_norm` / `post_norm` ask for that one explicitly. `last-layer` uses the last captured
+    layer (`layers[-1]`, e.g. L-3) as a stand-in and warns: it is NOT the verifier's final
+    state, so a drafter trained on it learns wrong targets; use it only to test plumbing.
+    `none` appends nothing.
+    """
+    if final_state == "none":
+        return None
+    if final_state == LAST_LAYER:
+        warnings.warn(f"{ds.path}: using the last captured layer (capture index "
+                      f"{ds.layers[-1]}) as the verifier's final state; it is not the final "
+                      "layer, so a drafter trained on it learns wrong targets. Capture the "
+                      "final layer for real training.", stacklevel=2)
+        return LAST_LAYER
+    want = prefer if final_state == "auto" else final_state
+    if want not in FINAL_KINDS:
+        raise ValueError(f"final state {final_state!r}: use auto, pre_norm, post_norm, "
+                         f"{LAST_LAYER} or none")
+    have = ds.final_kinds
+    if want not in have:
+        raise ValueError(
+            f"{ds.path} holds no final-layer state {want!r} (it has: {have or 'none'}); "
+            f"trainers take it as the verifier's final state. Re-extract with the final "
+            f"layer captured, or pass final state {LAST_LAYER!r} to use the last captured "
+            f"layer (capture index {ds.layers[-1]}) as a stand-in (plumbing tests only).")
+    return want
+
+
+def verifier_state(rec: dict, final: Optional[str]) -> Optional[torch.Tensor]:
+    if final is None:
+        return None
+    if final == LAST_LAYER:
+        return rec["hidden_states"][-1]
+    return rec["final"][final]
+
+
+def v1_record(rec: dict, final: Optional[str]) -> dict:
+    """The speculators v1 dict `{"input_ids", "hidden_states", "loss_mask"}` for a record.
+
+    `final` comes from `resolve_final_state`: its tensor is appended after the K captured
+    layers, so `standardize_data_v1` concatenates all K captured layers as the drafter input
+    (`hidden_states[:-1]`) and takes the final state as the verifier's (`hidden_states[-1]`).
+    """
+    hs = list(rec["hidden_states"])
+    v = verifier_state(rec, final)
+    if v is not None:
+        hs.append(v)
+    return {"input_ids": rec["input_ids"], "hidden_states": hs, "loss_mask": rec["loss_mask"]}
+
+
+class SpeculatorsV1Dataset(torch.utils.data.Dataset):
+    """`HsdumpDataset` seen as speculators v1 records (what `standardize_data_v1` expects)."""
+
+    def __init__(self, ds: HsdumpDataset, final_state: str = "auto"):
+        self.ds = ds
+        self.final = resolve_final_state(ds, final_state, prefer="pre_norm")
+
+    def __len__(self) -> int:
+        return len(self.ds)
+
+    def __getitem__(self, i: int) -> dict:
+        return v1_record(self.ds[i], self.final)

@@ -1,0 +1,211 @@
+import hashlib
+import json
+import pickle
+
+import pytest
+import torch
+from safetensors.torch import save
+
+from hsdump import fp8
+from hsdump.reader import (HsdumpDataset, PadCollator, SpeculatorsV1Dataset, pad_collate,
+                           read_safetensors_header, resolve_final_state, v1_record)
+from hsdump.writer import DatasetWriter
+
+H = 8
+LAYERS = [2, 4, 5]
+
+
+def sample(sid, n, final=()):
+    g = torch.Generator().manual_seed(sid)
+    ids = torch.randint(0, 100, (n,), generator=g)
+    mask = torch.tensor([0] * (n // 2) + [1] * (n - n // 2))
+    hs = [torch.randn(n, H, generator=g) for _ in LAYERS]
+    fin = {k: torch.randn(n, H, generator=g) for k in final}
+    return ids, mask, hs, fin
+
+
+def make_dataset(path, samples, *, storage="bfloat16", per_shard=3, skipped=None,
+                 skipped_rows=None, model="m"):
+    """Write a dataset the way hsdump's writer lays it out (format.md), plus the two format
+    extensions read here: fp8 hidden states (`.../scale` companions) and final-layer states
+    (`{i}/final/{pre_norm,post_norm}`)."""
+    path.mkdir(parents=True, exist_ok=True)
+    index = {"format": "hsdump/speculators-v1", "format_version": 1, "samples": {},
+             "shards": {}, "skipped": skipped or {}}
+    sids = sorted(samples)
+    for s in range(0, len(sids), per_shard):
+        tensors = {}
+        for sid in sids[s:s + per_shard]:
+            ids, mask, hs, fin = samples[sid]
+            tensors[f"{sid}/input_ids"] = torch.as_tensor(ids, dtype=torch.int64)
+            tensors[f"{sid}/loss_mask"] = torch.as_tensor(mask, dtype=torch.int64)
+            named = {f"{sid}/hidden_states/{j}": h for j, h in enumerate(hs)}
+            named.update({f"{sid}/final/{k}": v for k, v in fin.items()})
+            for name, h in named.items():
+                if storage == "fp8":
+                    tensors.update(fp8.encode(name, h))
+                else:
+                    tensors[name] = h.to(torch.bfloat16).contiguous()
+        meta = {"format": "hsdump/speculators-v1", "format_version": "1",
+                "layers": json.dumps(LAYERS)}
+        if storage == "fp8":
+            meta.update(fp8.shard_metadata())
+        data = save(tensors, metadata=meta)
+        name = f"shard-{s // per_shard:05d}.safetensors"
+        (path / name).write_bytes(data)
+        index["shards"][name] = {"bytes": len(data), "samples": len(sids[s:s + per_shard]),
+                                 "sha256": hashlib.sha256(data).hexdigest()}
+        for sid in sids[s:s + per_shard]:
+            index["samples"][str(sid)] = name
+    manifest = {"format": "hsdump/speculators-v1", "format_version": 1, "layers": LAYERS,
+                "storage_dtype": "float8_e4m3fn" if storage == "fp8" else storage,
+                "model": {"path": model, "hidden_size": H, "num_hidden_layers": 6,
+                          "dtype": "bfloat16"},
+                "dataset": {"path": "d", "rows": 20, "skipped_rows": skipped_rows or {}}}
+    (path / "manifest.json").write_text(json.dumps(manifest))
+    (path / "index.json").write_text(json.dumps(index))
+    return path
+
+
+LENS = {0: 5, 3: 17, 4: 9, 7: 40, 8: 1, 11: 12}
+
+
+@pytest.fixture
+def ds_path(tmp_path):
+    return make_dataset(tmp_path / "ds", {sid: sample(sid, n) for sid, n in LENS.items()})
+
+
+def test_random_access_order_len_and_iteration(ds_path):
+    ds = HsdumpDataset(str(ds_path))
+    assert len(ds) == 6 and ds.ids == sorted(LENS) and ds.layers == LAYERS
+    assert [r["id"] for r in ds] == sorted(LENS)
+    assert ds[2]["id"] == 4 and 7 in ds and 5 not in ds
+    for sid, n in LENS.items():
+        ids, mask, hs, _ = sample(sid, n)
+        r = ds.get(sid)
+        assert torch.equal(r["input_ids"], ids) and torch.equal(r["loss_mask"], mask)
+        assert "final" not in r
+        for a, b in zip(r["hidden_states"], hs):
+            assert a.dtype == torch.bfloat16 and torch.equal(a, b.to(torch.bfloat16))
+    with pytest.raises(KeyError):
+        ds.get(5)
+    assert ds.get(3, hidden=False).keys() == {"id", "input_ids", "loss_mask"}
+
+
+def test_lengths_come_from_headers_and_filter(ds_path, monkeypatch):
+    ds = HsdumpDataset(str(ds_path))
+    monkeypatch.setattr("hsdump.reader.safe_open", None)  # lengths must not open tensors
+    assert ds.lengths == [LENS[s] for s in sorted(LENS)]
+    assert ds.num_tokens == sum(LENS.values()) and ds.hidden_size == H
+    short = HsdumpDataset(str(ds_path), max_len=12)
+    assert short.ids == [0, 4, 8, 11]
+    mid = HsdumpDataset(str(ds_path), min_len=5, max_len=17)
+    assert mid.ids == [0, 3, 4, 11] and len(mid) == 4 and 7 not in mid and 3 in mid
+    assert ds.filter(min_len=10).ids == [3, 7, 11] and ds.ids == sorted(LENS)
+    assert ds.filter(ids=[7, 8, 99], max_len=10).ids == [8]
+    assert HsdumpDataset(str(ds_path), ids=[11, 0]).ids == [0, 11]
+
+
+def test_tensors_are_memory_mapped_not_copied(tmp_path):
+    n, big = 256, 4096
+    path = make_dataset(tmp_path / "big", {0: (torch.zeros(n, dtype=torch.int64),
+                                               torch.ones(n, dtype=torch.int64),
+                                               [torch.randn(n, big) for _ in LAYERS], {})})
+    ds = HsdumpDataset(str(path))
+    h = ds.get(0)["hidden_states"][1]
+    shard = path / "shard-00000.safetensors"
+    maps = [l for l in open("/proc/self/maps") if l.rstrip().endswith(str(shard))]
+    assert maps, "hidden states are not backed by a mapping of the shard file"
+    ranges = [[int(x, 16) for x in l.split()[0].split("-")] for l in maps]
+    assert any(lo <= h.data_ptr() < hi for lo, hi in ranges)
+    assert h.untyped_storage().nbytes() == n * big * 2  # no larger hidden buffer either
+
+
+def test_dataloader_workers_and_pad_collate(ds_path):
+    ds = HsdumpDataset(str(ds_path))
+    pickle.dumps(ds)  # picklable for worker processes
+    ds.get(0)
+    assert pickle.loads(pickle.dumps(ds))._handles == {}
+    loader = torch.utils.data.DataLoader(ds, batch_size=4, collate_fn=PadCollator(),
+                                         num_workers=2)
+    batches = list(loader)
+    assert [b["ids"].tolist() for b in batches] == [[0, 3, 4, 7], [8, 11]]
+    b = batches[0]
+    assert b["input_ids"].shape == (4, 40) and b["lengths"].tolist() == [5, 17, 9, 40]
+    assert len(b["hidden_states"]) == 3 and b["hidden_states"][0].shape == (4, 40, H)
+    assert b["attention_mask"].sum(1).tolist() == [5, 17, 9, 40]
+    r = ds.get(3)
+    assert torch.equal(b["input_ids"][1, :17], r["input_ids"])
+    assert torch.equal(b["loss_mask"][1, :17], r["loss_mask"])
+    assert b["loss_mask"][1, 17:].eq(0).all() and b["input_ids"][1, 17:].eq(0).all()
+    assert torch.equal(b["hidden_states"][2][1, :17], r["hidden_states"][2])
+    assert b["hidden_states"][2][1, 17:].eq(0).all()
+
+    c = PadCollator(pad_token_id=-1, pad_to_multiple_of=8, max_len=10)([ds.get(3), ds.get(8)])
+    assert c["input_ids"].shape == (2, 16) and c["lengths"].tolist() == [10, 1]
+    assert c["input_ids"][1, 1:].eq(-1).all() and c["attention_mask"].sum().item() == 11
+    assert pad_collate([ds.get(8)])["input_ids"].shape == (1, 1)
+
+
+def test_fp8_dataset_is_dequantized_transparently(tmp_path):
+    samples = {sid: sample(sid, n) for sid, n in LENS.items()}
+    path = make_dataset(tmp_path / "fp8", samples, storage="fp8")
+    head = read_safetensors_header(path / "shard-00000.safetensors")
+    assert head["0/hidden_states/1"]["dtype"] == "F8_E4M3"
+    assert head["0/hidden_states/1/scale"] == {**head["0/hidden_states/1/scale"],
+                                               "dtype": "F32", "shape": [5]}
+    assert head["__metadata__"]["storage_dtype"] == "float8_e4m3fn"
+    ds = HsdumpDataset(str(path))
+    assert ds.lengths == [LENS[s] for s in sorted(LENS)]  # scales are not mistaken for samples
+    for sid, (ids, mask, hs, _) in samples.items():
+        r = ds.get(sid)
+        assert torch.equal(r["input_ids"], ids)
+        for a, b in zip(r["hidden_states"], hs):
+            assert a.dtype == torch.bfloat16 and a.shape == b.shape
+            assert fp8.rel_error(a, b) < 0.05
+    assert HsdumpDataset(str(path), dtype=torch.float32)[0]["hidden_states"][0].dtype == \
+        torch.float32
+
+
+def test_final_states_and_the_v1_view(tmp_path):
+    samples = {sid: sample(sid, n, final=("pre_norm", "post_norm"))
+               for sid, n in LENS.items()}
+    ds = HsdumpDataset(str(make_dataset(tmp_path / "f", samples)))
+    assert ds.final_kinds == ["pre_norm", "post_norm"]
+    r = ds.get(7)
+    assert torch.equal(r["final"]["post_norm"], samples[7][3]["post_norm"].bfloat16())
+    v1 = SpeculatorsV1Dataset(ds)[3]
+    assert set(v1) == {"input_ids", "hidden_states", "loss_mask"}
+    assert len(v1["hidden_states"]) == 4
+    assert torch.equal(v1["hidden_states"][-1], samples[7][3]["pre_norm"].bfloat16())
+    # speculators' own standardize_data_v1 (0.3-0.4): cat(hs[:-1]) and hs[-1]
+    drafter_in = torch.cat(v1["hidden_states"][:-1], dim=-1)
+    assert drafter_in.shape == (40, 3 * H)
+    b = PadCollator()([ds.get(0), ds.get(7)])
+    assert b["final"]["pre_norm"].shape == (2, 40, H)
+    assert resolve_final_state(ds, "auto", prefer="post_norm") == "post_norm"
+    assert v1_record(r, None)["hidden_states"] == r["hidden_states"]
+
+
+def test_v1_view_without_a_final_state_refuses_or_warns(ds_path):
+    ds = HsdumpDataset(str(ds_path))
+    assert ds.final_kinds == []
+    with pytest.raises(ValueError, match="holds no final-layer state 'pre_norm'"):
+        SpeculatorsV1Dataset(ds)
+    with pytest.warns(UserWarning, match="not the final layer"):
+        v = SpeculatorsV1Dataset(ds, final_state="last-layer")
+    rec = v[1]
+    assert len(rec["hidden_states"]) == 4
+    assert torch.equal(rec["hidden_states"][3], rec["hidden_states"][2])
+
+
+def test_reads_what_the_writer_writes(tmp_path):
+    w = DatasetWriter(str(tmp_path), {"format": "hsdump/speculators-v1", "layers": LAYERS},
+                      {"m": 1}, layers=LAYERS, hidden_size=H, shard_bytes=1500)
+    for sid, n in LENS.items():
+        ids, mask, hs, _ = sample(sid, n)
+        w.add(sid, ids.tolist(), mask.tolist(), hs)
+    w.close()
+    ds = HsdumpDataset(str(tmp_path), min_len=9)
+    assert ds.ids == [3, 4, 7, 11] and ds.lengths == [17, 9, 40, 12]
+    assert torch.equal(ds.get(4)["hidden_states"][0], sample(4, 9)[2][0].bfloat16())
