@@ -1,0 +1,248 @@
+"""Exports, read back the way each peer's own loader reads them.
+
+The reading code below mirrors, line for line where it matters, the loaders of
+speculators 0.9.0 (`speculators.train.data.ArrowDataset._get_raw_data` with
+`hs_connectors.FileTransfer`), speculators 0.3.0 (`Eagle3SampleFileDataset` with
+`list_files` and `standardize_data_v1`) and SpecForge 0.2.0
+(`OfflineEagle3Dataset.process_data` with `list_local_files`). When the real speculators
+package can be imported (it cannot in hsdump's venv: it pins datasets<=5.1.0, hsdump pins
+5.2.0), `test_speculators_own_arrow_dataset_reads_the_export` runs its own class too.
+"""
+
+import json
+import os
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+
+import pytest
+import torch
+from datasets import load_from_disk
+from safetensors.torch import load_file
+
+from hsdump import export as ex
+from hsdump.reader import HsdumpDataset
+from test_reader import LAYERS, H, make_dataset, sample
+
+ROOT = Path(__file__).resolve().parents[1]
+LENS = {0: 5, 2: 17, 3: 9, 9: 40, 10: 1, 12: 12, 13: 7}
+
+
+@pytest.fixture
+def src(tmp_path):
+    return make_dataset(tmp_path / "src", {
+        sid: sample(sid, n, final=("pre_norm", "post_norm")) for sid, n in LENS.items()})
+
+
+@pytest.fixture
+def plain(tmp_path):  # no final-layer capture
+    return make_dataset(tmp_path / "plain", {sid: sample(sid, n) for sid, n in LENS.items()})
+
+
+def bf(t):
+    return t.to(torch.bfloat16)
+
+
+def speculators_read(dest: Path, index: int) -> dict:
+    """speculators 0.9.0 ArrowDataset._get_raw_data for a cached sample."""
+    data = load_from_disk(str(dest))
+    loaded_hs = load_file(dest / "hidden_states" / f"hs_{index}.safetensors")
+    assert torch.equal(loaded_hs["token_ids"], data[index]["input_ids"])
+    return {"hidden_states": loaded_hs["hidden_states"][:, :-1].flatten(1),
+            "input_ids": loaded_hs["token_ids"],
+            "verifier_last_hidden_states": loaded_hs["hidden_states"][:, -1],
+            "loss_mask": data[index]["loss_mask"]}
+
+
+def test_speculators_layout_as_its_code_reads_it(src, tmp_path):
+    dest = tmp_path / "spec"
+    c = ex.export(str(src), str(dest), "speculators", progress=False)
+    assert c == {"written": 7, "skipped": 0, "bytes": c["bytes"]} and c["bytes"] > 0
+    data = load_from_disk(str(dest))
+    assert data.column_names == ["input_ids", "loss_mask", "seq_len"]
+    ids = sorted(LENS)
+    # ArrowDataset._compute_approx_lengths
+    assert list(data.with_format(None)["seq_len"]) == [LENS[s] for s in ids]
+    for i, sid in enumerate(ids):
+        _, mask, hs, fin = sample(sid, LENS[sid], final=("pre_norm", "post_norm"))
+        r = speculators_read(dest, i)
+        assert r["hidden_states"].shape == (LENS[sid], 3 * H)
+        assert r["hidden_states"].dtype == torch.bfloat16
+        assert torch.equal(r["hidden_states"], bf(torch.cat(hs, dim=-1)))
+        assert torch.equal(r["verifier_last_hidden_states"], bf(fin["pre_norm"]))
+        assert torch.equal(r["loss_mask"], mask) and r["input_ids"].dtype == torch.int64
+    freq = torch.load(dest / "token_freq.pt", weights_only=True)
+    want = Counter()
+    for sid in ids:
+        t, m, _, _ = sample(sid, LENS[sid])
+        want.update(t[m.bool()].tolist())
+    assert freq == dict(want) and all(type(k) is int for k in freq)
+    state = json.loads((dest / "hsdump_export.json").read_text())
+    assert state["ids"] == ids and state["complete"] and state["final_state"] == "pre_norm"
+    assert not list(dest.rglob(".*tmp*"))
+
+
+def test_speculators_own_arrow_dataset_reads_the_export(src, tmp_path):
+    data_mod = pytest.importorskip("speculators.train.data")
+    dest = tmp_path / "spec"
+    ex.export(str(src), str(dest), "speculators", progress=False)
+    ds = data_mod.ArrowDataset(max_len=64, datapath=str(dest), on_missing="raise")
+    assert len(ds) == 7 and ds.approx_lengths == [LENS[s] for s in sorted(LENS)]
+    for i, sid in enumerate(sorted(LENS)):
+        _, mask, hs, fin = sample(sid, LENS[sid], final=("pre_norm", "post_norm"))
+        r = ds[i]
+        assert torch.equal(r["hidden_states"], bf(torch.cat(hs, dim=-1)))
+        assert torch.equal(r["verifier_last_hidden_states"], bf(fin["pre_norm"]))
+        assert torch.equal(r["loss_mask"], mask) and r["lengths"].tolist() == [LENS[sid]]
+    batch = data_mod.CollateFn(max_len=64, hidden_size=H)([ds[0], ds[1]])
+    assert batch["hidden_states"].shape == (1, 64, 3 * H)
+
+
+def test_speculators_v1_layout(src, tmp_path):
+    dest = tmp_path / "v1"
+    ex.export(str(src), str(dest), "speculators-v1", progress=False)
+    # speculators 0.3 list_files: every file under DEST whose name ends with "pt"
+    files = sorted((Path(r) / f for r, _, fs in os.walk(dest) for f in fs if f.endswith("pt")),
+                   key=lambda p: int(p.stem.split("_")[1]))
+    assert [p.name for p in files] == [f"data_{i}.pt" for i in range(7)]
+    for i, sid in enumerate(sorted(LENS)):
+        ids, mask, hs, fin = sample(sid, LENS[sid], final=("pre_norm", "post_norm"))
+        data = torch.load(files[i], mmap=True, weights_only=True, map_location="cpu")
+        assert set(data) == {"input_ids", "hidden_states", "loss_mask"}
+        # standardize_data_v1
+        drafter = torch.cat(data["hidden_states"][:-1], dim=-1)
+        verifier = data["hidden_states"][-1]
+        assert torch.equal(drafter, bf(torch.cat(hs, dim=-1)))
+        assert torch.equal(verifier, bf(fin["pre_norm"]))
+        assert torch.equal(data["input_ids"], ids) and torch.equal(data["loss_mask"], mask)
+    lengths = json.loads((dest / "sample_lengths.json").read_text())
+    assert lengths == {str(i): LENS[s] for i, s in enumerate(sorted(LENS))}
+    cfg = json.loads((dest / "data_config.json").read_text())
+    assert cfg["layers"] == LAYERS and cfg["verifier_state"] == "pre_norm"
+
+
+def specforge_list(dest):
+    out = []
+    for root, _, files in os.walk(dest):
+        out += [os.path.join(root, f) for f in files if f.endswith((".ckpt", ".ckpt.gz"))]
+    return sorted(out)
+
+
+def test_specforge_layout(src, tmp_path):
+    dest = tmp_path / "sf"
+    ex.export(str(src), str(dest), "specforge", progress=False)
+    files = specforge_list(dest)
+    assert sorted(Path(f).relative_to(dest).as_posix() for f in files) == \
+        sorted(f"rows_0-2000/data_{i}.ckpt" for i in range(7))
+    for i, sid in enumerate(sorted(LENS)):
+        ids, mask, hs, fin = sample(sid, LENS[sid], final=("pre_norm", "post_norm"))
+        data = torch.load(dest / f"rows_0-2000/data_{i}.ckpt", weights_only=True, mmap=True)
+        n = LENS[sid]
+        assert data["aux_hidden_state"].shape == (1, n, 3 * H)
+        assert data["hidden_state"].shape == (1, n, H)
+        assert torch.equal(data["hidden_state"][0], bf(fin["post_norm"]))
+        # OfflineEagle3Dataset.process_data
+        max_len = 16
+        hidden_state = data["aux_hidden_state"].squeeze(0)[:max_len][None, :]
+        target = data["hidden_state"].squeeze(0)[:max_len][None, :]
+        input_ids = data["input_ids"][:max_len][None, :]
+        loss_mask = data["loss_mask"][:max_len][None, :]
+        m = min(n, max_len)
+        assert hidden_state.shape == (1, m, 3 * H) and target.shape == (1, m, H)
+        assert input_ids.shape == (1, m) and loss_mask.shape == (1, m)
+        assert torch.equal(hidden_state[0], bf(torch.cat(hs, -1))[:m])
+        assert torch.equal(input_ids[0], ids[:m]) and torch.equal(loss_mask[0], mask[:m])
+    assert ex.rel_path("specforge", 1999) == "rows_0-2000/data_1999.ckpt"
+    assert ex.rel_path("specforge", 2000) == "rows_2000-4000/data_2000.ckpt"
+    assert ex.rel_path("specforge", 4321) == "rows_4000-6000/data_4321.ckpt"
+
+
+def test_no_final_state_is_refused_unless_last_layer_is_asked(plain, tmp_path):
+    for fmt, kind in (("speculators", "pre_norm"), ("speculators-v1", "pre_norm"),
+                      ("specforge", "post_norm")):
+        with pytest.raises(ValueError, match=f"no final-layer state '{kind}'"):
+            ex.export(str(plain), str(tmp_path / fmt), fmt, progress=False)
+    with pytest.warns(UserWarning, match="not the final layer"):
+        ex.export(str(plain), str(tmp_path / "sf"), "specforge", final_state="last-layer",
+                  progress=False)
+    data = torch.load(tmp_path / "sf/rows_0-2000/data_3.ckpt", weights_only=True)
+    hs = sample(9, 40)[2]
+    assert torch.equal(data["hidden_state"][0], bf(hs[-1]))  # layers[-1] as the stand-in
+    assert torch.equal(data["aux_hidden_state"][0], bf(torch.cat(hs, -1)))
+    with pytest.warns(UserWarning):
+        ex.export(str(plain), str(tmp_path / "s"), "speculators", final_state="last-layer",
+                  progress=False)
+    assert load_file(tmp_path / "s/hidden_states/hs_0.safetensors")["hidden_states"].shape \
+        == (5, 4, H)
+
+
+def test_resume_skips_finished_files_and_cleans_temporaries(src, tmp_path, monkeypatch):
+    dest = tmp_path / "spec"
+    real = ex._commit
+    calls = []
+
+    def dying(path, write):
+        if path.name.startswith("hs_") and len(calls) == 3:
+            write(ex._tmp_of(path))  # half-done: the temp exists, the rename never happens
+            raise KeyboardInterrupt
+        calls.append(path.name)
+        return real(path, write)
+
+    monkeypatch.setattr(ex, "_commit", dying)
+    with pytest.raises(KeyboardInterrupt):
+        ex.export(str(src), str(dest), "speculators", progress=False)
+    monkeypatch.setattr(ex, "_commit", real)
+    hs_dir = dest / "hidden_states"
+    assert sorted(p.name for p in hs_dir.iterdir()) == \
+        [".hs_2.safetensors.tmp", "hs_0.safetensors", "hs_1.safetensors"]
+    assert not (dest / "state.json").exists()  # no Arrow dataset before all samples exist
+    mtime = (hs_dir / "hs_0.safetensors").stat().st_mtime_ns
+    c = ex.export(str(src), str(dest), "speculators", progress=False)
+    assert c["written"] == 5 and c["skipped"] == 2
+    assert (hs_dir / "hs_0.safetensors").stat().st_mtime_ns == mtime
+    assert sorted(p.name for p in hs_dir.iterdir()) == [f"hs_{i}.safetensors" for i in range(7)]
+    r = speculators_read(dest, 2)
+    assert torch.equal(r["input_ids"], sample(3, 9)[0])
+    c = ex.export(str(src), str(dest), "speculators", progress=False)  # complete: no-op
+    assert c == {"written": 0, "skipped": 7, "bytes": 0}
+
+
+def test_a_different_export_is_refused_and_overwrite_replaces_it(src, tmp_path):
+    dest = tmp_path / "d"
+    ex.export(str(src), str(dest), "specforge", progress=False)
+    with pytest.raises(ex.ExportError, match="to: 'specforge' -> 'speculators-v1'"):
+        ex.export(str(src), str(dest), "speculators-v1", progress=False)
+    with pytest.raises(ex.ExportError, match="ids"):
+        ex.export(str(src), str(dest), "specforge", max_len=10, progress=False)
+    c = ex.export(str(src), str(dest), "specforge", max_len=10, overwrite=True, progress=False)
+    assert c["written"] == 4 and len(specforge_list(dest)) == 4  # lengths 5, 9, 1, 7
+    foreign = tmp_path / "foreign"
+    foreign.mkdir()
+    (foreign / "x.txt").write_text("mine")
+    with pytest.raises(ex.ExportError, match="not empty"):
+        ex.export(str(src), str(foreign), "specforge", overwrite=True, progress=False)
+    assert (foreign / "x.txt").exists()
+
+
+def test_fp8_source_exports_dequantized_bf16(tmp_path):
+    samples = {sid: sample(sid, n, final=("post_norm",)) for sid, n in LENS.items()}
+    s = make_dataset(tmp_path / "s8", samples, storage="fp8")
+    ex.export(str(s), str(tmp_path / "sf"), "specforge", progress=False)
+    data = torch.load(tmp_path / "sf/rows_0-2000/data_3.ckpt", weights_only=True)
+    want = HsdumpDataset(str(s)).get(9)
+    assert data["aux_hidden_state"].dtype == torch.bfloat16
+    assert torch.equal(data["aux_hidden_state"][0], torch.cat(want["hidden_states"], -1))
+
+
+def test_cli(src, tmp_path, capsys):
+    dest = tmp_path / "cli"
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    p = subprocess.run([sys.executable, "-m", "hsdump", "export", str(src), str(dest),
+                        "--to", "speculators-v1", "--min-len", "9"],
+                       capture_output=True, text=True, env=env, cwd=ROOT)
+    assert p.returncode == 0, p.stderr
+    assert "4 samples written" in p.stdout and "export speculators-v1" in p.stderr  # tqdm
+    assert len(list(dest.glob("data_*.pt"))) == 4
+    assert ex.main([str(src), str(dest), "--to", "specforge", "--no-progress"]) == 2
+    assert "cannot resume" in capsys.readouterr().err
