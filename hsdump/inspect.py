@@ -1,0 +1,224 @@
+"""`python -m hsdump inspect OUT [--png FILE] [--json]`: a dataset's facts and length histograms.
+
+Prints samples, tokens, loss-masked tokens, bytes, layers, model, storage dtype and skipped
+rows (both kinds: rows the tokenizer's length policy left out, from
+manifest["dataset"]["skipped_rows"], and samples the writer refused, from index.json
+"skipped"), and draws a PNG with histograms of sequence lengths and of the loss-masked
+fraction per sample (pillow only). Reads ids and masks, never hidden states.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+import sys
+from collections import Counter
+from pathlib import Path
+from typing import Dict, List, Optional, Sequence, Tuple
+
+from .reader import HsdumpDataset
+
+
+def gather(path: str, progress: bool = False) -> Tuple[dict, List[int], List[float]]:
+    """(facts, per-sample lengths, per-sample loss-masked fractions)."""
+    ds = HsdumpDataset(path)
+    m, idx = ds.manifest, ds.index
+    lengths = ds.lengths
+    masked: List[int] = []
+    ids = ds.ids
+    if progress and len(ids) > 2000:
+        from tqdm import tqdm
+        ids = tqdm(ids, unit="sample", desc="reading loss masks", file=sys.stderr)
+    for sid in ids:
+        masked.append(int(ds.get(sid, hidden=False)["loss_mask"].sum()))
+    fracs = [k / n if n else 0.0 for k, n in zip(masked, lengths)]
+    shard_bytes = sum(int(s.get("bytes", 0)) for s in idx.get("shards", {}).values())
+    model = m.get("model") or {}
+    data = m.get("dataset") or {}
+    refused = Counter(str(r) for r in (idx.get("skipped") or {}).values())
+    tokens = sum(lengths)
+    facts = {
+        "path": str(Path(path).resolve()),
+        "format": f"{idx.get('format')} v{idx.get('format_version')}",
+        "hsdump_version": m.get("hsdump_version"),
+        "model": model.get("path"), "architecture": model.get("architecture"),
+        "hidden_size": model.get("hidden_size"),
+        "num_hidden_layers": model.get("num_hidden_layers"),
+        "model_dtype": model.get("dtype"),
+        "layers": ds.layers, "convention": m.get("convention"),
+        "final_states": ds.final_kinds,
+        "storage_dtype": ds.storage_dtype,
+        "samples": len(lengths), "tokens": tokens, "loss_masked_tokens": sum(masked),
+        "loss_masked_fraction": (sum(masked) / tokens) if tokens else 0.0,
+        "seq_len": ({"min": min(lengths), "median": statistics.median(lengths),
+                     "mean": tokens / len(lengths), "max": max(lengths)} if lengths else {}),
+        "bytes": shard_bytes, "shards": len(idx.get("shards", {})),
+        "bytes_per_sample": shard_bytes / len(lengths) if lengths else 0,
+        "bytes_per_token": shard_bytes / tokens if tokens else 0,
+        "source": {k: data.get(k) for k in ("path", "name", "split", "rows") if k in data},
+        "max_seq_len": m.get("max_seq_len"), "truncation": m.get("truncation"),
+        "skipped_rows": dict(data.get("skipped_rows") or {}),
+        "skipped_samples": dict(refused),
+        "no_loss_samples": sum(1 for k in masked if k == 0),
+    }
+    return facts, lengths, fracs
+
+
+def _size(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:,.1f} {unit}" if unit != "B" else f"{int(n):,} B"
+        n /= 1024
+    return str(n)
+
+
+def format_facts(f: dict) -> str:
+    sl = f["seq_len"]
+    skipped_rows = sum(f["skipped_rows"].values())
+    skipped_samples = sum(f["skipped_samples"].values())
+    rows = [
+        ("dataset", f["path"]),
+        ("format", f"{f['format']} (hsdump {f['hsdump_version']})"),
+        ("model", f"{f['model']} ({f['architecture']}, hidden {f['hidden_size']}, "
+                  f"{f['num_hidden_layers']} layers, {f['model_dtype']})"),
+        ("layers", f"{f['layers']} ({f['convention']})"
+                   + (f" + final {', '.join(f['final_states'])}" if f["final_states"] else "")),
+        ("storage dtype", f["storage_dtype"]),
+        ("samples", f"{f['samples']:,}"),
+        ("tokens", f"{f['tokens']:,}  (seq len min {sl.get('min')}, median "
+                   f"{sl.get('median')}, mean {sl.get('mean', 0):,.1f}, max {sl.get('max')})"),
+        ("loss-masked", f"{f['loss_masked_tokens']:,} tokens ({f['loss_masked_fraction']:.1%});"
+                        f" {f['no_loss_samples']} samples with none"),
+        ("bytes", f"{_size(f['bytes'])} in {f['shards']} shards "
+                  f"({_size(f['bytes_per_sample'])}/sample, {f['bytes_per_token']:,.0f} B/token)"),
+        ("source", ", ".join(f"{k}={v}" for k, v in f["source"].items()) or "?"),
+        ("max_seq_len", f"{f['max_seq_len']} (truncation: {f['truncation']})"),
+        ("skipped rows", f"{skipped_rows}" + (" (" + ", ".join(
+            f"{k}: {v}" for k, v in sorted(f["skipped_rows"].items())) + ")"
+            if skipped_rows else "") + "  [input rows left out before capture]"),
+        ("skipped samples", f"{skipped_samples}" + (" (" + ", ".join(
+            f"{k}: {v}" for k, v in sorted(f["skipped_samples"].items())) + ")"
+            if skipped_samples else "") + "  [captured, refused by the writer]"),
+    ]
+    w = max(len(k) for k, _ in rows)
+    return "\n".join(f"{k:<{w}}  {v}" for k, v in rows)
+
+
+# ---------------------------------------------------------------------- the PNG (pillow)
+def _nice_step(span: float, target: int = 5) -> float:
+    if span <= 0:
+        return 1.0
+    raw = span / target
+    mag = 10 ** math.floor(math.log10(raw))
+    for m in (1, 2, 2.5, 5, 10):
+        if m * mag >= raw:
+            return m * mag
+    return 10 * mag
+
+
+def _hist(values: Sequence[float], lo: float, hi: float, bins: int) -> List[int]:
+    counts = [0] * bins
+    width = (hi - lo) / bins
+    for v in values:
+        k = int((v - lo) / width) if width > 0 else 0
+        counts[min(max(k, 0), bins - 1)] += 1
+    return counts
+
+
+def _fmt_tick(v: float, step: float) -> str:
+    if step >= 1 and float(v).is_integer():
+        v = int(v)
+        return f"{v // 1000}k" if v >= 10000 and v % 1000 == 0 else f"{v:,}"
+    return f"{v:.3f}".rstrip("0").rstrip(".")
+
+
+def _panel(img, draw, font, small, box, values, lo, hi, bins, title, xlabel, color, stats):
+    x0, y0, x1, y1 = box
+    left, bottom, top, right = x0 + 70, y1 - 60, y0 + 60, x1 - 20
+    draw.text(((x0 + x1) // 2, y0 + 18), title, font=font, fill="black", anchor="mm")
+    draw.text(((x0 + x1) // 2, y0 + 40), stats, font=small, fill="#444444", anchor="mm")
+    counts = _hist(values, lo, hi, bins)
+    cmax = max(counts) if counts else 1
+    ystep = _nice_step(cmax, 5)
+    ytop = max(ystep, math.ceil(cmax / ystep) * ystep)
+    H, W = bottom - top, right - left
+    # grid and y ticks
+    v = 0.0
+    while v <= ytop + 1e-9:
+        y = bottom - H * v / ytop
+        draw.line([(left, y), (right, y)], fill="#e6e6e6")
+        draw.text((left - 8, y), _fmt_tick(v, ystep), font=small, fill="black", anchor="rm")
+        v += ystep
+    # bars
+    bw = W / bins
+    for k, c in enumerate(counts):
+        if c:
+            bx0 = left + k * bw
+            draw.rectangle([bx0 + 1, bottom - H * c / ytop, bx0 + bw - 1, bottom],
+                           fill=color, outline="#333333")
+    # axes and x ticks
+    draw.line([(left, top), (left, bottom), (right, bottom)], fill="black", width=2)
+    xstep = _nice_step(hi - lo, 6)
+    v = math.ceil(lo / xstep) * xstep
+    while v <= hi + 1e-9:
+        x = left + W * (v - lo) / (hi - lo)
+        draw.line([(x, bottom), (x, bottom + 5)], fill="black")
+        draw.text((x, bottom + 8), _fmt_tick(v, xstep), font=small, fill="black", anchor="ma")
+        v += xstep
+    draw.text(((left + right) // 2, y1 - 22), xlabel, font=small, fill="black", anchor="mm")
+    # y label, rotated
+    from PIL import Image, ImageDraw
+    lab = Image.new("RGBA", (160, 24), (255, 255, 255, 0))
+    ImageDraw.Draw(lab).text((80, 12), "samples", font=small, fill="black", anchor="mm")
+    lab = lab.rotate(90, expand=True)
+    img.paste(lab, (x0 + 4, (top + bottom) // 2 - 80), lab)
+
+
+def draw_png(path: str, facts: dict, lengths: List[int], fracs: List[float]) -> None:
+    from PIL import Image, ImageDraw, ImageFont
+
+    img = Image.new("RGB", (1400, 560), "white")
+    d = ImageDraw.Draw(img)
+    big, font, small = (ImageFont.load_default(size=s) for s in (22, 18, 14))
+    head = (f"{Path(facts['path']).name}: {facts['samples']:,} samples, "
+            f"{facts['tokens']:,} tokens, {_size(facts['bytes'])}, "
+            f"layers {facts['layers']}, {facts['storage_dtype']}, model {facts['model']}")
+    d.text((700, 24), head, font=big, fill="black", anchor="mm")
+    hi = max(lengths) if lengths else 1
+    step = _nice_step(hi, 6)
+    hi_edge = max(step, math.ceil(hi / step) * step)
+    bins = 40
+    sl = facts["seq_len"]
+    _panel(img, d, font, small, (0, 50, 700, 560), lengths, 0, hi_edge, bins,
+           "Sequence length (tokens)", "tokens per sample", "#4c78a8",
+           f"min {sl.get('min')} · median {sl.get('median')} · mean {sl.get('mean', 0):,.0f}"
+           f" · max {sl.get('max')}"
+           + (f" · max_seq_len {facts['max_seq_len']}" if facts["max_seq_len"] else ""))
+    mean_f = statistics.fmean(fracs) if fracs else 0.0
+    _panel(img, d, font, small, (700, 50, 1400, 560), fracs, 0.0, 1.0, 20,
+           "Loss-masked fraction per sample", "loss-masked tokens / tokens", "#f58518",
+           f"mean per sample {mean_f:.2f} · over all tokens "
+           f"{facts['loss_masked_fraction']:.2f} · samples with none: {facts['no_loss_samples']}")
+    img.save(path)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m hsdump inspect",
+                                description="Print an hsdump dataset's facts; optionally plot "
+                                            "its length and loss-mask histograms.")
+    p.add_argument("out", help="the dataset folder (output.dir)")
+    p.add_argument("--png", default=None, help="write the histograms to this PNG file")
+    p.add_argument("--json", action="store_true", help="print the facts as JSON")
+    a = p.parse_args(argv)
+    try:
+        facts, lengths, fracs = gather(a.out, progress=True)
+    except (FileNotFoundError, ValueError) as e:
+        print(f"inspect: {e}", file=sys.stderr)
+        return 2
+    print(json.dumps(facts, indent=1) if a.json else format_facts(facts))
+    if a.png:
+        draw_png(a.png, facts, lengths, fracs)
+        print(f"wrote {a.png}")
+    return 0
