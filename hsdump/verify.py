@@ -1,0 +1,644 @@
+"""`python -m hsdump verify OUT [--retokenize] [--quick] [--json]`: check a dataset end to end.
+
+Checks, against spec/format.md (version 1):
+- `manifest.json` and `index.json` exist, parse, and agree (format, format_version, layers);
+  every sample in the index points to a shard that the index lists;
+- every listed shard exists with the recorded byte size and sha256 (streamed; `--quick`
+  skips hashing), its safetensors header parses and its `__metadata__` names the manifest's
+  format, format_version and layers;
+- every committed sample has `{i}/input_ids`, `{i}/loss_mask` (int64, `[seq]`) and
+  `{i}/hidden_states/{j}` for j < K (storage dtype, `[seq, hidden_size]`) in its shard, with
+  finite hidden states and a 0/1 loss mask; no sample's tensors appear in a second shard.
+  Extensions the reader knows are checked too when present: fp8 storage (`hsdump.fp8`:
+  float8_e4m3fn hidden states with a finite, positive float32 `/scale` per token) and
+  final-layer states `{i}/final/{pre_norm,post_norm}` (the same set in every sample);
+- shard files the index does not list are reported as information (garbage from an
+  interrupted run, never read), not as problems;
+- `--retokenize`: the source rows, re-tokenized with the manifest's recorded config, give
+  the stored `input_ids` and `loss_mask` exactly.
+
+Memory stays bounded: one tensor is loaded at a time through `safe_open`.
+Exit status: 0 clean, 1 on any problem, 2 on a usage error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import hashlib
+import inspect
+import json
+import os
+import re
+import struct
+import sys
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Dict, List, Optional, Set, Tuple
+
+from .fp8 import SCALE_SUFFIX, STORAGE_ALIASES as FP8_ALIASES
+from .reader import FINAL_KINDS, FORMAT, SUPPORTED_VERSIONS
+
+MANIFEST = "manifest.json"
+INDEX = "index.json"
+SHARD_RE = re.compile(r"^shard-.*\.safetensors(\.tmp.*)?$")
+TMP_RE = re.compile(r"^(manifest|index)\.json\.tmp.*$")
+KEY_RE = re.compile(r"^(?P<sid>\d+)/(input_ids|loss_mask|"
+                    r"(hidden_states/(?P<j>\d+)|final/(pre_norm|post_norm))(?P<scale>/scale)?)$")
+ST_DTYPES = {"bfloat16": "BF16", "float16": "F16", "float32": "F32", "float8_e4m3fn": "F8_E4M3"}
+KNOWN_FILES = (MANIFEST, INDEX, ".lock")
+CHUNK = 1 << 22
+UNLISTED = "unlisted (ignored, garbage from an interrupted run)"
+
+
+@dataclass
+class Problem:
+    where: str
+    """What is wrong: `manifest.json`, `index.json`, a shard file name, `sample 12`, or
+    `shard-00003.safetensors: 12/hidden_states/1`."""
+    what: str
+
+    def line(self) -> str:
+        return f"{self.where}: {self.what}"
+
+
+@dataclass
+class Report:
+    path: str
+    problems: List[Problem] = field(default_factory=list)
+    info: List[Problem] = field(default_factory=list)
+    samples_listed: int = 0
+    samples_checked: int = 0
+    """Samples whose tensors were found in their shard and checked."""
+    samples_ok: int = 0
+    """Checked samples with no problem."""
+    samples_retokenized: int = 0
+    shards: int = 0
+    bytes: int = 0
+    """Bytes of the listed shard files found on disk."""
+    bytes_hashed: int = 0
+    quick: bool = False
+    retokenize: bool = False
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+    def problem(self, where: str, what: str) -> None:
+        self.problems.append(Problem(where, what))
+
+    def note(self, where: str, what: str) -> None:
+        self.info.append(Problem(where, what))
+
+    def summary(self) -> str:
+        verdict = "OK" if self.ok else "FAILED"
+        extra = []
+        if self.quick:
+            extra.append("sha256 not checked: --quick")
+        if self.retokenize:
+            extra.append(f"{self.samples_retokenized} re-tokenized")
+        return (f"{verdict}: {self.samples_checked} of {self.samples_listed} samples checked "
+                f"({self.samples_ok} clean{', ' if extra else ''}{', '.join(extra)}), "
+                f"{self.shards} shards, {self.bytes:,} bytes, {len(self.problems)} problems")
+
+    def lines(self) -> List[str]:
+        out = [f"verifying {self.path}"]
+        out += [f"PROBLEM {p.line()}" for p in self.problems]
+        out += [f"info    {p.line()}" for p in self.info]
+        out.append(self.summary())
+        return out
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["ok"] = self.ok
+        d["summary"] = self.summary()
+        return d
+
+
+# --------------------------------------------------------------------------- helpers
+def _load_json(path: Path, report: Report) -> Optional[dict]:
+    if not path.exists():
+        report.problem(path.name, "missing")
+        return None
+    try:
+        with open(path) as f:
+            obj = json.load(f)
+    except (OSError, ValueError) as e:
+        report.problem(path.name, f"does not parse as JSON: {e}")
+        return None
+    if not isinstance(obj, dict):
+        report.problem(path.name, f"holds a JSON {type(obj).__name__}, not an object")
+        return None
+    return obj
+
+
+def sha256_file(path: Path, chunk: int = CHUNK) -> str:
+    """The file's sha256, streamed in fixed-size chunks (never the whole file in memory)."""
+    h = hashlib.sha256()
+    buf = bytearray(chunk)
+    view = memoryview(buf)
+    with open(path, "rb", buffering=0) as f:
+        while True:
+            n = f.readinto(buf)
+            if not n:
+                break
+            h.update(view[:n])
+    return h.hexdigest()
+
+
+def read_header(path: Path) -> Tuple[dict, int]:
+    """A safetensors file's JSON header and the byte offset where tensor data starts.
+
+    Raises ValueError naming what is wrong: a header that does not fit in the file, does not
+    parse, or has tensors whose data lies outside the file or overlaps.
+    """
+    size = path.stat().st_size
+    with open(path, "rb") as f:
+        head = f.read(8)
+        if len(head) < 8:
+            raise ValueError(f"{size} bytes: too short for a safetensors header")
+        (n,) = struct.unpack("<Q", head)
+        if n > size - 8:
+            raise ValueError(f"header length {n} exceeds the file ({size} bytes)")
+        raw = f.read(n)
+    try:
+        header = json.loads(raw)
+    except ValueError as e:
+        raise ValueError(f"header does not parse: {e}") from None
+    if not isinstance(header, dict):
+        raise ValueError("header is not a JSON object")
+    start = 8 + n
+    spans = []
+    for key, t in header.items():
+        if key == "__metadata__":
+            continue
+        try:
+            a, b = (int(x) for x in t["data_offsets"])
+        except (KeyError, TypeError, ValueError):
+            raise ValueError(f"tensor {key!r} has no valid data_offsets") from None
+        if not 0 <= a <= b or start + b > size:
+            raise ValueError(f"tensor {key!r} data [{a}, {b}) lies outside the file "
+                             f"({size - start} data bytes)")
+        spans.append((a, b, key))
+    spans.sort()
+    for (a0, b0, k0), (a1, b1, k1) in zip(spans, spans[1:]):
+        if a1 < b0:
+            raise ValueError(f"tensors {k0!r} and {k1!r} overlap")
+    return header, start
+
+
+def _int_list(x) -> Optional[List[int]]:
+    if isinstance(x, list) and all(isinstance(v, int) and not isinstance(v, bool) for v in x):
+        return list(x)
+    return None
+
+
+def _first_diff(a: List[int], b: List[int]) -> str:
+    for i, (x, y) in enumerate(zip(a, b)):
+        if x != y:
+            return f"at position {i} (stored {x}, fresh {y})"
+    return f"in length (stored {len(a)}, fresh {len(b)})"
+
+
+# --------------------------------------------------------------------------- checks
+def _check_manifest(m: dict, r: Report) -> Tuple[Optional[List[int]], Optional[int], Optional[str]]:
+    """(layers, hidden_size, safetensors storage dtype) from the manifest, None where unusable."""
+    if m.get("format") != FORMAT:
+        r.problem(MANIFEST, f"format is {m.get('format')!r}, expected {FORMAT!r}")
+    if m.get("format_version") not in SUPPORTED_VERSIONS:
+        r.problem(MANIFEST, f"format_version is {m.get('format_version')!r}; this verifier "
+                            f"knows {list(SUPPORTED_VERSIONS)}")
+    layers = _int_list(m.get("layers"))
+    if not layers:
+        r.problem(MANIFEST, f"layers is {m.get('layers')!r}, not a non-empty list of ints")
+        layers = None
+    model = m.get("model")
+    hidden = model.get("hidden_size") if isinstance(model, dict) else None
+    if not isinstance(hidden, int) or isinstance(hidden, bool) or hidden < 1:
+        r.problem(MANIFEST, f"model.hidden_size is {hidden!r}, not a positive int")
+        hidden = None
+    sd = m.get("storage_dtype")
+    st = "F8_E4M3" if sd in FP8_ALIASES else ST_DTYPES.get(sd)
+    if st is None:
+        r.problem(MANIFEST, f"storage_dtype is {sd!r}; expected one of "
+                            f"{sorted(set(ST_DTYPES) | set(FP8_ALIASES))}")
+    return layers, hidden, st
+
+
+def _check_index(idx: dict, m: dict, r: Report) -> Tuple[Dict[str, dict], Dict[int, str]]:
+    """(shards, samples) from the index, keeping only well-formed entries."""
+    for key in ("format", "format_version", "layers"):
+        if key in idx and idx.get(key) != m.get(key):
+            r.problem(INDEX, f"{key} is {idx.get(key)!r} but manifest.json says {m.get(key)!r}")
+    for key in ("format", "format_version"):
+        if key not in idx:
+            r.problem(INDEX, f"has no {key}")
+    shards: Dict[str, dict] = {}
+    raw_shards = idx.get("shards")
+    if not isinstance(raw_shards, dict):
+        r.problem(INDEX, "has no shards object")
+        raw_shards = {}
+    for name, meta in raw_shards.items():
+        if os.path.basename(name) != name or name in ("", ".", "..") or \
+                not name.endswith(".safetensors"):
+            r.problem(INDEX, f"shard name {name!r} is not a .safetensors file name in the "
+                             "dataset folder")
+            continue
+        if not isinstance(meta, dict):
+            r.problem(name, f"index entry is {meta!r}, not an object")
+            continue
+        for k, typ in (("bytes", int), ("samples", int), ("sha256", str)):
+            if not isinstance(meta.get(k), typ):
+                r.problem(name, f"index entry has no valid {k} ({meta.get(k)!r})")
+        shards[name] = meta
+    samples: Dict[int, str] = {}
+    raw_samples = idx.get("samples")
+    if not isinstance(raw_samples, dict):
+        r.problem(INDEX, "has no samples object")
+        raw_samples = {}
+    for sid, name in raw_samples.items():
+        if not (isinstance(sid, str) and sid.isdigit() and str(int(sid)) == sid):
+            r.problem(INDEX, f"sample id {sid!r} is not a non-negative integer")
+            continue
+        if name not in raw_shards:
+            r.problem(f"sample {sid}", f"index.json places it in {name!r}, which index.json "
+                                       "does not list among its shards")
+            continue
+        if name in shards:
+            samples[int(sid)] = name
+    skipped = idx.get("skipped") or {}
+    if isinstance(skipped, dict):
+        for sid in sorted(set(skipped) & set(raw_samples), key=lambda s: (len(s), s)):
+            r.problem(f"sample {sid}", f"listed both as committed and as skipped "
+                                       f"({skipped[sid]!r})")
+    per_shard: Dict[str, int] = {}
+    for name in samples.values():
+        per_shard[name] = per_shard.get(name, 0) + 1
+    for name, meta in shards.items():
+        want = meta.get("samples")
+        if isinstance(want, int) and want != per_shard.get(name, 0):
+            r.problem(name, f"index.json records {want} samples for it but places "
+                            f"{per_shard.get(name, 0)} samples in it")
+    return shards, samples
+
+
+def _check_shard_file(d: Path, name: str, meta: dict, quick: bool, r: Report) -> bool:
+    """Existence, size, sha256. False if the file is absent."""
+    p = d / name
+    if not p.is_file():
+        r.problem(name, "missing: listed in index.json but not on disk")
+        return False
+    size = p.stat().st_size
+    r.bytes += size
+    if isinstance(meta.get("bytes"), int) and size != meta["bytes"]:
+        kind = "truncated" if size < meta["bytes"] else "too long"
+        r.problem(name, f"size {size} bytes, index.json records {meta['bytes']} ({kind})")
+    if not quick and isinstance(meta.get("sha256"), str):
+        digest = sha256_file(p)
+        r.bytes_hashed += size
+        if digest != meta["sha256"]:
+            r.problem(name, f"sha256 mismatch: file {digest}, index.json {meta['sha256']}")
+    return True
+
+
+def _check_metadata(name: str, header: dict, m: dict, layers, r: Report) -> None:
+    md = header.get("__metadata__")
+    if not isinstance(md, dict):
+        r.problem(name, "safetensors header has no __metadata__")
+        return
+    if md.get("format") != m.get("format"):
+        r.problem(name, f"__metadata__ format is {md.get('format')!r}, manifest.json says "
+                        f"{m.get('format')!r}")
+    if md.get("format_version") != str(m.get("format_version")):
+        r.problem(name, f"__metadata__ format_version is {md.get('format_version')!r}, "
+                        f"manifest.json says {m.get('format_version')!r}")
+    try:
+        got = json.loads(md["layers"]) if "layers" in md else None
+    except ValueError:
+        got = md.get("layers")
+    if got != m.get("layers"):
+        r.problem(name, f"__metadata__ layers is {md.get('layers')!r}, manifest.json says "
+                        f"{m.get('layers')!r}")
+    if "storage_dtype" in md and (md["storage_dtype"] in FP8_ALIASES) != \
+            (m.get("storage_dtype") in FP8_ALIASES):
+        r.problem(name, f"__metadata__ storage_dtype is {md['storage_dtype']!r}, manifest.json "
+                        f"says {m.get('storage_dtype')!r}")
+    if "convention" in md and "convention" in m and md["convention"] != m["convention"]:
+        r.problem(name, f"__metadata__ convention is {md['convention']!r}, manifest.json says "
+                        f"{m['convention']!r}")
+
+
+class _Expect:
+    """What every sample must hold, from the manifest."""
+
+    def __init__(self, k: Optional[int], hidden: Optional[int], hidden_dtype: Optional[str],
+                 fp8_on: bool):
+        self.k, self.hidden, self.hidden_dtype, self.fp8 = k, hidden, hidden_dtype, fp8_on
+        self.finals: Optional[Tuple[frozenset, int]] = None  # (final kinds, first sample)
+
+    def tensors(self, sid: int, header: dict) -> List[Tuple[str, Optional[str], str, bool]]:
+        """(name, safetensors dtype, role, required) for sample `sid`; role is one of
+        ids, mask, hidden, scale. Final-layer states are optional (a dataset holds those it
+        captured), the rest required."""
+        out = [(f"{sid}/input_ids", "I64", "ids", True), (f"{sid}/loss_mask", "I64", "mask", True)]
+        hidden = [(f"{sid}/hidden_states/{j}", True) for j in range(self.k or 0)]
+        hidden += [(f"{sid}/final/{kind}", False) for kind in FINAL_KINDS
+                   if f"{sid}/final/{kind}" in header]
+        for name, required in hidden:
+            out.append((name, self.hidden_dtype, "hidden", required))
+            if self.fp8:
+                out.append((name + SCALE_SUFFIX, "F32", "scale", required))
+        return out
+
+
+def _scan_keys(name: str, header: dict, samples: Dict[int, str], ex: _Expect,
+               r: Report) -> None:
+    """Every tensor in a listed shard belongs to a sample that the index places here."""
+    seen: Set[int] = set()
+    for key in header:
+        if key == "__metadata__":
+            continue
+        mt = KEY_RE.match(key)
+        if mt is None:
+            r.problem(name, f"tensor {key!r} is not named {{id}}/input_ids, {{id}}/loss_mask, "
+                            "{id}/hidden_states/{j} or {id}/final/{pre_norm|post_norm}")
+            continue
+        j = mt.group("j")
+        if j is not None and ex.k is not None and int(j) >= ex.k:
+            r.problem(name, f"tensor {key!r}: only {ex.k} layers are captured "
+                            f"(hidden_states/0..{ex.k - 1})")
+        if mt.group("scale") and not ex.fp8:
+            r.problem(name, f"tensor {key!r}: a scale, but manifest.json stores hidden states "
+                            "unscaled (storage_dtype is not fp8)")
+        seen.add(int(mt.group("sid")))
+    for sid in sorted(seen):
+        owner = samples.get(sid)
+        if owner == name:
+            continue
+        if owner is None:
+            r.problem(name, f"holds tensors of sample {sid}, which index.json does not list")
+        else:
+            r.problem(name, f"holds tensors of sample {sid}, which index.json places in "
+                            f"{owner} (duplicate sample in two shards)")
+
+
+def _check_samples(d: Path, name: str, header: dict, sids: List[int], ex: _Expect, fresh,
+                   r: Report) -> None:
+    import torch
+    from safetensors import safe_open
+
+    try:
+        f = safe_open(str(d / name), framework="pt")
+    except Exception as e:  # noqa: BLE001 - any failure here is a report line
+        r.problem(name, f"safetensors cannot open it ({e}); its {len(sids)} samples are "
+                        "unchecked")
+        return
+    for sid in sids:
+        where = f"{name}: sample {sid}"
+        expect = ex.tensors(sid, header)
+        absent = {key for key, _, _, required in expect if required and key not in header}
+        if len(absent) == sum(1 for e in expect if e[3]):
+            r.problem(where, "absent from its shard: index.json lists it but the shard holds "
+                             "none of its tensors")
+            continue
+        r.samples_checked += 1
+        for key, _, _, _ in expect:
+            if key in absent:
+                r.problem(f"{name}: {key}", "missing")
+        ok = not absent
+        finals = frozenset(k for k in FINAL_KINDS if f"{sid}/final/{k}" in header)
+        if ex.finals is None:
+            ex.finals = (finals, sid)
+        elif finals != ex.finals[0]:
+            r.problem(where, f"has final-layer states {sorted(finals)}, but sample "
+                             f"{ex.finals[1]} has {sorted(ex.finals[0])}")
+            ok = False
+        # header: dtypes and shapes
+        seq = None
+        present = [e for e in expect if e[0] not in absent]
+        for key, dtype, role, _ in present:
+            t = header[key]
+            shape = t.get("shape")
+            ndim = 2 if role == "hidden" else 1
+            if dtype is not None and t.get("dtype") != dtype:
+                r.problem(f"{name}: {key}", f"dtype {t.get('dtype')}, expected {dtype}")
+                ok = False
+            if not isinstance(shape, list) or len(shape) != ndim:
+                r.problem(f"{name}: {key}", f"shape {shape}, expected "
+                                            f"{'[seq, hidden_size]' if ndim == 2 else '[seq]'}")
+                ok = False
+                continue
+            if seq is None:
+                seq = shape[0]
+            elif shape[0] != seq:
+                r.problem(f"{name}: {key}", f"length {shape[0]}, but {sid}/input_ids has {seq}")
+                ok = False
+            if ndim == 2 and ex.hidden is not None and shape[1] != ex.hidden:
+                r.problem(f"{name}: {key}", f"shape {shape}, but hidden_size is {ex.hidden}")
+                ok = False
+        if seq == 0:
+            r.problem(where, "is empty (seq = 0)")
+            ok = False
+        # values, one tensor at a time
+        stored_ids = stored_mask = None
+        for key, dtype, role, _ in present:
+            try:
+                x = f.get_tensor(key)
+            except Exception as e:  # noqa: BLE001
+                r.problem(f"{name}: {key}", f"cannot be read: {e}")
+                ok = False
+                continue
+            bad = None
+            if role == "ids":
+                if x.dtype == torch.int64 and bool((x < 0).any()):
+                    r.problem(f"{name}: {key}", "holds negative token ids")
+                    ok = False
+                stored_ids = x.tolist() if fresh is not None else None
+            elif role == "mask":
+                bad = ~((x == 0) | (x == 1))
+                if bool(bad.any()):
+                    pos = int(bad.flatten().nonzero()[0])
+                    val = x.flatten()[pos].item()
+                    r.problem(f"{name}: {key}", f"values outside {{0, 1}} "
+                                                f"(first at position {pos}: {val})")
+                    ok = False
+                stored_mask = x.tolist() if fresh is not None else None
+            elif x.is_floating_point():
+                if x.element_size() == 1:  # fp8: torch has no isfinite for it
+                    x = x.float()
+                bad = ~torch.isfinite(x)
+                if role == "scale":
+                    bad |= x <= 0
+                if bool(bad.any()):
+                    first = bad.nonzero()[0]
+                    what = "non-finite or non-positive scales" if role == "scale" else \
+                        "non-finite values (NaN/Inf)"
+                    r.problem(f"{name}: {key}", f"{int(bad.sum())} {what}, first in row "
+                                                f"{int(first[0])}")
+                    ok = False
+            del x, bad
+        if ok:
+            r.samples_ok += 1
+        if fresh is not None and stored_ids is not None and stored_mask is not None:
+            _compare_fresh(sid, stored_ids, stored_mask, fresh, r)
+
+
+def _compare_fresh(sid: int, ids: List[int], mask: List[int], fresh, r: Report) -> None:
+    data, pos, skipped_reason = fresh
+    where = f"sample {sid}"
+    if sid not in pos:
+        r.problem(where, "--retokenize: its source row gives no sample now "
+                         f"({skipped_reason(sid)})")
+        return
+    i = pos[sid]
+    good = True
+    if ids != list(data.input_ids[i]):
+        r.problem(where, "--retokenize: input_ids differ from a fresh tokenization of row "
+                         f"{sid} {_first_diff(ids, list(data.input_ids[i]))}")
+        good = False
+    if mask != list(data.loss_mask[i]):
+        r.problem(where, "--retokenize: loss_mask differs from a fresh tokenization of row "
+                         f"{sid} {_first_diff(mask, list(data.loss_mask[i]))}")
+        good = False
+    if good:
+        r.samples_retokenized += 1
+
+
+def _retokenize(m: dict, r: Report):
+    """Fresh (input_ids, loss_mask) of the manifest's source rows, or None on failure."""
+    if not isinstance(m.get("config"), dict):
+        r.problem(MANIFEST, "--retokenize: has no config object to re-load the dataset from")
+        return None
+    try:
+        from .config import to_config
+        from .data import load_rows, load_tokenizer, template_sha256, tokenize_dataset
+        from .tiny import resolve_model_path
+
+        cfg = to_config(m["config"])
+        model_path = resolve_model_path(cfg.model.path)
+        tok = load_tokenizer(cfg.model, model_path)
+        want = (m.get("tokenizer") or {}).get("chat_template_sha256")
+        if want and template_sha256(tok) != want:
+            r.problem(MANIFEST, f"--retokenize: the chat template loaded now has sha256 "
+                                f"{template_sha256(tok)}, the manifest records {want}")
+        dcfg = cfg.dataset
+        if getattr(dcfg, "cache", False):  # a fresh tokenization, not a cached one
+            dcfg = dataclasses.replace(dcfg, cache=False)
+        rows = load_rows(dcfg)
+        kw = {"progress": False} if "progress" in inspect.signature(tokenize_dataset).parameters \
+            else {}
+        data = tokenize_dataset(rows, tok, dcfg, **kw)
+    except Exception as e:  # noqa: BLE001 - reported, not raised
+        r.problem(MANIFEST, f"--retokenize: cannot re-tokenize the source dataset: "
+                            f"{type(e).__name__}: {e}")
+        return None
+    fp = (m.get("dataset") or {}).get("fingerprint")
+    from .data import dataset_fingerprint
+
+    if fp and fp != "unknown" and dataset_fingerprint(rows) not in (fp, "unknown"):
+        r.note(MANIFEST, f"--retokenize: the source dataset's fingerprint is now "
+                         f"{dataset_fingerprint(rows)} (manifest: {fp}); comparing tokens anyway")
+    pos = {sid: i for i, sid in enumerate(data.ids)}
+    n_rows = len(rows)
+
+    def skipped_reason(sid: int) -> str:
+        if sid >= n_rows:
+            return f"the source has only {n_rows} rows"
+        return "the row is skipped by the recorded config"
+
+    return data, pos, skipped_reason
+
+
+def _note_unlisted(d: Path, shards: Dict[str, dict], r: Report) -> None:
+    for p in sorted(d.iterdir()):
+        n = p.name
+        if n in KNOWN_FILES or n in shards:
+            continue
+        if SHARD_RE.match(n) or TMP_RE.match(n):
+            r.note(n, UNLISTED)
+        else:
+            r.note(n, "not part of an hsdump dataset (ignored)")
+
+
+# --------------------------------------------------------------------------- entry points
+def verify(path, retokenize: bool = False, quick: bool = False) -> Report:
+    """Check the dataset at `path`; the Report lists every problem found (none: valid)."""
+    d = Path(path)
+    r = Report(path=str(path), quick=quick, retokenize=retokenize)
+    if not d.is_dir():
+        r.problem(str(path), "is not a directory")
+        return r
+    m = _load_json(d / MANIFEST, r)
+    if m is not None and not (d / INDEX).exists():
+        r.problem(INDEX, "missing: no shard was ever committed to this dataset")
+        return r
+    idx = _load_json(d / INDEX, r)
+    if m is None or idx is None:
+        return r
+    layers, hidden, st_dtype = _check_manifest(m, r)
+    shards, samples = _check_index(idx, m, r)
+    r.samples_listed = len(samples)
+    _note_unlisted(d, shards, r)
+    fresh = _retokenize(m, r) if retokenize else None
+
+    by_shard: Dict[str, List[int]] = {}
+    for sid, name in samples.items():
+        by_shard.setdefault(name, []).append(sid)
+    ex = _Expect(len(layers) if layers else None, hidden, st_dtype,
+                 m.get("storage_dtype") in FP8_ALIASES)
+    for name in sorted(shards):
+        meta = shards[name]
+        r.shards += 1
+        sids = sorted(by_shard.get(name, []))
+        if not _check_shard_file(d, name, meta, quick, r):
+            if sids:
+                r.problem(name, f"its {len(sids)} samples ({_id_list(sids)}) cannot be read")
+            continue
+        try:
+            header, _ = read_header(d / name)
+        except (OSError, ValueError) as e:
+            r.problem(name, f"safetensors header is unusable: {e}; its {len(sids)} samples "
+                            "are unchecked")
+            continue
+        _check_metadata(name, header, m, layers, r)
+        _scan_keys(name, header, samples, ex, r)
+        if ex.k is not None:
+            _check_samples(d, name, header, sids, ex, fresh, r)
+    return r
+
+
+def _id_list(ids: List[int], n: int = 8) -> str:
+    s = ", ".join(str(i) for i in ids[:n])
+    return s + (f", ... {len(ids) - n} more" if len(ids) > n else "")
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(
+        prog="python -m hsdump verify",
+        description="Check an hsdump dataset: manifest and index agree, every listed shard "
+                    "has its recorded size and sha256 and a valid header, every sample's "
+                    "tensors exist with the right dtypes, shapes and finite values, no sample "
+                    "is in two shards. Exit 0 when clean, 1 on any problem, 2 on usage errors.")
+    ap.add_argument("out", metavar="OUT", help="dataset directory (holds manifest.json)")
+    ap.add_argument("--retokenize", action="store_true",
+                    help="re-load the source dataset and tokenizer from the manifest's config "
+                         "and compare every sample's input_ids and loss_mask")
+    ap.add_argument("--quick", action="store_true", help="skip the sha256 of each shard")
+    ap.add_argument("--json", action="store_true", help="print the report as JSON")
+    try:
+        args = ap.parse_args(list(sys.argv[1:] if argv is None else argv))
+    except SystemExit as e:  # argparse: 0 for --help, 2 for usage errors
+        return int(e.code or 0)
+    if not os.path.isdir(args.out):
+        print(f"python -m hsdump verify: {args.out}: no such directory", file=sys.stderr)
+        return 2
+    report = verify(args.out, retokenize=args.retokenize, quick=args.quick)
+    if args.json:
+        print(json.dumps(report.to_dict(), indent=1))
+    else:
+        print("\n".join(report.lines()))
+    return 0 if report.ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,322 @@
+"""`python -m hsdump verify`: a clean dataset passes; each kind of damage is named."""
+
+import dataclasses
+import hashlib
+import json
+import shutil
+
+import pytest
+import torch
+
+from hsdump.verify import UNLISTED, main, read_header, verify
+from hsdump.writer import DatasetWriter
+
+H = 8
+LAYERS = [2, 4, 5]
+COMPAT = {"model": "m", "layers": LAYERS, "storage_dtype": "bfloat16"}
+MANIFEST = {"format": "hsdump/speculators-v1", "format_version": 1, "layers": LAYERS,
+            "convention": "hf_hidden_states_index", "storage_dtype": "bfloat16",
+            "model": {"path": "m", "hidden_size": H, "num_hidden_layers": 8}}
+
+
+def sample(sid, n):
+    g = torch.Generator().manual_seed(sid)
+    ids = torch.randint(0, 100, (n,), generator=g).tolist()
+    mask = [0] * (n // 2) + [1] * (n - n // 2)
+    hs = [torch.randn(n, H, generator=g) for _ in LAYERS]
+    return ids, mask, hs
+
+
+def make(path, sizes=((0, 5), (3, 17), (7, 40), (8, 1), (9, 6)), manifest=MANIFEST, data=None):
+    w = DatasetWriter(str(path), manifest, COMPAT, layers=LAYERS, hidden_size=H,
+                      shard_bytes=1000)
+    for sid, n in sizes:
+        assert w.add(sid, *(data[sid] if data else sample(sid, n)))
+    w.close()
+    return json.loads((path / "index.json").read_text())
+
+
+def tensor_at(path, key):
+    """Byte offset and length of a tensor's data inside a safetensors file."""
+    header, start = read_header(path)
+    a, b = header[key]["data_offsets"]
+    return start + a, b - a
+
+
+def patch(path, offset, data: bytes):
+    with open(path, "r+b") as f:
+        f.seek(offset)
+        f.write(data)
+
+
+def lines(report):
+    return [p.line() for p in report.problems]
+
+
+@pytest.fixture
+def ds(tmp_path):
+    out = tmp_path / "ds"
+    index = make(out)
+    assert len(index["shards"]) >= 3
+    return out, index
+
+
+def test_clean_dataset_passes(ds, capsys):
+    out, index = ds
+    r = verify(out)
+    assert r.ok and r.problems == [] and r.info == []
+    assert r.samples_checked == r.samples_ok == r.samples_listed == 5
+    assert r.shards == len(index["shards"])
+    assert r.bytes == r.bytes_hashed == sum(s["bytes"] for s in index["shards"].values())
+    assert main([str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "OK: 5 of 5 samples checked (5 clean)" in text and "0 problems" in text
+    assert main([str(out), "--json", "--quick"]) == 0
+    js = json.loads(capsys.readouterr().out)
+    assert js["ok"] and js["samples_ok"] == 5 and js["bytes_hashed"] == 0 and js["problems"] == []
+
+
+def test_usage_errors_exit_2(tmp_path, capsys):
+    assert main([]) == 2
+    assert main([str(tmp_path / "nope")]) == 2
+    assert main([str(tmp_path), "--bogus"]) == 2
+    assert main(["--help"]) == 0
+    capsys.readouterr()
+
+
+def test_empty_or_foreign_folder_fails(tmp_path):
+    r = verify(tmp_path)
+    assert not r.ok and "manifest.json: missing" in lines(r)
+    assert main([str(tmp_path)]) == 1
+
+
+def test_flipped_byte_is_a_sha256_mismatch(ds):
+    out, index = ds
+    name = index["samples"]["3"]
+    off, _ = tensor_at(out / name, "3/hidden_states/1")
+    data = bytearray((out / name).read_bytes())
+    data[off] ^= 0x01  # lowest mantissa bit of a bf16: still finite, still plausible
+    (out / name).write_bytes(bytes(data))
+    r = verify(out)
+    assert len(r.problems) == 1
+    assert r.problems[0].where == name and "sha256 mismatch" in r.problems[0].what
+    assert verify(out, quick=True).ok  # only the checksum can see this one
+    assert main([str(out)]) == 1
+
+
+def test_truncated_shard_is_named(ds):
+    out, index = ds
+    name = index["samples"]["7"]
+    p = out / name
+    p.write_bytes(p.read_bytes()[: p.stat().st_size // 2])
+    r = verify(out)
+    mine = [x.what for x in r.problems if x.where == name]
+    assert any("truncated" in w and f"index.json records {index['shards'][name]['bytes']}" in w
+               for w in mine)
+    assert any("sha256 mismatch" in w for w in mine)
+    assert any("header is unusable" in w or "cannot open" in w for w in mine)
+    assert not verify(out, quick=True).ok
+    assert r.samples_ok == 5 - index["shards"][name]["samples"]
+
+
+def test_deleted_shard_is_named(ds):
+    out, index = ds
+    name = index["samples"]["0"]
+    (out / name).unlink()
+    r = verify(out)
+    assert f"{name}: missing: listed in index.json but not on disk" in lines(r)
+    assert any(p.where == name and "samples (0" in p.what and "cannot be read" in p.what
+               for p in r.problems)
+    assert main([str(out), "--quick"]) == 1
+
+
+def test_nan_in_tensor_bytes_is_named(ds):
+    out, index = ds
+    name = index["samples"]["3"]
+    off, n = tensor_at(out / name, "3/hidden_states/2")
+    patch(out / name, off + 2 * (H * 4 + 5), b"\xc0\x7f")  # bf16 NaN at row 4, column 5
+    r = verify(out, quick=True)
+    assert lines(r) == [f"{name}: 3/hidden_states/2: 1 non-finite values (NaN/Inf), first in row 4"]
+    assert r.samples_checked == 5 and r.samples_ok == 4
+    r = verify(out)
+    assert {p.where for p in r.problems} == {name, f"{name}: 3/hidden_states/2"}
+    assert any("sha256 mismatch" in p.what for p in r.problems)
+
+
+def test_loss_mask_and_wrong_shape_are_named(tmp_path):
+    out = tmp_path / "ds"
+    ids, mask, hs = sample(1, 4)
+    make(out, sizes=[(1, 4)], data={1: (ids, [0, 2, 1, 1], hs)})
+    assert lines(verify(out, quick=True)) == [
+        "shard-00000.safetensors: 1/loss_mask: values outside {0, 1} (first at position 1: 2)"]
+    out2 = tmp_path / "ds2"
+    make(out2, sizes=[(1, 4)], manifest={**MANIFEST, "model": {"hidden_size": 16}})
+    r = verify(out2, quick=True)
+    assert len(r.problems) == 3 and all("hidden_size is 16" in p.what for p in r.problems)
+
+
+def test_index_entry_for_a_sample_absent_from_its_shard(ds):
+    out, index = ds
+    name = index["samples"]["0"]
+    index["samples"]["99"] = name
+    index["shards"][name]["samples"] += 1
+    (out / "index.json").write_text(json.dumps(index))
+    r = verify(out)
+    assert lines(r) == [f"{name}: sample 99: absent from its shard: index.json lists it but the "
+                        "shard holds none of its tensors"]
+    assert r.samples_listed == 6 and r.samples_checked == r.samples_ok == 5
+
+
+def test_index_sample_in_an_unlisted_shard(ds):
+    out, index = ds
+    index["samples"]["0"] = "shard-00042.safetensors"
+    (out / "index.json").write_text(json.dumps(index))
+    problems = lines(verify(out, quick=True))
+    assert any(p.startswith("sample 0: index.json places it in 'shard-00042.safetensors'")
+               for p in problems)
+
+
+def test_duplicate_sample_in_two_shards(ds, tmp_path):
+    out, index = ds
+    other = tmp_path / "other"
+    make(other, sizes=[(0, 5), (10, 3)])  # sample 0 again, plus a new sample 10
+    (src,) = json.loads((other / "index.json").read_text())["shards"]
+    dup = "shard-00042.safetensors"
+    shutil.copy(other / src, out / dup)
+    data = (out / dup).read_bytes()
+    index["shards"][dup] = {"bytes": len(data), "samples": 1,
+                            "sha256": hashlib.sha256(data).hexdigest()}
+    index["samples"]["10"] = dup
+    (out / "index.json").write_text(json.dumps(index))
+    r = verify(out)
+    assert lines(r) == [f"{dup}: holds tensors of sample 0, which index.json places in "
+                        f"{index['samples']['0']} (duplicate sample in two shards)"]
+    assert r.samples_ok == 6
+
+
+def test_unlisted_garbage_is_info_not_failure(ds, capsys):
+    out, _ = ds
+    (out / "shard-00077.safetensors").write_bytes(b"\x00" * 100)
+    (out / "shard-00078.safetensors.tmp.123").write_bytes(b"junk")
+    (out / "index.json.tmp.55").write_text("{")
+    r = verify(out)
+    assert r.ok
+    assert {(p.where, p.what) for p in r.info} == {
+        ("shard-00077.safetensors", UNLISTED), ("shard-00078.safetensors.tmp.123", UNLISTED),
+        ("index.json.tmp.55", UNLISTED)}
+    assert main([str(out)]) == 0
+    assert f"info    shard-00077.safetensors: {UNLISTED}" in capsys.readouterr().out
+
+
+def test_manifest_and_shard_metadata_must_agree(ds):
+    out, _ = ds
+    m = json.loads((out / "manifest.json").read_text())
+    m["layers"] = [1, 2, 3]
+    (out / "manifest.json").write_text(json.dumps(m))
+    r = verify(out, quick=True)
+    assert r.problems and all("__metadata__ layers is '[2, 4, 5]'" in p.what for p in r.problems)
+
+
+def hand_built(path, shards, manifest):
+    """A dataset written without DatasetWriter: {shard name: {tensor name: tensor}}."""
+    from safetensors.torch import save
+
+    path.mkdir()
+    index = {"format": manifest["format"], "format_version": 1, "samples": {}, "shards": {},
+             "skipped": {}}
+    meta = {"format": manifest["format"], "format_version": "1",
+            "layers": json.dumps(manifest["layers"])}
+    for name, tensors in shards.items():
+        data = save(tensors, metadata=meta)
+        (path / name).write_bytes(data)
+        sids = sorted({int(k.split("/")[0]) for k in tensors})
+        index["shards"][name] = {"bytes": len(data), "samples": len(sids),
+                                 "sha256": hashlib.sha256(data).hexdigest()}
+        index["samples"].update({str(sid): name for sid in sids})
+    (path / "index.json").write_text(json.dumps(index))
+    (path / "manifest.json").write_text(json.dumps(manifest))
+
+
+def test_fp8_storage_and_final_states(tmp_path):
+    from hsdump import fp8
+
+    tensors = {}
+    for sid, n in [(0, 4), (1, 6)]:
+        ids, mask, hs = sample(sid, n)
+        tensors[f"{sid}/input_ids"] = torch.tensor(ids)
+        tensors[f"{sid}/loss_mask"] = torch.tensor(mask)
+        for j, h in enumerate(hs + [hs[-1]]):
+            name = f"{sid}/hidden_states/{j}" if j < len(LAYERS) else f"{sid}/final/pre_norm"
+            tensors.update(fp8.encode(name, h))
+    manifest = {**MANIFEST, "storage_dtype": "fp8"}
+    hand_built(tmp_path / "ok", {"shard-00000.safetensors": tensors}, manifest)
+    r = verify(tmp_path / "ok")
+    assert r.ok, lines(r)
+    assert r.samples_ok == 2
+
+    bad = dict(tensors)
+    bad["1/hidden_states/0/scale"] = bad["1/hidden_states/0/scale"].clone()
+    bad["1/hidden_states/0/scale"][2] = float("nan")
+    del bad["0/hidden_states/2/scale"]
+    del bad["1/final/pre_norm"], bad["1/final/pre_norm/scale"]
+    hand_built(tmp_path / "bad", {"shard-00000.safetensors": bad}, manifest)
+    name = "shard-00000.safetensors"
+    assert lines(verify(tmp_path / "bad")) == [
+        f"{name}: 0/hidden_states/2/scale: missing",
+        f"{name}: sample 1: has final-layer states [], but sample 0 has ['pre_norm']",
+        f"{name}: 1/hidden_states/0/scale: 1 non-finite or non-positive scales, first in row 2"]
+    # unscaled storage: the scales are unexpected and the dtype is wrong
+    (tmp_path / "ok" / "manifest.json").write_text(json.dumps(MANIFEST))
+    r = verify(tmp_path / "ok", quick=True)
+    assert any("a scale, but manifest.json stores hidden states unscaled" in x for x in lines(r))
+    assert any("dtype F8_E4M3, expected BF16" in x for x in lines(r))
+
+
+def test_retokenize(tmp_path, tiny_llama, monkeypatch):
+    import hsdump.data
+    from hsdump.config import Config, DatasetConfig, ModelConfig, OutputConfig
+    from hsdump.data import load_rows, template_sha256, tokenize_dataset
+
+    # the tokenizer is loaded once (slow), then handed to verify's own load_tokenizer calls
+    real, loaded = hsdump.data.load_tokenizer, {}
+
+    def load_tokenizer(model, path):
+        key = (repr(model), path)
+        if key not in loaded:
+            loaded[key] = real(model, path)
+        return loaded[key]
+
+    monkeypatch.setattr(hsdump.data, "load_tokenizer", load_tokenizer)
+
+    src = tmp_path / "chat.jsonl"
+    convs = [[{"from": "human", "value": f"Question {i}?"},
+              {"from": "gpt", "value": f"Answer number {i}."}] for i in range(3)]
+    src.write_text("".join(json.dumps({"conversations": c}) + "\n" for c in convs))
+    out = tmp_path / "ds"
+    cfg = Config(model=ModelConfig(path="tiny:llama"), dataset=DatasetConfig(path=str(src)),
+                 output=OutputConfig(dir=str(out)))
+    tok = load_tokenizer(cfg.model, tiny_llama)
+    t = tokenize_dataset(load_rows(cfg.dataset), tok, cfg.dataset)
+    assert t.ids == [0, 1, 2]
+    g = torch.Generator().manual_seed(0)
+    data = {sid: (ids, mask, [torch.randn(len(ids), H, generator=g) for _ in LAYERS])
+            for sid, ids, mask in zip(t.ids, t.input_ids, t.loss_mask)}
+    manifest = {**MANIFEST, "config": dataclasses.asdict(cfg),
+                "tokenizer": {"path": tiny_llama, "chat_template_sha256": template_sha256(tok)}}
+    make(out, sizes=[(sid, 0) for sid in t.ids], manifest=manifest, data=data)
+
+    r = verify(out, retokenize=True)
+    assert r.ok, lines(r)
+    assert r.samples_retokenized == 3
+
+    index = json.loads((out / "index.json").read_text())
+    name = index["samples"]["1"]
+    off, _ = tensor_at(out / name, "1/input_ids")
+    stored = t.input_ids[1][3]
+    patch(out / name, off + 8 * 3, (stored + 1).to_bytes(8, "little"))
+    r = verify(out, retokenize=True, quick=True)
+    assert lines(r) == ["sample 1: --retokenize: input_ids differ from a fresh tokenization of "
+                        f"row 1 at position 3 (stored {stored + 1}, fresh {stored})"]
+    assert r.samples_retokenized == 2
+    assert verify(out, quick=True).ok  # only re-tokenizing can see this one
+    assert len(loaded) == 1  # verify asked for the very tokenizer the data was made with
