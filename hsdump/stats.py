@@ -1,0 +1,110 @@
+"""Token frequencies over loss-masked tokens, written beside the dataset (no GPU pass).
+
+`write_token_freq(tokenized, out_dir)` counts, over every kept sample, the tokens of
+`input_ids` whose `loss_mask` is 1 and writes OUT/token_freq.json:
+
+    {"format": "hsdump/token_freq", "version": 1,
+     "counted": "input_ids where loss_mask == 1",
+     "samples": 9876, "loss_tokens": 4567890, "distinct": 31234,
+     "target_vocab_size": 128256,            # null when unknown
+     "counts": {"13": 120345, "279": 99871, ...}}   # token id (as a string) -> count
+
+The same dict id -> count that speculators keeps in token_freq.pt, as plain JSON (no
+pickle). `python -m hsdump vocab OUT --draft-vocab-size N` reads it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any, Dict, Optional, Tuple
+
+import numpy as np
+
+TOKEN_FREQ = "token_freq.json"
+FORMAT = "hsdump/token_freq"
+VERSION = 1
+
+
+def token_counts(tokenized) -> np.ndarray:
+    """Dense int64 counts indexed by token id, over loss-masked tokens of kept samples."""
+    counts = np.zeros(0, dtype=np.int64)
+
+    def add(ids: np.ndarray, mask: np.ndarray) -> None:
+        nonlocal counts
+        sel = ids[mask.astype(bool)].astype(np.int64)
+        if sel.size == 0:
+            return
+        if sel.min() < 0:
+            raise ValueError("negative token id in input_ids")
+        c = np.bincount(sel)
+        if c.size > counts.size:
+            c[: counts.size] += counts
+            counts = c
+        else:
+            counts[: c.size] += c
+
+    table = getattr(tokenized, "table", None)
+    if table is not None:  # Arrow-backed: skipped rows hold empty lists, so count every row
+        pa_table = table.data.table if hasattr(table.data, "table") else table.data
+        for batch in pa_table.select(["input_ids", "loss_mask"]).to_batches(max_chunksize=8192):
+            add(batch.column(0).flatten().to_numpy(zero_copy_only=False),
+                batch.column(1).flatten().to_numpy(zero_copy_only=False))
+    else:
+        for ids, mask in zip(tokenized.input_ids, tokenized.loss_mask):
+            if len(ids) != len(mask):
+                raise ValueError("input_ids and loss_mask differ in length")
+            add(np.asarray(ids, dtype=np.int64), np.asarray(mask))
+    return counts
+
+
+def token_frequencies(tokenized) -> Dict[int, int]:
+    """{token id: count} over loss-masked tokens, ids with a zero count left out."""
+    c = token_counts(tokenized)
+    nz = np.nonzero(c)[0]
+    return {int(i): int(c[i]) for i in nz}
+
+
+def write_token_freq(tokenized, out_dir: str, target_vocab_size: Optional[int] = None) -> Path:
+    """Count loss-masked tokens of `tokenized` and write OUT/token_freq.json atomically.
+
+    `target_vocab_size` (the model's config.vocab_size) is recorded so `hsdump vocab` can size
+    t2d; token ids must be below it. Returns the file's path.
+    """
+    freq = token_frequencies(tokenized)
+    if target_vocab_size is not None and freq and max(freq) >= target_vocab_size:
+        raise ValueError(f"token id {max(freq)} >= target_vocab_size={target_vocab_size}")
+    doc = {"format": FORMAT, "version": VERSION, "counted": "input_ids where loss_mask == 1",
+           "samples": len(tokenized.ids), "loss_tokens": int(sum(freq.values())),
+           "distinct": len(freq), "target_vocab_size": target_vocab_size,
+           "counts": {str(k): v for k, v in freq.items()}}
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / TOKEN_FREQ
+    fd, tmp = tempfile.mkstemp(prefix=f".{TOKEN_FREQ}.", dir=out)
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(doc, f, separators=(",", ":"))
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+    return path
+
+
+def read_token_freq(out_dir: str) -> Tuple[Dict[int, int], Dict[str, Any]]:
+    """({token id: count}, the file's other fields) from OUT/token_freq.json."""
+    path = Path(out_dir) / TOKEN_FREQ
+    if not path.exists():
+        raise FileNotFoundError(f"{path}: no token frequencies; they are written by the "
+                                "extraction run (hsdump.stats.write_token_freq)")
+    doc = json.loads(path.read_text())
+    if doc.get("format") != FORMAT:
+        raise ValueError(f"{path}: not an hsdump token_freq file")
+    counts = {int(k): int(v) for k, v in doc.pop("counts").items()}
+    return counts, doc

@@ -1,0 +1,125 @@
+"""`python -m hsdump vocab OUT --draft-vocab-size N`: the EAGLE-3 draft vocabulary mapping.
+
+Reads OUT/token_freq.json (loss-masked token counts, see hsdump.stats), keeps the N most
+frequent target tokens (ties: lower id first), in ascending target id order, and writes
+OUT/vocab_mapping.safetensors with
+
+    d2t  int64 [N]             offsets: target_id = i + d2t[i] for draft id i
+    t2d  bool  [target_vocab]  True where the target token is in the draft vocabulary
+
+the layout speculators and SpecForge load. It refuses N larger than the number of distinct
+tokens seen, since the rest would be tokens the drafter never trained on.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+from pathlib import Path
+from typing import Dict, Optional, Tuple
+
+import numpy as np
+
+from .stats import read_token_freq
+
+MAPPING = "vocab_mapping.safetensors"
+
+
+def build_mapping(counts: Dict[int, int], draft_vocab_size: int, target_vocab_size: int
+                  ) -> Tuple[np.ndarray, np.ndarray]:
+    """(d2t int64 [N], t2d bool [V]) for the N most frequent tokens of `counts`."""
+    n, v = int(draft_vocab_size), int(target_vocab_size)
+    seen = {t: c for t, c in counts.items() if c > 0}
+    if n < 1:
+        raise ValueError(f"--draft-vocab-size={n}: must be >= 1")
+    if n > len(seen):
+        raise ValueError(f"--draft-vocab-size={n} exceeds the {len(seen)} distinct tokens seen in "
+                         f"the loss; use N <= {len(seen)}, or tokenize more data")
+    if n > v:
+        raise ValueError(f"--draft-vocab-size={n} exceeds the target vocabulary ({v})")
+    if seen and max(seen) >= v:
+        raise ValueError(f"token id {max(seen)} is outside a target vocabulary of {v}; "
+                         "pass the model's config.vocab_size as --target-vocab-size")
+    top = sorted(seen, key=lambda t: (-seen[t], t))[:n]
+    ids = np.array(sorted(top), dtype=np.int64)
+    d2t = ids - np.arange(n, dtype=np.int64)
+    t2d = np.zeros(v, dtype=bool)
+    t2d[ids] = True
+    return d2t, t2d
+
+
+def _target_vocab_size(out: Path, meta: dict, given: Optional[int]) -> int:
+    if given is not None:
+        return given
+    if meta.get("target_vocab_size"):
+        return int(meta["target_vocab_size"])
+    man = out / "manifest.json"
+    if man.exists():
+        m = json.loads(man.read_text()).get("model", {})
+        for key in ("vocab_size",):
+            if m.get(key):
+                return int(m[key])
+        for p in (m.get("resolved_path"), m.get("path")):
+            cfg = Path(p or "") / "config.json"
+            if p and cfg.exists():
+                c = json.loads(cfg.read_text())
+                c = c.get("text_config", c)
+                if c.get("vocab_size"):
+                    return int(c["vocab_size"])
+    raise ValueError("cannot tell the target vocabulary size: pass --target-vocab-size V "
+                     "(the model's config.vocab_size)")
+
+
+def write_mapping(out_dir: str, d2t: np.ndarray, t2d: np.ndarray, meta: Dict[str, str]) -> Path:
+    import torch
+    from safetensors.torch import save_file
+
+    out = Path(out_dir)
+    path = out / MAPPING
+    fd, tmp = tempfile.mkstemp(prefix=f".{MAPPING}.", dir=out)
+    os.close(fd)
+    try:
+        save_file({"d2t": torch.from_numpy(d2t), "t2d": torch.from_numpy(t2d)}, tmp,
+                  metadata=meta)
+        with open(tmp, "rb") as f:
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+    return path
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m hsdump vocab", description=__doc__.split("\n")[0])
+    ap.add_argument("out", help="dataset directory holding token_freq.json")
+    ap.add_argument("--draft-vocab-size", "-n", type=int, required=True,
+                    help="number of tokens in the draft vocabulary")
+    ap.add_argument("--target-vocab-size", type=int, default=None,
+                    help="target model's vocab size (default: from token_freq.json or the model)")
+    args = ap.parse_args(argv)
+    out = Path(args.out)
+    try:
+        counts, meta = read_token_freq(str(out))
+        v = _target_vocab_size(out, meta, args.target_vocab_size)
+        d2t, t2d = build_mapping(counts, args.draft_vocab_size, v)
+    except (ValueError, FileNotFoundError) as e:
+        print(f"hsdump vocab: {e}", file=sys.stderr)
+        return 2
+    total = sum(counts.values())
+    covered = sum(counts.get(int(t), 0) for t in np.nonzero(t2d)[0])
+    path = write_mapping(str(out), d2t, t2d, {
+        "format": "hsdump/vocab_mapping", "draft_vocab_size": str(len(d2t)),
+        "target_vocab_size": str(v), "loss_tokens": str(total), "covered_tokens": str(covered),
+        "convention": "target_id = draft_id + d2t[draft_id]"})
+    print(f"wrote {path}: draft vocab {len(d2t)} of {len(counts)} distinct tokens seen "
+          f"(target vocab {v}); covers {covered / max(total, 1):.2%} of {total} loss tokens")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
