@@ -12,6 +12,7 @@ from typing import Any, Dict, List, Optional
 MISSING = "???"  # omegaconf's marker for a value the user must give; no import needed here
 
 DTYPES = ("bfloat16", "float16", "float32")
+STORAGE_DTYPES = DTYPES + ("fp8",)
 ON_BAD = ("raise", "skip")
 ROW_FORMATS = ("sharegpt", "messages", "text")
 
@@ -103,11 +104,23 @@ class DatasetConfig:
                              "for all rows")
 
 
+FINAL_KINDS = ("pre_norm", "post_norm")
+
+
 @dataclass
 class CaptureConfig:
     layers: Optional[List[int]] = None
     """Capture indices in the hf_hidden_states_index convention; unset: model.default_layers,
     else EAGLE-3's [2, L//2, L-3]."""
+    final: List[str] = field(default_factory=list)
+    """Also store the last decoder layer's output: `pre_norm` (before the model's final norm,
+    speculators' verifier state) and/or `post_norm` (after it, SpecForge's `hidden_state`)."""
+
+    def __post_init__(self) -> None:
+        bad = [k for k in self.final if k not in FINAL_KINDS]
+        if bad or len(set(self.final)) != len(self.final):
+            raise ValueError(f"capture.final={list(self.final)}: use a subset of {FINAL_KINDS}, "
+                             "each once, e.g. capture.final=[pre_norm]")
 
 
 @dataclass
@@ -143,7 +156,8 @@ class OutputConfig:
     shard_bytes: int = 1 << 30
     """Target size of one shard file."""
     dtype: str = "bfloat16"
-    """Storage dtype of hidden states."""
+    """Storage dtype of hidden states: bfloat16, float16, float32, or fp8 (e4m3 with a
+    float32 scale per token, dequantized by the reader)."""
     overwrite: bool = False
     """Delete an existing dataset in `dir` and start over."""
     on_nonfinite: str = "raise"
@@ -154,8 +168,8 @@ class OutputConfig:
     """Host memory for captured rows: rows in flight plus two shards (filling, writing)."""
 
     def __post_init__(self) -> None:
-        if self.dtype not in DTYPES:
-            raise ValueError(f"output.dtype={self.dtype!r}: use one of {DTYPES}")
+        if self.dtype not in STORAGE_DTYPES:
+            raise ValueError(f"output.dtype={self.dtype!r}: use one of {STORAGE_DTYPES}")
         if self.shard_bytes < 1:
             raise ValueError("output.shard_bytes must be >= 1")
         if self.on_nonfinite not in ON_BAD:

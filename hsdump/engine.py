@@ -123,11 +123,22 @@ def _is_writer_rank() -> bool:
     return getattr(ps, "attn_tp_rank", 0) == 0 and getattr(ps, "pp_rank", 0) == 0
 
 
+FINAL_KINDS = ("pre_norm", "post_norm")
+_STASH: Dict[str, torch.Tensor] = {}  # this forward's pre-norm final state, per process
+
+
+def _stash_pre_norm(module, args, output) -> None:
+    # RMSNorm(x, residual) returns (normed, x + residual); RMSNorm(x) returns normed
+    _STASH["pre_norm"] = output[1] if isinstance(output, tuple) else args[0]
+
+
 def _install_patch(spec: dict) -> None:
+    from sglang.srt.layers import logits_processor as lp
     from sglang.srt.managers.scheduler_components import batch_result_processor as brp
     from sglang.srt.model_executor import model_runner as mr
 
     layers = sorted(spec["layers"])
+    final = [k for k in FINAL_KINDS if k in spec.get("final", [])]
     sender: Dict[str, _Sender] = {}
 
     orig_load = mr.ModelRunner.load_model
@@ -144,9 +155,32 @@ def _install_patch(spec: dict) -> None:
         if inner is None or not hasattr(inner, "layers_to_capture"):
             raise RuntimeError(f"hsdump: {type(model).__name__} keeps no layers_to_capture")
         inner.layers_to_capture = list(layers)  # entry i = stream entering layer i = HF hs[i]
+        if "pre_norm" in final:
+            norm = getattr(inner, "norm", None)
+            if norm is None:
+                raise RuntimeError(f"hsdump: {type(model).__name__} has no final norm to hook")
+            norm.register_forward_hook(_stash_pre_norm)
         return out
 
     mr.ModelRunner.load_model = load_model
+
+    if final:
+        orig_logits = lp.LogitsProcessor.forward
+
+        def logits_forward(self, input_ids, hidden_states, *args, **kwargs):
+            out = orig_logits(self, input_ids, hidden_states, *args, **kwargs)
+            pre = _STASH.pop("pre_norm", None)
+            aux = getattr(out, "hidden_states", None)
+            if aux is None or aux.shape[0] != hidden_states.shape[0]:
+                return out  # not a full-capture extend forward
+            extra = {"pre_norm": pre, "post_norm": hidden_states}
+            if any(extra[k] is None for k in final):
+                raise RuntimeError("hsdump: the final norm's input was not seen in this forward")
+            # [T, K * H] -> [T, (K + F) * H]: the final states follow the aux layers
+            out.hidden_states = torch.cat([aux] + [extra[k].to(aux.dtype) for k in final], -1)
+            return out
+
+        lp.LogitsProcessor.forward = logits_forward
 
     orig_prefill = brp.SchedulerBatchResultProcessor.process_batch_result_prefill
 
@@ -341,21 +375,24 @@ class CaptureEngine:
     """open -> run(samples, sink) -> close. Samples are (sample_id, input_ids)."""
 
     def __init__(self, model_path: str, model_cfg: "ModelConfig", engine_cfg: "EngineConfig",
-                 layers: Sequence[int], info: ModelInfo):
+                 layers: Sequence[int], info: ModelInfo, final: Sequence[str] = ()):
         self.version = check_supported(info, engine_cfg, model_cfg)
         self.layers = list(layers)
+        self.final = [k for k in FINAL_KINDS if k in final]
         self.hidden = info.hidden_size
         self.cfg = engine_cfg
-        # aux rows arrive in ascending layer order; this puts them in the user's order
+        # aux rows arrive in ascending layer order, then the final states; this puts the
+        # layers in the user's order, followed by the final states
         order = sorted(range(len(layers)), key=lambda j: layers[j])
         self._slot = [order.index(j) for j in range(len(layers))]
+        self._slot += [len(layers) + f for f in range(len(self.final))]
         self._ipc_dir = tempfile.mkdtemp(prefix="hsdump-")
         endpoint = f"ipc://{self._ipc_dir}/rows"
         self._rx = _Receiver(endpoint)
         self._rx.start()
         os.environ[ENV] = json.dumps({"endpoint": endpoint, "layers": self.layers,
-                                      "width": len(layers) * info.hidden_size,
-                                      "device": engine_cfg.device})
+                                      "final": self.final, "device": engine_cfg.device,
+                                      "width": len(self._slot) * info.hidden_size})
         from sglang.srt.entrypoints.engine import Engine
 
         class HsdumpEngine(Engine):
@@ -442,7 +479,8 @@ class CaptureEngine:
     # ---------------------------------------------------------------- driving
     def run(self, samples: Iterable[Tuple[int, List[int]]], sink: Sink) -> bool:
         """Capture every sample and call `sink(sample_id, input_ids, hidden_states)`, where
-        hidden_states is K tensors [seq, H] in the order of `layers`, in completion order.
+        hidden_states is K tensors [seq, H] in the order of `layers`, followed by one per
+        requested final state (in FINAL_KINDS order), in completion order.
         Returns False if `request_stop()` ended it early. Raises EngineDied if SGLang died."""
         loop = self._engine.loop
         self._loop = loop
@@ -463,8 +501,8 @@ class CaptureEngine:
         except BaseException:
             self._rx.discard(rid)
             raise
-        # rows: [seq, K * H] -> K views [seq, H] in the user's layer order
-        per_layer = rows.view(len(ids), len(self.layers), self.hidden)
+        # rows: [seq, (K + F) * H] -> K + F views [seq, H] in the user's layer order
+        per_layer = rows.view(len(ids), len(self._slot), self.hidden)
         return sid, ids, [per_layer[:, s, :] for s in self._slot]
 
     async def _drive(self, samples, sink: Sink) -> bool:

@@ -21,7 +21,7 @@ from .writer import FORMAT, FORMAT_VERSION, DatasetWriter, fault
 
 log = logging.getLogger(__name__)
 
-STORAGE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
+STORAGE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4, "fp8": 1}
 
 
 class Interrupted(RuntimeError):
@@ -99,7 +99,8 @@ def run(cfg: Config, resolved_config: Optional[dict] = None) -> Summary:
     compat = {
         "model": cfg.model.path, "architecture": info.architecture,
         "hidden_size": info.hidden_size, "num_hidden_layers": info.num_hidden_layers,
-        "layers": layers, "storage_dtype": cfg.output.dtype, "model_dtype": cfg.model.dtype,
+        "layers": layers, "final": list(cfg.capture.final),
+        "storage_dtype": cfg.output.dtype, "model_dtype": cfg.model.dtype,
         "tokenizer": cfg.model.tokenizer or cfg.model.path,
         "chat_template_sha256": template_sha256(tok),
         "dataset": [cfg.dataset.path, cfg.dataset.name, cfg.dataset.split, cfg.dataset.revision,
@@ -114,6 +115,8 @@ def run(cfg: Config, resolved_config: Optional[dict] = None) -> Summary:
                   "num_hidden_layers": info.num_hidden_layers, "dtype": cfg.model.dtype,
                   "tp_size": cfg.model.tp_size},
         "layers": layers, "convention": CONVENTION, "storage_dtype": cfg.output.dtype,
+        "final": list(cfg.capture.final),
+        "final_names": {k: "{i}/final/" + k for k in cfg.capture.final},
         "tokenizer": {"path": cfg.model.tokenizer or model_path,
                       "chat_template_sha256": template_sha256(tok)},
         "dataset": {"path": cfg.dataset.path, "name": cfg.dataset.name,
@@ -124,7 +127,8 @@ def run(cfg: Config, resolved_config: Optional[dict] = None) -> Summary:
         "config": resolved_config if resolved_config is not None else dataclasses.asdict(cfg),
     }
     # rows in flight are held once (bf16/fp16/fp32 as the engine runs) until written
-    row_bytes = len(layers) * info.hidden_size * STORAGE_BYTES[cfg.model.dtype]
+    slots = len(layers) + len(cfg.capture.final)
+    row_bytes = slots * info.hidden_size * STORAGE_BYTES[cfg.model.dtype]
     inflight = min(cfg.engine.inflight_tokens,
                    (cfg.output.max_host_bytes - 2 * cfg.output.shard_bytes) // row_bytes)
     if inflight < cfg.dataset.max_seq_len:
@@ -140,14 +144,15 @@ def run(cfg: Config, resolved_config: Optional[dict] = None) -> Summary:
                            hidden_size=info.hidden_size, dtype=cfg.output.dtype,
                            shard_bytes=cfg.output.shard_bytes, overwrite=cfg.output.overwrite,
                            on_nonfinite=cfg.output.on_nonfinite,
-                           writer_tag=writer_tag(d.num_jobs, d.job_index))
+                           writer_tag=writer_tag(d.num_jobs, d.job_index),
+                           final=cfg.capture.final)
     done = writer.committed | {int(s) for s in writer.index["skipped"]}
     mine = [i for i, sid in enumerate(data.ids) if owns(sid, d.num_jobs, d.job_index)]
     todo = [i for i in mine if data.ids[i] not in done]
     summary = Summary(out_dir=cfg.output.dir, layers=layers, skipped=dict(data.skipped),
                       already_done=len(mine) - len(todo))
     need = sum(len(data.input_ids[i]) for i in todo) * (
-        len(layers) * info.hidden_size * STORAGE_BYTES[cfg.output.dtype] + 16)
+        slots * (info.hidden_size * STORAGE_BYTES[cfg.output.dtype] + 4) + 16)
     try:
         check_space(cfg.output.dir, need + (need >> 6), cfg.output.space_check)
     except BaseException:
@@ -164,7 +169,8 @@ def run(cfg: Config, resolved_config: Optional[dict] = None) -> Summary:
 
     t_eng = time.time()
     try:
-        engine = CaptureEngine(model_path, cfg.model, engine_cfg, layers, info)
+        engine = CaptureEngine(model_path, cfg.model, engine_cfg, layers, info,
+                               final=cfg.capture.final)
     except BaseException:
         writer.close(commit=False)
         raise
@@ -176,7 +182,9 @@ def run(cfg: Config, resolved_config: Optional[dict] = None) -> Summary:
     def sink(sid, input_ids, hidden_states):
         fault("sample")
         mask = data.loss_mask[pos[sid]]
-        if writer.add(sid, input_ids, mask, hidden_states):
+        k = len(layers)
+        final = dict(zip(engine.final, hidden_states[k:]))  # [seq, H] each
+        if writer.add(sid, input_ids, mask, hidden_states[:k], final):
             summary.tokens += len(input_ids)
         bar.update(1)
         el = max(time.time() - t_run, 1e-9)

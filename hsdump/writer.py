@@ -26,6 +26,7 @@ import torch
 from safetensors.torch import save
 
 from . import __version__
+from . import fp8
 
 log = logging.getLogger(__name__)
 
@@ -34,7 +35,8 @@ FORMAT_VERSION = 1
 MANIFEST = "manifest.json"
 INDEX = "index.json"
 SHARD_RE = re.compile(r"^shard-.*\.safetensors(\.tmp.*)?$")
-DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32,
+          "fp8": fp8.FP8_DTYPE}
 
 
 class SampleError(ValueError):
@@ -111,19 +113,27 @@ def compat_diff(old: dict, new: dict) -> List[str]:
 
 
 def check_sample(sid: int, input_ids: Sequence[int], loss_mask: Sequence[int],
-                 hidden_states: Sequence[torch.Tensor], hidden_size: int, k: int) -> Optional[str]:
+                 hidden_states: Sequence[torch.Tensor], hidden_size: int, k: int,
+                 final: Optional[Dict[str, torch.Tensor]] = None,
+                 final_kinds: Sequence[str] = ()) -> Optional[str]:
     """None if the sample may be committed, else the reason (shape problems raise)."""
     n = len(input_ids)
     if len(loss_mask) != n:
         raise SampleError(f"sample {sid}: loss_mask has {len(loss_mask)} entries, input_ids {n}")
     if len(hidden_states) != k:
         raise SampleError(f"sample {sid}: {len(hidden_states)} hidden-state tensors, expected {k}")
-    for j, h in enumerate(hidden_states):
+    final = final or {}
+    if sorted(final) != sorted(final_kinds):
+        raise SampleError(f"sample {sid}: final states {sorted(final)}, expected "
+                          f"{sorted(final_kinds)}")
+    named = [(f"hidden_states[{j}]", h) for j, h in enumerate(hidden_states)]
+    named += [(f"final/{kind}", final[kind]) for kind in final_kinds]
+    for what, h in named:
         if tuple(h.shape) != (n, hidden_size):
-            raise SampleError(f"sample {sid}: hidden_states[{j}] has shape {tuple(h.shape)}, "
+            raise SampleError(f"sample {sid}: {what} has shape {tuple(h.shape)}, "
                               f"expected ({n}, {hidden_size})")
         if not bool(torch.isfinite(h).all()):
-            return f"nonfinite in hidden_states[{j}]"
+            return f"nonfinite in {what}"
     return None
 
 
@@ -134,9 +144,12 @@ class DatasetWriter:
 
     def __init__(self, out_dir: str, manifest: dict, compat: dict, *, layers: Sequence[int],
                  hidden_size: int, dtype: str = "bfloat16", shard_bytes: int = 1 << 30,
-                 overwrite: bool = False, on_nonfinite: str = "raise", writer_tag: str = ""):
+                 overwrite: bool = False, on_nonfinite: str = "raise", writer_tag: str = "",
+                 final: Sequence[str] = ()):
         self.dir = Path(out_dir)
         self.tag = writer_tag
+        self.final = list(final)
+        self.fp8 = fp8.is_fp8(dtype)
         self.layers = list(layers)
         self.hidden = hidden_size
         self.dtype = DTYPES[dtype]
@@ -203,11 +216,13 @@ class DatasetWriter:
 
     # -------------------------------------------------------------- adding samples
     def add(self, sid: int, input_ids: Sequence[int], loss_mask: Sequence[int],
-            hidden_states: Sequence[torch.Tensor]) -> bool:
-        """Validate and stage one sample; returns False if it was skipped (NaN/Inf, skip policy)."""
+            hidden_states: Sequence[torch.Tensor],
+            final: Optional[Dict[str, torch.Tensor]] = None) -> bool:
+        """Validate and stage one sample; returns False if it was skipped (NaN/Inf, skip policy).
+        `final` maps each configured final-state kind to its [seq, H] tensor."""
         self._raise_if_failed()
         reason = check_sample(sid, input_ids, loss_mask, hidden_states, self.hidden,
-                              len(self.layers))
+                              len(self.layers), final, self.final)
         if reason is not None:
             if self.on_nonfinite == "raise":
                 raise SampleError(f"sample {sid}: {reason} (output.on_nonfinite=skip records and "
@@ -218,8 +233,13 @@ class DatasetWriter:
             return False
         t = {f"{sid}/input_ids": torch.as_tensor(input_ids, dtype=torch.int64),
              f"{sid}/loss_mask": torch.as_tensor(loss_mask, dtype=torch.int64)}
-        for j, h in enumerate(hidden_states):
-            t[f"{sid}/hidden_states/{j}"] = h.to(self.dtype).contiguous()
+        states = [(f"{sid}/hidden_states/{j}", h) for j, h in enumerate(hidden_states)]
+        states += [(f"{sid}/final/{kind}", final[kind]) for kind in self.final]
+        for name, h in states:
+            if self.fp8:
+                t.update(fp8.encode(name, h))  # name: e4m3 [seq, H], name/scale: f32 [seq]
+            else:
+                t[name] = h.to(self.dtype).contiguous()
         self._pending.update(t)
         self._pending_ids.append(sid)
         self._pending_bytes += sum(x.numel() * x.element_size() for x in t.values())
@@ -252,7 +272,10 @@ class DatasetWriter:
     def _commit(self, name: str, tensors: Dict[str, torch.Tensor], ids: List[int]) -> None:
         meta = {"format": FORMAT, "format_version": str(FORMAT_VERSION),
                 "layers": json.dumps(self.layers), "convention": "hf_hidden_states_index",
-                "hsdump_version": __version__}
+                "final": json.dumps(self.final), "hsdump_version": __version__,
+                "storage_dtype": str(self.dtype).split(".")[-1]}
+        if self.fp8:
+            meta.update(fp8.shard_metadata())
         data = save(tensors, metadata=meta)
         digest = hashlib.sha256(data).hexdigest()
         atomic_write(self.dir / name, data, fault_point="before_rename")

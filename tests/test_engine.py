@@ -73,3 +73,37 @@ def test_chunked_prefill_rows_are_stitched(tiny_llama):
     samples, got = capture(tiny_llama, [2, 6], lengths, seed=1, chunked_prefill_size=16,
                            max_prefill_tokens=16)
     check_against_transformers(tiny_llama, [2, 6], samples, got)
+
+
+def test_final_layer_states_match_transformers(tiny_llama):
+    from hsdump.config import ModelConfig
+    from hsdump.engine import CaptureEngine
+    from hsdump.layers import read_model_info
+    from helpers import _model
+
+    info = read_model_info(tiny_llama)
+    g = torch.Generator().manual_seed(2)
+    samples = [(i, torch.randint(10, 120000, (n,), generator=g).tolist())
+               for i, n in enumerate([9, 31, 70])]
+    got = {}
+    eng = CaptureEngine(tiny_llama, ModelConfig(path=tiny_llama), cpu_engine_config(), [4], info,
+                        final=["post_norm", "pre_norm"])
+    try:
+        eng.run(samples, lambda sid, ids, hs: got.__setitem__(sid, [h.clone() for h in hs]))
+    finally:
+        eng.close()
+    model = _model(tiny_llama, torch.float32)
+    seen = {}
+    hook = model.model.norm.register_forward_hook(
+        lambda m, a, out: seen.update(pre=a[0][0].float(), post=out[0].float()))
+    try:
+        for sid, ids in samples:
+            with torch.no_grad():
+                hs_ref = model(torch.tensor([ids]), output_hidden_states=True).hidden_states
+            layer4, pre, post = got[sid]  # layers first, then final states in FINAL_KINDS order
+            assert rel_err(layer4, hs_ref[4][0]) < 0.02
+            assert rel_err(pre, seen["pre"]) < 0.02, "pre_norm: the last layer's raw output"
+            assert rel_err(post, seen["post"]) < 0.02, "post_norm: after the final norm"
+            assert rel_err(pre, seen["post"]) > 0.1  # the two are really different tensors
+    finally:
+        hook.remove()

@@ -114,3 +114,20 @@ def test_bad_samples_are_never_committed(tmp_path):
     w.close()
     index = json.loads((tmp_path / "skip" / "index.json").read_text())
     assert list(index["samples"]) == ["1"] and index["skipped"] == {"0": "nonfinite in hidden_states[1]"}
+
+
+def test_fp8_storage_and_final_states_round_trip(tmp_path):
+    w = writer(tmp_path, dtype="fp8", final=["pre_norm"])
+    ids, mask, hs = sample(4, 12)
+    pre = torch.randn(12, H) * 30
+    w.add(4, ids, mask, hs, {"pre_norm": pre})
+    with pytest.raises(SampleError, match="final states"):
+        w.add(5, ids, mask, hs)
+    w.close()
+    r = HsdumpDataset(str(tmp_path)).get(4)
+    for a, b in zip(r["hidden_states"] + [r["final"]["pre_norm"]], hs + [pre]):
+        err = float((a.float() - b).norm() / b.norm())
+        assert 0 < err < 0.05  # e4m3 keeps 3 mantissa bits: a few percent, never exact
+    with safe_open(str(tmp_path / "shard-00000.safetensors"), framework="pt") as f:
+        assert f.get_slice("4/hidden_states/0").get_dtype() == "F8_E4M3"
+        assert "4/final/pre_norm/scale" in f.keys()
