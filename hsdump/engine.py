@@ -185,10 +185,15 @@ def _install_patch(spec: dict) -> None:
     orig_prefill = brp.SchedulerBatchResultProcessor.process_batch_result_prefill
 
     def process_batch_result_prefill(self, batch, result):
-        if batch.return_hidden_states and _is_writer_rank():
-            if "s" not in sender:
-                sender["s"] = _Sender(spec["endpoint"])
-            _emit_rows(sender["s"], batch, result, spec["width"])
+        if batch.return_hidden_states:
+            if _is_writer_rank():
+                if "s" not in sender:
+                    sender["s"] = _Sender(spec["endpoint"])
+                _emit_rows(sender["s"], batch, result, spec["width"])
+            else:  # the other TP ranks hold the same rows: drop them, never .tolist() them
+                out = getattr(result, "logits_output", None)
+                if out is not None:
+                    out.hidden_states = None
         return orig_prefill(self, batch, result)
 
     brp.SchedulerBatchResultProcessor.process_batch_result_prefill = process_batch_result_prefill
