@@ -20,7 +20,7 @@ No sglang, no Hydra: importable by trainers alone.
 
 from __future__ import annotations
 
-from typing import Dict
+from typing import Dict, Optional, Sequence
 
 import torch
 
@@ -77,3 +77,93 @@ def rel_error(approx: torch.Tensor, ref: torch.Tensor) -> float:
     """||approx - ref|| / ||ref|| in float64 (Frobenius)."""
     ref = ref.double()
     return float((approx.double() - ref).norm() / ref.norm().clamp_min(1e-300))
+
+
+# ---------------------------------------------------------------------- measurement
+def error_report(x: torch.Tensor, massive: Optional[Sequence[int]] = None) -> Dict[str, float]:
+    """Errors of bf16 and of fp8 (quantized from the bf16 values, as the writer does) against
+    float32 `x` [seq, H], plus fp8 against the bf16 values. `massive`: channel indices whose
+    error is left out of the `*_rest_worst_token` figures (how much a token's outliers cost
+    its other channels under per-token scaling)."""
+    xf = x.float()
+    b = xf.bfloat16()
+    q, s = quantize(b)
+    d = dequantize(q, s, torch.float32)
+
+    def per_token(a, ref):
+        return ((a - ref).norm(dim=1) / ref.norm(dim=1).clamp_min(1e-30))
+
+    out = {"bf16_rel": rel_error(b, xf), "fp8_rel": rel_error(d, xf),
+           "fp8_vs_bf16_rel": rel_error(d, b.float()),
+           "fp8_token_rel_mean": float(per_token(d, xf).mean()),
+           "fp8_token_rel_max": float(per_token(d, xf).max()),
+           "bf16_token_rel_mean": float(per_token(b.float(), xf).mean()),
+           "fp8_cos_min": float(torch.nn.functional.cosine_similarity(d, xf, dim=1).min())}
+    if massive:
+        keep = torch.ones(x.shape[1], dtype=torch.bool)
+        keep[list(massive)] = False
+        out["fp8_rest_worst_token"] = float(per_token(d[:, keep], xf[:, keep]).max())
+        out["bf16_rest_worst_token"] = float(per_token(b.float()[:, keep], xf[:, keep]).max())
+    return out
+
+
+def heavy_tailed(seq: int, hidden: int, seed: int = 0, massive=(1512, 2401)) -> torch.Tensor:
+    """Residual-stream-like activations: Student-t (3 dof) values times log-normal channel
+    scales, and "massive activations" (as in Llama/Qwen residual streams): a few fixed
+    channels at ~10x on most tokens and 300-2000x on the first token and ~3% of others."""
+    g = torch.Generator().manual_seed(seed)
+    z = torch.randn(seq, hidden, generator=g)
+    chi = torch.randn(seq, hidden, 3, generator=g).pow(2).sum(-1) / 3
+    x = z / chi.sqrt() * torch.empty(hidden).log_normal_(0.0, 0.7, generator=g)
+    m = [c % hidden for c in massive]
+    x[:, m] *= 10.0
+    hot = torch.rand(seq, generator=g) < 0.03
+    hot[0] = True
+    mag = 300.0 + 1700.0 * torch.rand(int(hot.sum()), len(m), generator=g)
+    x[hot.nonzero()[:, 0][:, None], torch.tensor(m)[None, :]] = mag
+    return x
+
+
+def _main(argv=None) -> int:
+    import argparse
+    import json
+
+    p = argparse.ArgumentParser(prog="python -m hsdump.fp8",
+                                description="fp8 storage: bytes per sample and error vs bf16")
+    p.add_argument("--seq", type=int, default=2048)
+    p.add_argument("--hidden", type=int, default=4096)
+    p.add_argument("--layers", type=int, default=3)
+    p.add_argument("--tiny", default=None, help="also hidden states of this model path "
+                   "(e.g. the tiny:llama folder) through transformers")
+    a = p.parse_args(argv)
+    n, h, k = a.seq, a.hidden, a.layers
+    bf16_bytes = n * 16 + k * n * h * 2
+    fp8_bytes = n * 16 + k * (n * h + 4 * n)
+    print(json.dumps({"bytes_per_sample": {"shape": [n, k, h], "bf16": bf16_bytes,
+                                           "fp8": fp8_bytes,
+                                           "ratio": round(fp8_bytes / bf16_bytes, 4)}}))
+    cases = {"gaussian": torch.randn(n, h, generator=torch.Generator().manual_seed(0)),
+             "heavy_tailed": heavy_tailed(n, h)}
+    for name, x in cases.items():
+        massive = [1512 % h, 2401 % h] if name == "heavy_tailed" else None
+        r = error_report(x, massive)
+        print(json.dumps({name: {k2: round(v, 5) for k2, v in r.items()}}))
+    if a.tiny:
+        from transformers import AutoModelForCausalLM
+
+        model = AutoModelForCausalLM.from_pretrained(a.tiny, dtype=torch.float32).eval()
+        ids = torch.randint(2, model.config.vocab_size, (1, min(n, 1024)),
+                            generator=torch.Generator().manual_seed(0))
+        with torch.no_grad():
+            hs = model(ids, output_hidden_states=True).hidden_states
+        L = len(hs) - 1
+        for layer in sorted({2, L // 2, L - 3, L}):
+            r = error_report(hs[layer][0])
+            print(json.dumps({f"tiny layer {layer}": {k2: round(v, 5) for k2, v in r.items()}}))
+    return 0
+
+
+if __name__ == "__main__":
+    import sys
+
+    sys.exit(_main())

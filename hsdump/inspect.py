@@ -74,27 +74,38 @@ def _size(n: float) -> str:
     return str(n)
 
 
+def _q(v) -> str:
+    return "?" if v is None else str(v)
+
+
+def _num(v) -> str:
+    if v is None:
+        return "?"
+    return f"{int(v):,}" if float(v).is_integer() else f"{v:,.1f}"
+
+
 def format_facts(f: dict) -> str:
     sl = f["seq_len"]
     skipped_rows = sum(f["skipped_rows"].values())
     skipped_samples = sum(f["skipped_samples"].values())
     rows = [
         ("dataset", f["path"]),
-        ("format", f"{f['format']} (hsdump {f['hsdump_version']})"),
-        ("model", f"{f['model']} ({f['architecture']}, hidden {f['hidden_size']}, "
-                  f"{f['num_hidden_layers']} layers, {f['model_dtype']})"),
-        ("layers", f"{f['layers']} ({f['convention']})"
+        ("format", f"{f['format']} (hsdump {_q(f['hsdump_version'])})"),
+        ("model", f"{_q(f['model'])} ({_q(f['architecture'])}, hidden {_q(f['hidden_size'])}, "
+                  f"{_q(f['num_hidden_layers'])} layers, {_q(f['model_dtype'])})"),
+        ("layers", f"{f['layers']} ({_q(f['convention'])})"
                    + (f" + final {', '.join(f['final_states'])}" if f["final_states"] else "")),
         ("storage dtype", f["storage_dtype"]),
         ("samples", f"{f['samples']:,}"),
-        ("tokens", f"{f['tokens']:,}  (seq len min {sl.get('min')}, median "
-                   f"{sl.get('median')}, mean {sl.get('mean', 0):,.1f}, max {sl.get('max')})"),
+        ("tokens", f"{f['tokens']:,}  (seq len min {_num(sl.get('min'))}, median "
+                   f"{_num(sl.get('median'))}, mean {_num(sl.get('mean'))}, "
+                   f"max {_num(sl.get('max'))})"),
         ("loss-masked", f"{f['loss_masked_tokens']:,} tokens ({f['loss_masked_fraction']:.1%});"
                         f" {f['no_loss_samples']} samples with none"),
         ("bytes", f"{_size(f['bytes'])} in {f['shards']} shards "
                   f"({_size(f['bytes_per_sample'])}/sample, {f['bytes_per_token']:,.0f} B/token)"),
         ("source", ", ".join(f"{k}={v}" for k, v in f["source"].items()) or "?"),
-        ("max_seq_len", f"{f['max_seq_len']} (truncation: {f['truncation']})"),
+        ("max_seq_len", f"{_q(f['max_seq_len'])} (truncation: {_q(f['truncation'])})"),
         ("skipped rows", f"{skipped_rows}" + (" (" + ", ".join(
             f"{k}: {v}" for k, v in sorted(f["skipped_rows"].items())) + ")"
             if skipped_rows else "") + "  [input rows left out before capture]"),
@@ -193,8 +204,8 @@ def draw_png(path: str, facts: dict, lengths: List[int], fracs: List[float]) -> 
     sl = facts["seq_len"]
     _panel(img, d, font, small, (0, 50, 700, 560), lengths, 0, hi_edge, bins,
            "Sequence length (tokens)", "tokens per sample", "#4c78a8",
-           f"min {sl.get('min')} · median {sl.get('median')} · mean {sl.get('mean', 0):,.0f}"
-           f" · max {sl.get('max')}"
+           f"min {_num(sl.get('min'))} · median {_num(sl.get('median'))} · mean "
+           f"{sl.get('mean', 0):,.0f} · max {_num(sl.get('max'))}"
            + (f" · max_seq_len {facts['max_seq_len']}" if facts["max_seq_len"] else ""))
     mean_f = statistics.fmean(fracs) if fracs else 0.0
     _panel(img, d, font, small, (700, 50, 1400, 560), fracs, 0.0, 1.0, 20,

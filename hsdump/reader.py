@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import copy
 import json
+import os
 import struct
 import warnings
 from pathlib import Path
@@ -50,7 +51,8 @@ def final_name(sid: int, kind: str) -> str:
 
 def read_safetensors_header(path) -> dict:
     """The JSON header of a safetensors file (tensor dtypes, shapes, offsets, `__metadata__`),
-    read with two small reads; no tensor data is touched."""
+    read with two small reads; no tensor data is touched. `__data_start__` is added: the file
+    offset that `data_offsets` count from."""
     with open(path, "rb") as f:
         head = f.read(8)
         if len(head) != 8:
@@ -58,7 +60,9 @@ def read_safetensors_header(path) -> dict:
         (n,) = struct.unpack("<Q", head)
         if n > 1 << 31:
             raise ValueError(f"{path}: not a safetensors file (header size {n})")
-        return json.loads(f.read(n))
+        header = json.loads(f.read(n))
+    header["__data_start__"] = 8 + n  # where tensor data_offsets count from
+    return header
 
 
 class HsdumpDataset(torch.utils.data.Dataset):
@@ -72,13 +76,18 @@ class HsdumpDataset(torch.utils.data.Dataset):
     `min_len` / `max_len` keep only samples whose token count lies in [min_len, max_len];
     lengths come from the shard headers, not from the tensors. `ids` restricts to those
     sample ids. `dtype` converts hidden states on `get` (a copy); by default they are returned
-    as stored, and fp8-stored ones are dequantized to bfloat16.
+    as stored, and fp8-stored ones are dequantized to bfloat16. `dequantize=False` returns
+    fp8-stored tensors as stored (mmap, no copy) with their per-token scales in
+    `"hidden_states_scale"` (K tensors [seq] float32) and `"final_scale"`, for a trainer that
+    moves fp8 to the GPU and calls `hsdump.fp8.dequantize` there (half the host-to-device
+    bytes, and no CPU dequantize pass).
     """
 
     def __init__(self, path: str, *, min_len: Optional[int] = None,
                  max_len: Optional[int] = None, ids: Optional[Iterable[int]] = None,
-                 dtype: Optional[torch.dtype] = None):
+                 dtype: Optional[torch.dtype] = None, dequantize: bool = True):
         self.path = Path(path)
+        self.dequantize = dequantize
         index_file = self.path / "index.json"
         if not index_file.exists():
             raise FileNotFoundError(f"{self.path} has no index.json: not an hsdump dataset, or "
@@ -97,6 +106,7 @@ class HsdumpDataset(torch.utils.data.Dataset):
         self._shard_of: Dict[int, str] = {int(s): n for s, n in self.index["samples"].items()}
         self.ids: List[int] = sorted(self._shard_of)
         self._handles: Dict[str, object] = {}
+        self._fds: Dict[str, int] = {}
         self._headers: Dict[str, dict] = {}
         self._len_of: Optional[Dict[int, int]] = None
         if ids is not None:
@@ -165,6 +175,7 @@ class HsdumpDataset(torch.utils.data.Dataset):
         """A view of this dataset restricted by length and/or ids (shares nothing mutable)."""
         new = copy.copy(self)
         new._handles = {}
+        new._fds = {}
         new._idset = None
         new.ids = list(self.ids)
         if ids is not None:
@@ -199,40 +210,88 @@ class HsdumpDataset(torch.utils.data.Dataset):
             self._handles[shard] = h
         return h
 
-    def _hidden(self, f, head: dict, name: str) -> torch.Tensor:
+    def _hidden(self, f, head: dict, name: str, scales: Optional[list] = None) -> torch.Tensor:
         t = f.get_tensor(name)
         if t.dtype == fp8.FP8_DTYPE:
             sname = name + fp8.SCALE_SUFFIX
             if sname not in head:
                 raise ValueError(f"{self.path}: {name} is stored in fp8 but {sname} is missing")
+            if not self.dequantize:
+                if scales is not None:
+                    scales.append(f.get_tensor(sname))
+                return t
             return fp8.dequantize(t, f.get_tensor(sname), self.dtype or torch.bfloat16)
         if self.dtype is not None and t.dtype != self.dtype:
             t = t.to(self.dtype)
         return t
 
+    def _read_small(self, shard: str, name: str) -> torch.Tensor:
+        """One small tensor by pread, with readahead off: touching a mapped tensor makes the
+        kernel read ahead (safe_open asks for sequential readahead: up to 2 x read_ahead_kb,
+        16 MB on a disk with 8 MB), which would pull in the hidden states that follow."""
+        fd = self._fds.get(shard)
+        if fd is None:
+            fd = os.open(self.path / shard, os.O_RDONLY)
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)
+            self._fds[shard] = fd
+        head = self.header(shard)
+        meta = head[name]
+        begin, end = meta["data_offsets"]
+        if end == begin:
+            return torch.empty(meta["shape"], dtype=_ST_DTYPES[meta["dtype"]])
+        raw = os.pread(fd, end - begin, head["__data_start__"] + begin)
+        t = torch.frombuffer(bytearray(raw), dtype=_ST_DTYPES[meta["dtype"]])
+        return t.reshape(meta["shape"])
+
     def get(self, sid: int, *, hidden: bool = True) -> dict:
-        """Sample `sid`; `hidden=False` leaves out the hidden states (ids and mask only)."""
+        """Sample `sid`; `hidden=False` leaves out the hidden states (ids and mask only, read
+        with two small preads: cheap for whole-dataset scans such as inspect)."""
         if sid not in self._shard_of:
             raise KeyError(f"sample {sid} is not in {self.path}")
         shard = self._shard_of[sid]
+        if not hidden:
+            return {"id": sid, "input_ids": self._read_small(shard, f"{sid}/input_ids"),
+                    "loss_mask": self._read_small(shard, f"{sid}/loss_mask")}
         f = self._open(shard)
         rec = {"id": sid,
                "input_ids": f.get_tensor(f"{sid}/input_ids"),
                "loss_mask": f.get_tensor(f"{sid}/loss_mask")}
-        if not hidden:
-            return rec
         head = self.header(shard)
-        rec["hidden_states"] = [self._hidden(f, head, f"{sid}/hidden_states/{j}")
+        scales: list = []
+        rec["hidden_states"] = [self._hidden(f, head, f"{sid}/hidden_states/{j}", scales)
                                 for j in range(len(self.layers))]
-        final = {k: self._hidden(f, head, final_name(sid, k)) for k in FINAL_KINDS
-                 if final_name(sid, k) in head}
+        if scales:
+            rec["hidden_states_scale"] = scales
+        final, fscales = {}, {}
+        for k in FINAL_KINDS:
+            if final_name(sid, k) in head:
+                sc: list = []
+                final[k] = self._hidden(f, head, final_name(sid, k), sc)
+                if sc:
+                    fscales[k] = sc[0]
         if final:
             rec["final"] = final
+        if fscales:
+            rec["final_scale"] = fscales
         return rec
+
+    def close(self) -> None:
+        for fd in self._fds.values():
+            os.close(fd)
+        self._fds = {}
+        self._handles = {}
+
+    def __del__(self):
+        try:
+            for fd in self._fds.values():
+                os.close(fd)
+        except Exception:
+            pass
 
     def __getstate__(self):  # DataLoader workers open their own handles
         state = dict(self.__dict__)
         state["_handles"] = {}
+        state["_fds"] = {}
         return state
 
 
@@ -282,14 +341,23 @@ class PadCollator:
         if "final" in batch[0]:
             out["final"] = {k: self._pad([r["final"][k] for r in batch], lens, T)
                             for k in batch[0]["final"]}
+        if "hidden_states_scale" in batch[0]:  # fp8 read with dequantize=False
+            out["hidden_states_scale"] = [
+                self._pad([r["hidden_states_scale"][j] for r in batch], lens, T)
+                for j in range(len(batch[0]["hidden_states_scale"]))]
+        if "final_scale" in batch[0]:
+            out["final_scale"] = {k: self._pad([r["final_scale"][k] for r in batch], lens, T)
+                                  for k in batch[0]["final_scale"]}
         return out
 
     @staticmethod
     def _pad(ts: List[torch.Tensor], lens: List[int], T: int) -> torch.Tensor:
         first = ts[0]
-        out = torch.zeros((len(ts), T, *first.shape[1:]), dtype=first.dtype)
+        out = torch.empty((len(ts), T, *first.shape[1:]), dtype=first.dtype)
         for b, (t, n) in enumerate(zip(ts, lens)):
             out[b, :n] = t[:n]  # the one copy: page cache -> batch
+            if n < T:
+                out[b, n:].zero_()
         return out
 
 

@@ -53,3 +53,13 @@ def test_encode_names_and_bf16_input():
         fp8.quantize(torch.randn(2, 3, 4))
     with pytest.raises(ValueError):
         fp8.dequantize(t["7/hidden_states/2"], torch.ones(4))
+
+
+def test_error_report_and_cli(capsys):
+    x = fp8.heavy_tailed(64, 128, massive=(3, 77))
+    r = fp8.error_report(x, massive=[3, 77])
+    assert r["bf16_rel"] < 0.005 < r["fp8_rel"] < 0.04 and r["fp8_cos_min"] > 0.99
+    assert r["fp8_rest_worst_token"] < 0.06
+    assert fp8._main(["--seq", "16", "--hidden", "64", "--layers", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "\"fp8\": 2432" in out and "heavy_tailed" in out  # 16*16 + 2*(16*64 + 16*4)

@@ -89,7 +89,11 @@ def test_random_access_order_len_and_iteration(ds_path):
             assert a.dtype == torch.bfloat16 and torch.equal(a, b.to(torch.bfloat16))
     with pytest.raises(KeyError):
         ds.get(5)
-    assert ds.get(3, hidden=False).keys() == {"id", "input_ids", "loss_mask"}
+    small = ds.get(3, hidden=False)  # two preads, no mapping
+    assert small.keys() == {"id", "input_ids", "loss_mask"}
+    assert torch.equal(small["input_ids"], sample(3, 17)[0])
+    assert torch.equal(small["loss_mask"], sample(3, 17)[1])
+    assert small["input_ids"].dtype == torch.int64
 
 
 def test_lengths_come_from_headers_and_filter(ds_path, monkeypatch):
@@ -209,3 +213,22 @@ def test_reads_what_the_writer_writes(tmp_path):
     ds = HsdumpDataset(str(tmp_path), min_len=9)
     assert ds.ids == [3, 4, 7, 11] and ds.lengths == [17, 9, 40, 12]
     assert torch.equal(ds.get(4)["hidden_states"][0], sample(4, 9)[2][0].bfloat16())
+
+
+def test_fp8_raw_for_gpu_dequantize(tmp_path):
+    samples = {sid: sample(sid, n, final=("post_norm",)) for sid, n in LENS.items()}
+    path = make_dataset(tmp_path / "fp8", samples, storage="fp8")
+    raw = HsdumpDataset(str(path), dequantize=False)
+    r = raw.get(7)
+    assert r["hidden_states"][0].dtype == torch.float8_e4m3fn
+    assert [s.shape for s in r["hidden_states_scale"]] == [(40,)] * 3
+    assert r["final_scale"]["post_norm"].shape == (40,)
+    deq = HsdumpDataset(str(path)).get(7)
+    assert torch.equal(fp8.dequantize(r["hidden_states"][1], r["hidden_states_scale"][1]),
+                       deq["hidden_states"][1])
+    b = PadCollator()([raw.get(3), r])
+    assert b["hidden_states"][0].dtype == torch.float8_e4m3fn
+    assert b["hidden_states"][0].shape == (2, 40, H)
+    assert b["hidden_states_scale"][2].shape == (2, 40)
+    assert b["final_scale"]["post_norm"].shape == (2, 40)
+    assert torch.equal(b["hidden_states"][1][1].float(), r["hidden_states"][1].float())
