@@ -299,14 +299,22 @@ def load_rows(cfg: DatasetConfig):
     suffix = Path(path).suffix.lower()
     is_pkg = cfg.path.startswith("pkg://")
     if cfg.streaming:
-        if suffix in (".json", ".jsonl", ".parquet") and os.path.isfile(path):
-            builder = "parquet" if suffix == ".parquet" else "json"
-            it = datasets.load_dataset(builder, data_files={cfg.split: path}, split=cfg.split,
-                                       streaming=True)
-        else:
-            it = datasets.load_dataset(path, cfg.name, split=cfg.split, revision=cfg.revision,
-                                       streaming=True)
-        ds = _materialize_stream(it, cfg)
+        try:
+            if suffix in (".json", ".jsonl", ".parquet") and os.path.isfile(path):
+                builder = "parquet" if suffix == ".parquet" else "json"
+                it = datasets.load_dataset(builder, data_files={cfg.split: path},
+                                           split=cfg.split, streaming=True)
+            else:
+                it = datasets.load_dataset(path, cfg.name, split=cfg.split,
+                                           revision=cfg.revision, streaming=True)
+            ds = _materialize_stream(it, cfg)
+        except (FileNotFoundError, ValueError):
+            raise
+        except Exception as e:
+            raise FileNotFoundError(
+                f"dataset.path={cfg.path!r} (name={cfg.name!r}, split={cfg.split!r}, "
+                f"revision={cfg.revision!r}, streaming): could not be read: "
+                f"{type(e).__name__}: {e}") from e
     elif _is_saved_dataset(path):
         ds = datasets.load_from_disk(path)
         if isinstance(ds, datasets.DatasetDict):
@@ -320,10 +328,17 @@ def load_rows(cfg: DatasetConfig):
             ds = datasets.load_dataset("parquet", data_files={cfg.split: path}, split=cfg.split)
         else:
             ds = load_json_file(path, cfg.allow_truncated_json, cache=cfg.cache)
-    elif os.path.exists(path):
-        ds = datasets.load_dataset(path, cfg.name, split=cfg.split, revision=cfg.revision)
     else:
-        ds = datasets.load_dataset(path, cfg.name, split=cfg.split, revision=cfg.revision)
+        try:
+            ds = datasets.load_dataset(path, cfg.name, split=cfg.split, revision=cfg.revision)
+        except (FileNotFoundError, ValueError):
+            raise
+        except Exception as e:  # offline, unknown name, gated: say which key to fix
+            where = "folder" if os.path.exists(path) else "hub dataset"
+            raise FileNotFoundError(
+                f"dataset.path={cfg.path!r} (name={cfg.name!r}, split={cfg.split!r}, "
+                f"revision={cfg.revision!r}): the {where} could not be loaded: "
+                f"{type(e).__name__}: {e}") from e
     if cfg.max_samples is not None and len(ds) > cfg.max_samples:
         ds = ds.select(range(cfg.max_samples))
     if len(ds) == 0 and cfg.on_bad_row == "raise":
