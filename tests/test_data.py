@@ -163,7 +163,7 @@ EXPECTED_TOOLS = {
     "llama_tok": [
         (LLAMA_SYS + L("user") + "What is 2+2?<|eot_id|>" + L("assistant"), 0),
         ('{"name": "add", "parameters": ' + ARGS + "}<|eot_id|>", 1),
-        (L("ipython") + "4<|eot_id|>" + L("assistant"), 0),
+        (L("ipython") + '"4"<|eot_id|>' + L("assistant"), 0),  # official quirk: JSON-quoted
         ("2+2 is 4.<|eot_id|>", 1)],
     "qwen_tok": [
         ("<|im_start|>system\nYou are terse.<|im_end|>\n<|im_start|>user\nWhat is 2+2?<|im_end|>"
