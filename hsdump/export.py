@@ -25,8 +25,8 @@ itself, so it gets the pre-norm final state; SpecForge stores the post-norm one.
 without that capture is refused unless `--final-state last-layer` (a stand-in for plumbing
 tests; see hsdump.reader.resolve_final_state).
 
-Streaming: one sample at a time (its hidden states memory-mapped from the shard, one output
-file built and written), so memory stays at a few times one sample. Resumable: each file is
+Streaming: one sample at a time (read with pread, not mapped, so nothing stays resident; one
+output file built and written), so memory stays at a few times one sample. Resumable: each file is
 written under a hidden temporary name, fsynced and renamed; a rerun with the same arguments
 skips every final file that exists, and deletes stale temporaries.
 """
@@ -155,7 +155,7 @@ def export(src: str, dest: str, fmt: str, *, final_state: str = "auto",
     """Export dataset `src` to `dest` in format `fmt`; returns counts (written, skipped, bytes)."""
     if fmt not in FORMATS:
         raise ExportError(f"unknown format {fmt!r}; use one of {', '.join(FORMATS)}")
-    ds = HsdumpDataset(src, min_len=min_len, max_len=max_len)
+    ds = HsdumpDataset(src, min_len=min_len, max_len=max_len, mmap=False)
     if not len(ds):
         raise ExportError(f"{src}: no sample to export (length filter {min_len}..{max_len})")
     final = resolve_final_state(ds, final_state, prefer=PREFER[fmt])

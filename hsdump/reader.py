@@ -80,14 +80,19 @@ class HsdumpDataset(torch.utils.data.Dataset):
     fp8-stored tensors as stored (mmap, no copy) with their per-token scales in
     `"hidden_states_scale"` (K tensors [seq] float32) and `"final_scale"`, for a trainer that
     moves fp8 to the GPU and calls `hsdump.fp8.dequantize` there (half the host-to-device
-    bytes, and no CPU dequantize pass).
+    bytes, and no CPU dequantize pass). `mmap=False` reads each record with pread into
+    fresh memory instead of mapping the shard (one copy, freed with the record): for one
+    pass over a dataset larger than memory (the exports use it), where touched mapped pages
+    would otherwise stay in the process's RSS while the shard's handle is open.
     """
 
     def __init__(self, path: str, *, min_len: Optional[int] = None,
                  max_len: Optional[int] = None, ids: Optional[Iterable[int]] = None,
-                 dtype: Optional[torch.dtype] = None, dequantize: bool = True):
+                 dtype: Optional[torch.dtype] = None, dequantize: bool = True,
+                 mmap: bool = True):
         self.path = Path(path)
         self.dequantize = dequantize
+        self.mmap = mmap
         index_file = self.path / "index.json"
         if not index_file.exists():
             raise FileNotFoundError(f"{self.path} has no index.json: not an hsdump dataset, or "
@@ -210,25 +215,28 @@ class HsdumpDataset(torch.utils.data.Dataset):
             self._handles[shard] = h
         return h
 
-    def _hidden(self, f, head: dict, name: str, scales: Optional[list] = None) -> torch.Tensor:
-        t = f.get_tensor(name)
+    def _hidden(self, get, head: dict, name: str, scales: Optional[list] = None) -> torch.Tensor:
+        t = get(name)
         if t.dtype == fp8.FP8_DTYPE:
             sname = name + fp8.SCALE_SUFFIX
             if sname not in head:
                 raise ValueError(f"{self.path}: {name} is stored in fp8 but {sname} is missing")
             if not self.dequantize:
                 if scales is not None:
-                    scales.append(f.get_tensor(sname))
+                    scales.append(get(sname))
                 return t
-            return fp8.dequantize(t, f.get_tensor(sname), self.dtype or torch.bfloat16)
+            return fp8.dequantize(t, get(sname), self.dtype or torch.bfloat16)
         if self.dtype is not None and t.dtype != self.dtype:
             t = t.to(self.dtype)
         return t
 
-    def _read_small(self, shard: str, name: str) -> torch.Tensor:
-        """One small tensor by pread, with readahead off: touching a mapped tensor makes the
-        kernel read ahead (safe_open asks for sequential readahead: up to 2 x read_ahead_kb,
-        16 MB on a disk with 8 MB), which would pull in the hidden states that follow."""
+    def _pread(self, shard: str, name: str) -> torch.Tensor:
+        """One tensor by pread into fresh memory, with readahead off on this descriptor.
+
+        Used for ids and masks alone (touching a mapped tensor makes the kernel read ahead:
+        safe_open asks for sequential readahead, up to 2 x read_ahead_kb, 16 MB on a disk with
+        8 MB, which would pull in the hidden states that follow) and for whole records when
+        `mmap=False` (nothing stays mapped: memory is freed with the record)."""
         fd = self._fds.get(shard)
         if fd is None:
             fd = os.open(self.path / shard, os.O_RDONLY)
@@ -249,16 +257,18 @@ class HsdumpDataset(torch.utils.data.Dataset):
         if sid not in self._shard_of:
             raise KeyError(f"sample {sid} is not in {self.path}")
         shard = self._shard_of[sid]
+        if not hidden or not self.mmap:
+            def get(name):
+                return self._pread(shard, name)
+        else:
+            get = self._open(shard).get_tensor
+        rec = {"id": sid, "input_ids": get(f"{sid}/input_ids"),
+               "loss_mask": get(f"{sid}/loss_mask")}
         if not hidden:
-            return {"id": sid, "input_ids": self._read_small(shard, f"{sid}/input_ids"),
-                    "loss_mask": self._read_small(shard, f"{sid}/loss_mask")}
-        f = self._open(shard)
-        rec = {"id": sid,
-               "input_ids": f.get_tensor(f"{sid}/input_ids"),
-               "loss_mask": f.get_tensor(f"{sid}/loss_mask")}
+            return rec
         head = self.header(shard)
         scales: list = []
-        rec["hidden_states"] = [self._hidden(f, head, f"{sid}/hidden_states/{j}", scales)
+        rec["hidden_states"] = [self._hidden(get, head, f"{sid}/hidden_states/{j}", scales)
                                 for j in range(len(self.layers))]
         if scales:
             rec["hidden_states_scale"] = scales
@@ -266,7 +276,7 @@ class HsdumpDataset(torch.utils.data.Dataset):
         for k in FINAL_KINDS:
             if final_name(sid, k) in head:
                 sc: list = []
-                final[k] = self._hidden(f, head, final_name(sid, k), sc)
+                final[k] = self._hidden(get, head, final_name(sid, k), sc)
                 if sc:
                     fscales[k] = sc[0]
         if final:

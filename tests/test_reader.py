@@ -232,3 +232,17 @@ def test_fp8_raw_for_gpu_dequantize(tmp_path):
     assert b["hidden_states_scale"][2].shape == (2, 40)
     assert b["final_scale"]["post_norm"].shape == (2, 40)
     assert torch.equal(b["hidden_states"][1][1].float(), r["hidden_states"][1].float())
+
+
+def test_pread_mode_gives_the_same_records_unmapped(tmp_path):
+    samples = {sid: sample(sid, n, final=("pre_norm",)) for sid, n in LENS.items()}
+    for storage in ("bfloat16", "fp8"):
+        path = make_dataset(tmp_path / storage, samples, storage=storage)
+        a, b = HsdumpDataset(str(path)), HsdumpDataset(str(path), mmap=False)
+        for sid in LENS:
+            ra, rb = a.get(sid), b.get(sid)
+            assert torch.equal(ra["input_ids"], rb["input_ids"])
+            assert all(torch.equal(x, y) for x, y in zip(ra["hidden_states"], rb["hidden_states"]))
+            assert torch.equal(ra["final"]["pre_norm"], rb["final"]["pre_norm"])
+        assert b._handles == {}  # never mapped
+        b.close()
