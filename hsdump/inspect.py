@@ -16,7 +16,7 @@ import statistics
 import sys
 from collections import Counter
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import List, Sequence, Tuple
 
 from .reader import HsdumpDataset
 
