@@ -246,3 +246,23 @@ def test_pread_mode_gives_the_same_records_unmapped(tmp_path):
             assert torch.equal(ra["final"]["pre_norm"], rb["final"]["pre_norm"])
         assert b._handles == {}  # never mapped
         b.close()
+
+
+def test_reads_the_writers_fp8_and_final_states(tmp_path):
+    w = DatasetWriter(str(tmp_path), {"format": "hsdump/speculators-v1", "layers": LAYERS,
+                                      "storage_dtype": "fp8"},
+                      {"m": 2}, layers=LAYERS, hidden_size=H, shard_bytes=1500, dtype="fp8",
+                      final=["pre_norm", "post_norm"])
+    data = {sid: sample(sid, n, final=("pre_norm", "post_norm")) for sid, n in LENS.items()}
+    for sid, (ids, mask, hs, fin) in data.items():
+        assert w.add(sid, ids.tolist(), mask.tolist(), hs, fin)
+    w.close()
+    ds = HsdumpDataset(str(tmp_path), min_len=9)
+    assert ds.ids == [3, 4, 7, 11] and ds.final_kinds == ["pre_norm", "post_norm"]
+    assert fp8.is_fp8(ds.storage_dtype)
+    for sid in ds.ids:
+        r, (_, _, hs, fin) = ds.get(sid), data[sid]
+        assert all(fp8.rel_error(a, b) < 0.05 for a, b in zip(r["hidden_states"], hs))
+        assert fp8.rel_error(r["final"]["post_norm"], fin["post_norm"]) < 0.05
+    v1 = SpeculatorsV1Dataset(ds)[0]
+    assert len(v1["hidden_states"]) == 4 and v1["hidden_states"][0].dtype == torch.bfloat16
