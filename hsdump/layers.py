@@ -23,6 +23,7 @@ class ModelInfo:
     hidden_size: int
     num_hidden_layers: int
     max_position_embeddings: Optional[int]
+    vocab_size: Optional[int] = None
 
 
 def read_model_info(model_path: str, trust_remote_code: bool = False) -> ModelInfo:
@@ -41,7 +42,8 @@ def read_model_info(model_path: str, trust_remote_code: bool = False) -> ModelIn
         raise ValueError(f"{model_path}/config.json names no `architectures`")
     return ModelInfo(architecture=archs[0], hidden_size=int(text["hidden_size"]),
                      num_hidden_layers=int(text["num_hidden_layers"]),
-                     max_position_embeddings=text.get("max_position_embeddings"))
+                     max_position_embeddings=text.get("max_position_embeddings"),
+                     vocab_size=text.get("vocab_size"))
 
 
 def eagle3_default(num_layers: int) -> List[int]:

@@ -16,6 +16,7 @@ from .config import Config
 from .dist import owns, writer_tag
 from .data import dataset_fingerprint, load_rows, load_tokenizer, template_sha256, tokenize_dataset
 from .layers import CONVENTION, read_model_info, resolve_layers
+from .stats import write_token_freq
 from .tiny import resolve_model_path
 from .writer import FORMAT, FORMAT_VERSION, DatasetWriter, fault
 
@@ -106,6 +107,7 @@ def run(cfg: Config, resolved_config: Optional[dict] = None) -> Summary:
         "dataset": [cfg.dataset.path, cfg.dataset.name, cfg.dataset.split, cfg.dataset.revision,
                     cfg.dataset.column],
         "max_seq_len": cfg.dataset.max_seq_len, "truncation": cfg.dataset.truncation,
+        "min_seq_len": cfg.dataset.min_seq_len, "format": data.format,
     }
     manifest = {
         "format": FORMAT, "format_version": FORMAT_VERSION, "versions": _versions(),
@@ -124,6 +126,7 @@ def run(cfg: Config, resolved_config: Optional[dict] = None) -> Summary:
                     "fingerprint": dataset_fingerprint(rows), "rows": data.rows,
                     "column": cfg.dataset.column, "skipped_rows": data.skipped},
         "max_seq_len": cfg.dataset.max_seq_len, "truncation": cfg.dataset.truncation,
+        "tokenized": data.summary(),
         "config": resolved_config if resolved_config is not None else dataclasses.asdict(cfg),
     }
     # rows in flight are held once (bf16/fp16/fp32 as the engine runs) until written
@@ -146,12 +149,13 @@ def run(cfg: Config, resolved_config: Optional[dict] = None) -> Summary:
                            on_nonfinite=cfg.output.on_nonfinite,
                            writer_tag=writer_tag(d.num_jobs, d.job_index),
                            final=cfg.capture.final)
+    write_token_freq(data, cfg.output.dir, target_vocab_size=info.vocab_size)
     done = writer.committed | {int(s) for s in writer.index["skipped"]}
     mine = [i for i, sid in enumerate(data.ids) if owns(sid, d.num_jobs, d.job_index)]
     todo = [i for i in mine if data.ids[i] not in done]
     summary = Summary(out_dir=cfg.output.dir, layers=layers, skipped=dict(data.skipped),
                       already_done=len(mine) - len(todo))
-    need = sum(len(data.input_ids[i]) for i in todo) * (
+    need = sum(data.lengths[i] for i in todo) * (
         slots * (info.hidden_size * STORAGE_BYTES[cfg.output.dtype] + 4) + 16)
     try:
         check_space(cfg.output.dir, need + (need >> 6), cfg.output.space_check)

@@ -68,10 +68,13 @@ def test_extract_writes_a_valid_dataset_and_resumes(tmp_path, tiny_llama):
         assert rel_err(h, ref[k]) <= 3 * rel_err(ref16[k], ref[k]) + 0.002
 
     # the same command again resumes: nothing is recomputed, nothing changes
-    before = {p.name: p.stat().st_mtime_ns for p in out.iterdir()}
+    shards = {p.name: p.stat().st_mtime_ns for p in out.glob("shard-*")}
+    before = {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()}
     s2 = run(to_config(cfg))
     assert s2.written == 0 and s2.already_done == s.written + s.skipped.get("nonfinite", 0)
-    assert before == {p.name: p.stat().st_mtime_ns for p in out.iterdir()}
+    assert shards == {p.name: p.stat().st_mtime_ns for p in out.glob("shard-*")}
+    assert before == {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()}
+    assert json.loads((out / "token_freq.json").read_text())  # loss-masked token counts
 
     # another layer set into the same folder is refused before any work, naming the field
     with pytest.raises(ValueError, match=r"layers: \[2, 4, 5\] -> \[1, 2, 3\]"):
