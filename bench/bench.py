@@ -18,8 +18,13 @@ write+fsync) on one shard's worth of data. Peak host memory is the summed RSS of
 and all its descendants (SGLang's scheduler and detokenizer), peak GPU memory is NVML's
 device-wide `used`; both are sampled every 0.2 s during the timed window.
 
-    make bench                                          # CPU-sized: tiny Llama, SGLang CPU engine
-    python3 bench/bench.py --device cuda --models llama8b:2048,dsv3-small:2048 --name gpu-h200
+    make bench                                       # CPU-sized: tiny Llama, SGLang CPU engine
+    python3 bench/bench.py --device cuda --models llama8b:2048:128:8 --name gpu-llama8b
+    python3 bench/bench.py --device cuda --models llama8b:2048/8192 --deadline-s 560
+    python3 bench/bench.py --models "" --writer-only 2048:4096:3:64   # DatasetWriter alone
+
+On the GPU machine, first `source .gpu/part1/install.sh` and put the repo on PYTHONPATH
+(see BENCHMARKS.md). Sequence lengths of one model share its three engines.
 
 Results: a table on stdout and bench/results/<name>.json (--results-dir to change).
 """
@@ -52,7 +57,7 @@ import torch  # noqa: E402
 
 AUX_ENV = "HSDUMP_BENCH_AUX_LAYERS"
 
-# name -> (builder, default capture layers); sizes per device are chosen in main()
+# built by build_model(); capture layers from default_layers(); sizes chosen in main()
 MODELS = ("tiny-llama", "llama8b", "dsv3-small")
 
 
@@ -335,135 +340,239 @@ def builtin_engine(model_path: str, ec, layers: List[int], version: str):
 SP = {"max_new_tokens": 1, "temperature": 0.0}
 
 
-def _rate(tokens: int, samples: int, wall: float, **extra) -> dict:
-    d = {"wall_s": wall, "tokens": tokens, "samples": samples, "tokens_per_s": tokens / wall,
-         "samples_per_s": samples / wall}
+def _median(xs: List[float]) -> float:
+    xs = sorted(xs)
+    return xs[len(xs) // 2] if len(xs) % 2 else (xs[len(xs) // 2 - 1] + xs[len(xs) // 2]) / 2
+
+
+def _rate(tokens: int, samples: int, walls: List[float], **extra) -> dict:
+    """Rates from the median wall time of the repeats (all walls are kept)."""
+    wall = _median(walls)
+    d = {"wall_s": wall, "walls_s": walls, "tokens": tokens, "samples": samples,
+         "tokens_per_s": tokens / wall, "samples_per_s": samples / wall}
     d.update(extra)
     return d
 
 
-def mode_plain(model_path, ec, samples, warm, mon) -> dict:
+class Workload:
+    """One sequence length: the timed samples, the warm-up samples, the built-in subset."""
+
+    def __init__(self, seq: int, samples, warm, n_builtin: int):
+        self.seq, self.samples, self.warm, self.n_builtin = seq, samples, warm, n_builtin
+        self.tokens = sum(len(s) for s in samples)
+
+
+def mode_plain(model_path, ec, loads: List[Workload], mon, repeat: int = 1) -> dict:
+    """Mode a. Returns {seq: result} plus "_engine" facts."""
     from sglang.srt.entrypoints.engine import Engine
 
-    base = mon.reset()
+    out = {"_engine": {"baseline": mon.reset()}}
     t0 = time.time()
     eng = Engine(**plain_kwargs(model_path, ec))
-    start_s = time.time() - t0
+    out["_engine"]["engine_start_s"] = time.time() - t0
     try:
-        t = time.time()
-        eng.generate(input_ids=warm, sampling_params=SP, return_hidden_states=False)
-        warm_s = time.time() - t
-        idle = mon.reset()
-        t = time.time()
-        outs = eng.generate(input_ids=samples, sampling_params=SP, return_hidden_states=False)
-        wall = time.time() - t
-        peaks = mon.peaks()
-        assert len(outs) == len(samples)
+        for w in loads:
+            t = time.time()
+            eng.generate(input_ids=w.warm, sampling_params=SP, return_hidden_states=False)
+            warm_s = time.time() - t
+            idle = mon.reset()
+            walls = []
+            for _ in range(repeat):
+                t = time.time()
+                outs = eng.generate(input_ids=w.samples, sampling_params=SP,
+                                    return_hidden_states=False)
+                walls.append(time.time() - t)
+                assert len(outs) == len(w.samples)
+            out[w.seq] = _rate(w.tokens, len(w.samples), walls, warmup_s=warm_s, idle=idle,
+                               **mon.peaks())
     finally:
         eng.shutdown()
-    n_tok = sum(len(s) for s in samples)
-    return _rate(n_tok, len(samples), wall, engine_start_s=start_s, warmup_s=warm_s,
-                 baseline=base, idle=idle, **peaks)
+    return out
 
 
-def mode_hsdump(model_path, ec, samples, warm, layers, info, out_dir, mon) -> dict:
+def mode_hsdump(model_path, ec, loads: List[Workload], layers, info, out_dir, mon,
+                repeat: int = 1) -> dict:
+    """Modes b0 (capture, rows dropped) and b (capture + DatasetWriter to disk), one engine."""
     from hsdump.config import ModelConfig
     from hsdump.engine import CaptureEngine
     from hsdump.layers import CONVENTION
     from hsdump.writer import FORMAT, FORMAT_VERSION, DatasetWriter
 
-    res = {}
-    base = mon.reset()
+    out = {"_engine": {"baseline": mon.reset()}}
     t0 = time.time()
     eng = CaptureEngine(model_path, ModelConfig(path=model_path), ec, layers, info)
-    res["engine_start_s"] = time.time() - t0
-    res["sglang"] = eng.version
+    out["_engine"].update(engine_start_s=time.time() - t0, sglang=eng.version)
     k_bytes = len(layers) * info.hidden_size * 2
+    ds_dir = os.path.join(out_dir, "dataset")
+    manifest = {"format": FORMAT, "format_version": FORMAT_VERSION, "layers": layers,
+                "convention": CONVENTION, "storage_dtype": "bfloat16",
+                "model": {"path": model_path, "hidden_size": info.hidden_size,
+                          "num_hidden_layers": info.num_hidden_layers}}
+    sid_base = [0]
+
+    def sids(items):  # request ids must not repeat within one engine
+        sid_base[0] += 1_000_000
+        return [(sid_base[0] + i, s) for i, s in enumerate(items)]
+
     try:
-        t = time.time()
-        eng.run([(10_000_000 + i, s) for i, s in enumerate(warm)], lambda *a: None)
-        res["warmup_s"] = time.time() - t
+        for w in loads:
+            res = {}
+            t = time.time()
+            eng.run(sids(w.warm), lambda *a: None)
+            res["warmup_s"] = time.time() - t
 
-        # b0: capture only, the rows are dropped in the sink
-        got = [0, 0]
+            got = [0, 0]
 
-        def null_sink(sid, ids, hs):
-            got[0] += 1
-            got[1] += hs[0].shape[0]
+            def null_sink(sid, ids, hs):
+                got[0] += 1
+                got[1] += hs[0].shape[0]
 
-        idle = mon.reset()
-        t = time.time()
-        eng.run([(1_000_000 + i, s) for i, s in enumerate(samples)], null_sink)
-        wall = time.time() - t
-        n_tok = sum(len(s) for s in samples)
-        assert got == [len(samples), n_tok], got
-        res["b0"] = _rate(n_tok, len(samples), wall, payload_bytes_per_s=n_tok * k_bytes / wall,
-                          idle=idle, **mon.peaks())
+            idle = mon.reset()
+            walls = []
+            for _ in range(repeat):
+                got[:] = [0, 0]
+                t = time.time()
+                eng.run(sids(w.samples), null_sink)
+                walls.append(time.time() - t)
+                assert got == [len(w.samples), w.tokens], got
+            res["b0"] = _rate(w.tokens, len(w.samples), walls,
+                              payload_bytes_per_s=w.tokens * k_bytes / _median(walls),
+                              idle=idle, **mon.peaks())
 
-        # b: end to end into a DatasetWriter on local disk
-        ds_dir = os.path.join(out_dir, "dataset")
-        shutil.rmtree(ds_dir, ignore_errors=True)
-        manifest = {"format": FORMAT, "format_version": FORMAT_VERSION, "layers": layers,
-                    "convention": CONVENTION, "storage_dtype": "bfloat16",
-                    "model": {"path": model_path, "hidden_size": info.hidden_size,
-                              "num_hidden_layers": info.num_hidden_layers}}
-        blocked = [0.0]
-        idle = mon.reset()
-        t = time.time()
-        writer = DatasetWriter(ds_dir, manifest, {"bench": True}, layers=layers,
-                               hidden_size=info.hidden_size)
+            idle = mon.reset()
+            walls, details = [], []
+            for _ in range(repeat):
+                shutil.rmtree(ds_dir, ignore_errors=True)
+                blocked = [0.0]
+                t = time.time()
+                writer = DatasetWriter(ds_dir, manifest, {"bench": True}, layers=layers,
+                                       hidden_size=info.hidden_size)
 
-        def sink(sid, ids, hs):
-            t_add = time.time()
-            writer.add(sid, ids, [1] * len(ids), hs)
-            blocked[0] += time.time() - t_add
+                def sink(sid, ids, hs):
+                    t_add = time.time()
+                    writer.add(sid, ids, [1] * len(ids), hs)
+                    blocked[0] += time.time() - t_add
 
-        try:
-            eng.run(list(enumerate(samples)), sink)
-            t_run = time.time() - t
-        finally:
-            t_c = time.time()
-            writer.close()
-            close_s = time.time() - t_c
-        wall = time.time() - t
-        n_bytes = writer.bytes_written
-        assert writer.samples_written == len(samples)
-        res["b"] = _rate(n_tok, len(samples), wall, bytes_written=n_bytes,
-                         bytes_written_per_s=n_bytes / wall,
-                         payload_bytes_per_s=n_tok * k_bytes / wall,
-                         shards=len(writer.index["shards"]), sink_add_s=blocked[0],
-                         run_s=t_run, final_close_s=close_s, idle=idle, **mon.peaks())
-        shutil.rmtree(ds_dir, ignore_errors=True)
+                try:
+                    eng.run(list(enumerate(w.samples)), sink)
+                    t_run = time.time() - t
+                finally:
+                    t_c = time.time()
+                    writer.close()
+                    close_s = time.time() - t_c
+                walls.append(time.time() - t)
+                assert writer.samples_written == len(w.samples)
+                details.append({"run_s": t_run, "sink_add_s": blocked[0],
+                                "final_close_s": close_s, "bytes_written": writer.bytes_written,
+                                "shards": len(writer.index["shards"])})
+                shutil.rmtree(ds_dir, ignore_errors=True)
+            wall = _median(walls)
+            n_bytes = details[0]["bytes_written"]
+            res["b"] = _rate(w.tokens, len(w.samples), walls, bytes_written=n_bytes,
+                             bytes_written_per_s=n_bytes / wall,
+                             payload_bytes_per_s=w.tokens * k_bytes / wall, repeats=details,
+                             idle=idle, **mon.peaks())
+            out[w.seq] = res
     finally:
         eng.close()
-    res["baseline"] = base
-    return res
+        shutil.rmtree(ds_dir, ignore_errors=True)
+    return out
 
 
-def mode_builtin(model_path, ec, samples, warm, layers, info, version, mon) -> dict:
-    base = mon.reset()
+def mode_builtin(model_path, ec, loads: List[Workload], layers, info, version, mon,
+                 repeat: int = 1) -> dict:
+    """Mode c: SGLang's own return path, the caller keeping every returned list."""
+    out = {"_engine": {"baseline": mon.reset()}}
     t0 = time.time()
     eng = builtin_engine(model_path, ec, layers, version)
-    start_s = time.time() - t0
+    out["_engine"]["engine_start_s"] = time.time() - t0
     width = len(layers) * info.hidden_size
     try:
-        t = time.time()
-        eng.generate(input_ids=warm, sampling_params=SP, return_hidden_states=True)
-        warm_s = time.time() - t
-        idle = mon.reset()
-        t = time.time()
-        outs = eng.generate(input_ids=samples, sampling_params=SP, return_hidden_states=True)
-        collected = [o["meta_info"]["hidden_states"][0] for o in outs]
-        wall = time.time() - t
-        peaks = mon.peaks()
-        for s, hs in zip(samples, collected):
-            assert len(hs) == len(s) and len(hs[0]) == width, (len(hs), len(hs[0]), width)
-        del outs, collected
+        for w in loads:
+            samples = w.samples[:w.n_builtin]
+            n_tok = sum(len(s) for s in samples)
+            t = time.time()
+            eng.generate(input_ids=w.warm[:1], sampling_params=SP, return_hidden_states=True)
+            warm_s = time.time() - t
+            idle = mon.reset()
+            walls = []
+            for _ in range(repeat):
+                t = time.time()
+                outs = eng.generate(input_ids=samples, sampling_params=SP,
+                                    return_hidden_states=True)
+                collected = [o["meta_info"]["hidden_states"][0] for o in outs]
+                walls.append(time.time() - t)
+                for s, hs in zip(samples, collected):
+                    assert len(hs) == len(s) and len(hs[0]) == width, \
+                        (len(hs), len(hs[0]), width)
+                del outs, collected
+            out[w.seq] = _rate(n_tok, len(samples), walls,
+                               payload_bytes_per_s=n_tok * width * 2 / _median(walls),
+                               warmup_s=warm_s, idle=idle, **mon.peaks())
     finally:
         eng.shutdown()
-    n_tok = sum(len(s) for s in samples)
-    return _rate(n_tok, len(samples), wall, payload_bytes_per_s=n_tok * width * 2 / wall,
-                 engine_start_s=start_s, warmup_s=warm_s, baseline=base, idle=idle, **peaks)
+    return out
+
+
+def _fast_check_sample(sid, input_ids, loss_mask, hidden_states, hidden_size, k, final=None,
+                       final_kinds=()):
+    """What-if for hsdump.writer.check_sample: the same shape checks, but finiteness from one
+    `amax` reduction per tensor (NaN and Inf propagate through abs().amax()) instead of
+    `torch.isfinite(h).all()`, which is ~20x slower on CPU for strided bf16 views."""
+    from hsdump.writer import SampleError
+
+    n = len(input_ids)
+    if len(loss_mask) != n or len(hidden_states) != k or final:
+        raise SampleError(f"sample {sid}: unexpected sample layout in the writer-only bench")
+    for j, h in enumerate(hidden_states):
+        if tuple(h.shape) != (n, hidden_size):
+            raise SampleError(f"sample {sid}: hidden_states[{j}] has shape {tuple(h.shape)}")
+        if not bool(torch.isfinite(h.abs().amax())):
+            return f"nonfinite in hidden_states[{j}]"
+    return None
+
+
+def mode_writer_only(out_dir: str, seq: int, hidden: int, k: int, n: int,
+                     fast_check: bool = False) -> dict:
+    """DatasetWriter alone, fed like CaptureEngine feeds it: per sample one read-only
+    [seq, K * H] bf16 buffer (as a ZMQ frame arrives) split into K strided [seq, H] views."""
+    import warnings
+
+    import hsdump.writer as W
+
+    src = torch.randn(seq, k * hidden).to(torch.bfloat16)
+    payload = bytes(src.view(torch.uint8).numpy())
+    ds_dir = os.path.join(out_dir, "writer-only")
+    shutil.rmtree(ds_dir, ignore_errors=True)
+    orig = W.check_sample
+    if fast_check:
+        W.check_sample = _fast_check_sample
+    try:
+        t0 = time.time()
+        w = W.DatasetWriter(ds_dir, {"layers": list(range(1, k + 1))}, {"bench": True},
+                            layers=list(range(1, k + 1)), hidden_size=hidden)
+        add_s = 0.0
+        ids = list(range(seq))
+        for i in range(n):
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                rows = torch.frombuffer(payload, dtype=torch.uint8).view(torch.bfloat16)
+            per = rows.view(seq, k, hidden)
+            t = time.time()
+            w.add(i, ids, [1] * seq, [per[:, s, :] for s in range(k)])
+            add_s += time.time() - t
+        t_close = time.time()
+        w.close()
+        wall = time.time() - t0
+        close_s = time.time() - t_close
+        nbytes = w.bytes_written
+    finally:
+        W.check_sample = orig
+        shutil.rmtree(ds_dir, ignore_errors=True)
+    return {"seq": seq, "hidden": hidden, "k": k, "samples": n, "fast_check": fast_check,
+            "wall_s": wall, "add_s": add_s, "final_close_s": close_s, "bytes_written": nbytes,
+            "bytes_per_s": nbytes / wall, "samples_per_s": n / wall,
+            "tokens_per_s": n * seq / wall}
 
 
 # --------------------------------------------------------------------------- report
@@ -471,12 +580,17 @@ def _gb(x):
     return "-" if x is None else f"{x / 1e9:.2f}"
 
 
+def _mb(x):
+    return "-" if x is None else f"{x / 1e6:,.1f}"
+
+
 def table(name: str, r: dict) -> str:
-    rows = [("a plain prefill", r.get("a")), ("b0 hsdump capture only", (r.get("b") or {}).get("b0")),
-            ("b hsdump -> disk", (r.get("b") or {}).get("b")), ("c built-in lists", r.get("c"))]
+    b = r.get("b") or {}
+    rows = [("a plain prefill", r.get("a")), ("b0 hsdump capture only", b.get("b0")),
+            ("b hsdump -> disk", b.get("b")), ("c built-in lists", r.get("c"))]
     lines = [f"{name}: {r['model']} seq {r['seq']} layers {r['layers']} "
              f"(samples a/b {r['samples']}, c {r['samples_builtin']})",
-             f"| mode | tokens/s | samples/s | write GB/s | payload GB/s | peak RSS GB "
+             f"| mode | tokens/s | samples/s | write MB/s | payload MB/s | peak RSS GB "
              f"| peak GPU GB | wall s |",
              "|---|---:|---:|---:|---:|---:|---:|---:|"]
     for label, m in rows:
@@ -485,8 +599,7 @@ def table(name: str, r: dict) -> str:
             lines.append(f"| {label} | {str(err)[:60]} | | | | | | |")
             continue
         lines.append(f"| {label} | {m['tokens_per_s']:,.0f} | {m['samples_per_s']:.2f} | "
-                     f"{_gb(m.get('bytes_written_per_s')) if 'bytes_written_per_s' in m else '-'} | "
-                     f"{_gb(m.get('payload_bytes_per_s')) if 'payload_bytes_per_s' in m else '-'} | "
+                     f"{_mb(m.get('bytes_written_per_s'))} | {_mb(m.get('payload_bytes_per_s'))} | "
                      f"{_gb(m.get('peak_rss_bytes'))} | {_gb(m.get('peak_gpu_used_bytes'))} | "
                      f"{m['wall_s']:.1f} |")
     ra = r.get("ratios", {})
@@ -508,7 +621,8 @@ def environment(device: str) -> dict:
     if device == "cuda":
         env["gpu"] = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
     try:
-        env["cpu_model"] = re.search(r"model name\s*:\s*(.*)", open("/proc/cpuinfo").read()).group(1)
+        with open("/proc/cpuinfo") as f:
+            env["cpu_model"] = re.search(r"model name\s*:\s*(.*)", f.read()).group(1)
     except Exception:
         pass
     return env
@@ -518,7 +632,8 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description="hsdump throughput benchmark (see module doc)")
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--models", default=None,
-                    help="comma list of MODEL:SEQ[:N[:N_BUILTIN]]; MODEL in " + ", ".join(MODELS))
+                    help="comma list of MODEL:SEQ[/SEQ...][:N[:N_BUILTIN]]; MODEL in "
+                    + ", ".join(MODELS) + "; the sequence lengths of one model share its engines")
     ap.add_argument("--modes", default="a,b,c")
     ap.add_argument("--name", default=None, help="results file name (default: the device)")
     ap.add_argument("--results-dir", default=str(HERE / "results"))
@@ -526,6 +641,11 @@ def main(argv=None) -> int:
     ap.add_argument("--model-dir", default="/tmp/hsdump-bench-models")
     ap.add_argument("--mem-fraction", type=float, default=None)
     ap.add_argument("--dd-mib", type=int, default=None)
+    ap.add_argument("--repeat", type=int, default=None,
+                    help="timed runs per mode, median reported (default: 2 on CPU, 1 on GPU)")
+    ap.add_argument("--writer-only", default="",
+                    help="comma list of SEQ:HIDDEN:K:N: also time DatasetWriter alone on "
+                    "synthetic rows, with hsdump's check and with a faster finiteness check")
     ap.add_argument("--deadline-s", type=float, default=0,
                     help="skip modes that would start after this many seconds")
     args = ap.parse_args(argv)
@@ -534,6 +654,7 @@ def main(argv=None) -> int:
     if args.models is None:
         args.models = "llama8b:2048,dsv3-small:2048" if gpu else "tiny-llama:256:32:16"
     name = args.name or ("gpu" if gpu else "cpu")
+    repeat = args.repeat or (1 if gpu else 2)
     t_start = time.time()
     _prepare(dev)
     from hsdump.engine import sglang_version
@@ -556,60 +677,89 @@ def main(argv=None) -> int:
     print("disk:", json.dumps(report["disk"]))
     save()
 
+    for spec in [s for s in args.writer_only.split(",") if s]:
+        seq, hidden, k, n = (int(x) for x in spec.split(":"))
+        for fast in (False, True):
+            r = mode_writer_only(args.out_dir, seq, hidden, k, n, fast)
+            report.setdefault("writer_only", []).append(r)
+            print(f"writer only seq {seq} hidden {hidden} K {k} x{n} fast_check={fast}: "
+                  f"{r['bytes_per_s'] / 1e6:,.0f} MB/s, {r['tokens_per_s']:,.0f} tokens/s, "
+                  f"{r['samples_per_s']:.1f} samples/s (add {r['add_s']:.1f} s of "
+                  f"{r['wall_s']:.1f} s)", flush=True)
+            save()
+
     for spec in [s for s in args.models.split(",") if s]:
         parts = spec.split(":")
-        mname, seq = parts[0], int(parts[1])
+        mname, seqs = parts[0], [int(x) for x in parts[1].split("/")]
         small = mname in ("tiny-llama", "dsv3-small")
-        n = int(parts[2]) if len(parts) > 2 else (max(8, (2 << 20) // seq) if small
-                                                  else max(8, (1 << 19) // seq))
-        nc = int(parts[3]) if len(parts) > 3 else (max(2, 65536 // seq) if small
-                                                   else max(1, 16384 // seq))
-        key = f"{mname}:{seq}"
         t_build = time.time()
         model_path = build_model(mname, os.path.join(args.model_dir, mname))
+        build_s = time.time() - t_build
         info = read_model_info(model_path)
         layers = default_layers(mname, info.num_hidden_layers)
-        r = {"model": mname, "model_path": model_path, "architecture": info.architecture,
-             "hidden_size": info.hidden_size, "num_hidden_layers": info.num_hidden_layers,
-             "seq": seq, "samples": n, "samples_builtin": nc, "layers": layers,
-             "model_build_s": time.time() - t_build}
-        report["runs"][key] = r
         if "writer_stages" not in report:
             report["writer_stages"] = writer_stages(
                 args.out_dir, 1 << 30 if gpu else 64 << 20, len(layers) * info.hidden_size)
             print("writer stages:", json.dumps(report["writer_stages"]))
-        g = torch.Generator().manual_seed(1234)
         vocab = json.load(open(os.path.join(model_path, "config.json")))["vocab_size"]
-        samples = [torch.randint(10, vocab, (seq,), generator=g).tolist() for _ in range(n)]
-        warm_n = 16 if gpu else 4
-        warm = [torch.randint(10, vocab, (seq,), generator=g).tolist() for _ in range(warm_n)]
-        est = {"a": 150, "b": 200, "c": 150}
+        loads, runs = [], {}
+        for seq in seqs:
+            # default sizes: ~2M tokens (small models) or ~0.5M tokens (8B) per timed run
+            n = int(parts[2]) if len(parts) > 2 else (max(8, (2 << 20) // seq) if small
+                                                      else max(8, (1 << 19) // seq))
+            nc = int(parts[3]) if len(parts) > 3 else (max(2, 65536 // seq) if small
+                                                       else max(1, 16384 // seq))
+            g = torch.Generator().manual_seed(1234 + seq)
+            samples = [torch.randint(10, vocab, (seq,), generator=g).tolist() for _ in range(n)]
+            warm_n = max(2, 32768 // seq) if gpu else 4
+            warm = [torch.randint(10, vocab, (seq,), generator=g).tolist()
+                    for _ in range(warm_n)]
+            loads.append(Workload(seq, samples, warm, nc))
+            key = f"{mname}:{seq}"
+            runs[seq] = report["runs"][key] = {
+                "model": mname, "model_path": model_path, "architecture": info.architecture,
+                "hidden_size": info.hidden_size, "num_hidden_layers": info.num_hidden_layers,
+                "seq": seq, "samples": n, "samples_builtin": nc, "layers": layers,
+                "repeat": repeat, "model_build_s": build_s}
+        engines = report.setdefault("engines", {}).setdefault(mname, {})
+        est = 90 if small else 150 + 60 * len(seqs)
         for mode in args.modes.split(","):
-            if args.deadline_s and time.time() - t_start + est.get(mode, 120) > args.deadline_s:
-                r[mode] = {"error": "skipped: deadline"}
-                print(f"[{key}] mode {mode}: skipped (deadline)")
+            if args.deadline_s and time.time() - t_start + est > args.deadline_s:
+                engines[mode] = {"error": "skipped: deadline"}
+                for seq in seqs:
+                    runs[seq][mode] = {"error": "skipped: deadline"}
+                print(f"[{mname}] mode {mode}: skipped (deadline)")
                 continue
-            print(f"[{key}] mode {mode} ... (t={time.time() - t_start:.0f} s)", flush=True)
+            print(f"[{mname}] mode {mode} ... (t={time.time() - t_start:.0f} s)", flush=True)
             try:
                 if mode == "a":
-                    r["a"] = mode_plain(model_path, ec, samples, warm, mon)
+                    res = mode_plain(model_path, ec, loads, mon, repeat)
                 elif mode == "b":
-                    r["b"] = mode_hsdump(model_path, ec, samples, warm[:4], layers, info,
-                                         args.out_dir, mon)
+                    res = mode_hsdump(model_path, ec, loads, layers, info, args.out_dir, mon,
+                                      repeat)
                 elif mode == "c":
-                    r["c"] = mode_builtin(model_path, ec, samples[:nc], warm[:1], layers, info,
-                                          version, mon)
+                    res = mode_builtin(model_path, ec, loads, layers, info, version, mon, repeat)
                 else:
                     raise ValueError(f"unknown mode {mode}")
+                engines[mode] = res.pop("_engine")
+                for seq in seqs:
+                    runs[seq][mode] = res.get(seq, {"error": "not measured"})
             except Exception as e:
-                r[mode] = {"error": f"{type(e).__name__}: {e}",
-                           "traceback": traceback.format_exc()[-3000:]}
+                err = {"error": f"{type(e).__name__}: {e}",
+                       "traceback": traceback.format_exc()[-3000:]}
+                engines[mode] = err
+                for seq in seqs:
+                    runs[seq].setdefault(mode, err)
                 print(traceback.format_exc())
-            _wait_gpu_free(mon, r.get("a", {}).get("baseline", {}).get("gpu_used_bytes"))
-            _ratios(r)
+            _wait_gpu_free(mon, (engines.get("a") or {}).get("baseline", {}).get("gpu_used_bytes"))
+            for seq in seqs:
+                _ratios(runs[seq])
             save()
-        print()
-        print(table(name, r))
+        for seq in seqs:
+            print()
+            print(table(name, runs[seq]))
+        print("engine start s: " + ", ".join(
+            f"{m} {e.get('engine_start_s', float('nan')):.1f}" for m, e in engines.items()))
         print()
     mon.stop()
     report["elapsed_s"] = time.time() - t_start

@@ -18,6 +18,9 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import faulthandler
+import signal
+import threading
 import json
 import os
 import platform
@@ -43,11 +46,72 @@ NUM_LAYERS = 6
 # test also covers hsdump's reordering of the aux rows (which SGLang concatenates sorted).
 LAYERS = [1, 3, 5, 4]
 
-# Tolerance: SGLang's bf16 error may be this many times transformers' own bf16-vs-float32
-# error on the same sample and layer, plus EPS (absolute slack for samples where the HF bf16
-# error happens to be tiny). See BENCHMARKS.md for the measured values behind these numbers.
+# Tolerance, judged per layer against transformers' own bf16-vs-float32 error on the same
+# prompts (the scale a bf16 engine cannot beat), EPS being absolute slack:
+#  1. mean over prompts of SGLang's error <= TOL_MEAN_FACTOR * mean of HF-bf16's error + EPS
+#     (catches systematic errors: adjacent layers of these models differ by 0.54-4.1);
+#  2. every prompt's SGLang error <= TOL_FACTOR * the largest HF-bf16 error at that layer + EPS
+#     (catches one broken sample: lost or reordered chunks, rows of another request).
+# Per-prompt ratios are not used: in an MoE a near-tied router flips experts for a few tokens
+# in either bf16 run, so on the H200 one 33-token prompt had 0.040 (SGLang) against 0.0078
+# (HF bf16) while the other prompts had HF bf16 at or above SGLang. See BENCHMARKS.md.
+TOL_MEAN_FACTOR = 2.0
 TOL_FACTOR = 3.0
 TOL_EPS = 0.005
+
+
+# --------------------------------------------------------------------------- hang guard
+def _sglang_children() -> List[int]:
+    """PIDs of this process's descendants, minus multiprocessing's resource tracker."""
+    try:
+        import psutil
+
+        out = []
+        for p in psutil.Process().children(recursive=True):
+            try:
+                if "resource_tracker" not in " ".join(p.cmdline()):
+                    out.append(p.pid)
+            except psutil.Error:
+                pass
+        return out
+    except ImportError:
+        return []
+
+
+class Watchdog:
+    """If a block runs past `seconds`: dump this process's stacks, then SIGABRT every SGLang
+    child (with PYTHONFAULTHANDLER=1, set by `enable_child_tracebacks`, each prints its own
+    Python stacks as it dies), so a hung engine turns into an error instead of a lost run."""
+
+    def __init__(self, seconds: float, label: str):
+        self.seconds, self.label, self.fired = seconds, label, False
+        self._timer: Optional[threading.Timer] = None
+
+    def _fire(self):
+        self.fired = True
+        print(f"\n[watchdog] {self.label}: still running after {self.seconds:.0f} s; stacks "
+              "follow, then the SGLang children are aborted", file=sys.stderr, flush=True)
+        faulthandler.dump_traceback(file=sys.stderr, all_threads=True)
+        for pid in _sglang_children():
+            try:
+                os.kill(pid, signal.SIGABRT)
+            except OSError:
+                pass
+
+    def __enter__(self):
+        if self.seconds and self.seconds > 0:
+            self._timer = threading.Timer(self.seconds, self._fire)
+            self._timer.daemon = True
+            self._timer.start()
+        return self
+
+    def __exit__(self, *exc):
+        if self._timer is not None:
+            self._timer.cancel()
+
+
+def enable_child_tracebacks() -> None:
+    os.environ.setdefault("PYTHONFAULTHANDLER", "1")  # inherited by SGLang's spawned processes
 
 
 # --------------------------------------------------------------------------- models
@@ -77,7 +141,10 @@ def deepseek_v3_config(num_layers: int = NUM_LAYERS, hidden: int = 512):
         rope_scaling={"type": "yarn", "factor": 40.0, "original_max_position_embeddings": 4096,
                       "beta_fast": 32, "beta_slow": 1, "mscale": 1.0, "mscale_all_dim": 1.0,
                       "rope_theta": 10000.0},
-        moe_layer_freq=1,  # SGLang's deepseek_v2 reads it; transformers keeps it as an extra key
+        # keys of the real DeepSeek-V3 / Kimi-K2 config.json that SGLang's deepseek_v2 reads and
+        # transformers' DeepseekV3Config does not define (kept as extra keys in config.json)
+        moe_layer_freq=1, topk_method="noaux_tc", scoring_func="sigmoid", ep_size=1,
+        seq_aux=True, aux_loss_alpha=0.001,
         tie_word_embeddings=False, bos_token_id=0, eos_token_id=1)
 
 
@@ -210,14 +277,20 @@ def compare(records: dict, prompts, layers, ref32, ref16) -> dict:
     return res
 
 
-def tolerance_failures(res: dict, factor: float = TOL_FACTOR, eps: float = TOL_EPS) -> List[str]:
-    """Every (layer, prompt) whose SGLang error exceeds factor * HF-bf16 error + eps."""
+def tolerance_failures(res: dict, factor: float = TOL_FACTOR,
+                       mean_factor: float = TOL_MEAN_FACTOR, eps: float = TOL_EPS) -> List[str]:
+    """The two tolerance rules above; an empty list means the case passes."""
     bad = list(res.get("problems", []))
     for k, errs in res.get("sglang_vs_hf_fp32", {}).items():
-        for p, (e, r) in enumerate(zip(errs, res["hf_bf16_vs_hf_fp32"][k])):
-            if not e <= factor * r + eps:
-                bad.append(f"layer {k}, prompt {p} (len {res['prompt_lens'][p]}): "
-                           f"sglang err {e:.4f} > {factor} * hf-bf16 err {r:.4f} + {eps}")
+        ref = res["hf_bf16_vs_hf_fp32"][k]
+        m_sgl, m_ref = sum(errs) / len(errs), sum(ref) / len(ref)
+        if not m_sgl <= mean_factor * m_ref + eps:
+            bad.append(f"layer {k}: mean sglang err {m_sgl:.4f} > {mean_factor} * mean "
+                       f"hf-bf16 err {m_ref:.4f} + {eps}")
+        for p, e in enumerate(errs):
+            if not e <= factor * max(ref) + eps:
+                bad.append(f"layer {k}, prompt {p} (len {res['prompt_lens'][p]}): sglang err "
+                           f"{e:.4f} > {factor} * max hf-bf16 err {max(ref):.4f} + {eps}")
     if not res.get("sglang_vs_hf_fp32"):
         bad.append("nothing was compared")
     return bad
@@ -225,13 +298,15 @@ def tolerance_failures(res: dict, factor: float = TOL_FACTOR, eps: float = TOL_E
 
 def run_case(family: str, workdir: str, device: str = "cuda", chunked_prefill_size: int = -1,
              layers: Sequence[int] = LAYERS, lens: Sequence[int] = PROMPT_LENS,
-             ref_cache: Optional[dict] = None) -> dict:
-    """Build (or reuse) the model in workdir, capture, compare. Returns a JSON-able dict."""
+             ref_cache: Optional[dict] = None, extra: Optional[dict] = None) -> dict:
+    """Build (or reuse) the model in workdir, capture, compare. Returns a JSON-able dict.
+    `extra`: further sglang.Engine kwargs (EngineConfig.extra)."""
     model_path = make_model(family, os.path.join(workdir, f"model-{family}"))
     prompts = make_prompts(lens)
-    ecfg = engine_config(device, chunked_prefill_size)
+    ecfg = engine_config(device, chunked_prefill_size, extra=dict(extra or {}))
+    tag = "-".join(f"{k}" for k in sorted(extra or {}))
     cap = capture(model_path, layers, prompts, os.path.join(
-        workdir, f"ds-{family}-chunk{chunked_prefill_size}"), ecfg)
+        workdir, f"ds-{family}-chunk{chunked_prefill_size}{tag}"), ecfg)
     key = (family, tuple(lens), tuple(layers))
     if ref_cache is not None and key in ref_cache:
         ref32, ref16 = ref_cache[key]
@@ -243,6 +318,7 @@ def run_case(family: str, workdir: str, device: str = "cuda", chunked_prefill_si
             ref_cache[key] = (ref32, ref16)
     res = compare(cap["records"], prompts, layers, ref32, ref16)
     res.update(family=family, device=device, chunked_prefill_size=chunked_prefill_size,
+               extra=dict(extra or {}),
                engine_start_s=round(cap["engine_start_s"], 1),
                capture_s=round(cap["capture_s"], 1), sglang=cap["sglang"],
                records=cap["records"])
@@ -250,11 +326,12 @@ def run_case(family: str, workdir: str, device: str = "cuda", chunked_prefill_si
 
 
 def summarize(res: dict) -> dict:
-    """Max over prompts per layer, for the report."""
+    """Max and mean over prompts per layer, for the report."""
     out = {}
     for k in res.get("sglang_vs_hf_fp32", {}):
-        out[k] = {"sglang_max": max(res["sglang_vs_hf_fp32"][k]),
-                  "hf_bf16_max": max(res["hf_bf16_vs_hf_fp32"][k])}
+        a, b = res["sglang_vs_hf_fp32"][k], res["hf_bf16_vs_hf_fp32"][k]
+        out[k] = {"sglang_max": max(a), "hf_bf16_max": max(b),
+                  "sglang_mean": sum(a) / len(a), "hf_bf16_mean": sum(b) / len(b)}
     return out
 
 
@@ -289,7 +366,8 @@ def _print_case(name: str, res: dict) -> None:
     for p in res.get("problems", []):
         print("   PROBLEM:", p)
     fails = tolerance_failures(res)
-    print(f"   tolerance ({TOL_FACTOR} x hf-bf16 + {TOL_EPS}): "
+    print(f"   tolerance (mean <= {TOL_MEAN_FACTOR} x hf-bf16 mean + {TOL_EPS}, each <= "
+          f"{TOL_FACTOR} x hf-bf16 max + {TOL_EPS}): "
           + ("OK" if not fails else f"{len(fails)} FAILED: " + "; ".join(fails[:6])))
 
 
@@ -297,7 +375,11 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--cases", default="llama,deepseek_v3,llama@256,deepseek_v3@256",
-                    help="comma list of FAMILY or FAMILY@CHUNKED_PREFILL_SIZE")
+                    help="comma list of FAMILY[@CHUNKED_PREFILL_SIZE][+nopg]; +nopg adds "
+                    "disable_prefill_cuda_graph=True (SGLang >= 0.5.17 captures prefill CUDA "
+                    "graphs up to the chunk size, and up to 2048 tokens for MLA models)")
+    ap.add_argument("--case-timeout-s", type=float, default=300,
+                    help="abort a case's SGLang processes after this long (0: never)")
     ap.add_argument("--workdir", default=None, help="models and datasets (default: a temp dir)")
     ap.add_argument("--out", default=None, help="write the results JSON here")
     ap.add_argument("--lens", default=",".join(map(str, PROMPT_LENS)))
@@ -309,7 +391,8 @@ def main(argv=None) -> int:
     os.makedirs(workdir, exist_ok=True)
     lens = [int(x) for x in args.lens.split(",")]
     report = {"env": environment(), "device": args.device, "layers": LAYERS,
-              "tolerance": {"factor": TOL_FACTOR, "eps": TOL_EPS}, "cases": {}}
+              "tolerance": {"mean_factor": TOL_MEAN_FACTOR, "factor": TOL_FACTOR,
+                            "eps": TOL_EPS}, "cases": {}}
     refs: dict = {}
     records_by_family: dict = {}
     all_ok = True
@@ -319,18 +402,23 @@ def main(argv=None) -> int:
             Path(args.out).parent.mkdir(parents=True, exist_ok=True)
             Path(args.out).write_text(json.dumps(report, indent=1))
 
+    enable_child_tracebacks()
     for case in [c for c in args.cases.split(",") if c]:
-        family, _, chunk = case.partition("@")
+        spec, _, flags = case.partition("+")
+        family, _, chunk = spec.partition("@")
         chunk_size = int(chunk) if chunk else -1
+        extra = {"disable_prefill_cuda_graph": True} if "nopg" in flags.split("+") else {}
         if args.deadline_s and time.time() - t_start > args.deadline_s:
             report["cases"][case] = {"skipped": "deadline"}
             print(f"\n== {case}: skipped (deadline)")
             save()
             continue
         try:
-            res = run_case(family, workdir, args.device, chunk_size, lens=lens, ref_cache=refs)
+            with Watchdog(args.case_timeout_s, case):
+                res = run_case(family, workdir, args.device, chunk_size, lens=lens,
+                               ref_cache=refs, extra=extra)
             recs = res.pop("records")
-            if chunk_size == -1:
+            if chunk_size == -1 and not extra:
                 records_by_family[family] = recs
             elif family in records_by_family:  # chunked vs unchunked, same engine settings else
                 base = records_by_family[family]
