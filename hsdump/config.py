@@ -165,7 +165,9 @@ class OutputConfig:
     space_check: str = "raise"
     """Estimated output larger than the free disk space: `raise`, `warn` or `off`."""
     max_host_bytes: int = 8 << 30
-    """Host memory for captured rows: rows in flight plus two shards (filling, writing)."""
+    """Host memory for captured rows: rows in flight plus writer_threads + 1 shards."""
+    writer_threads: int = 3
+    """Shards written at once; their hashing and writing overlap (the writer's ceiling)."""
 
     def __post_init__(self) -> None:
         if self.dtype not in STORAGE_DTYPES:
@@ -176,10 +178,14 @@ class OutputConfig:
             raise ValueError(f"output.on_nonfinite={self.on_nonfinite!r}: use one of {ON_BAD}")
         if self.space_check not in ("raise", "warn", "off"):
             raise ValueError(f"output.space_check={self.space_check!r}: use raise, warn or off")
-        if 2 * self.shard_bytes >= self.max_host_bytes:
+        if self.writer_threads < 1:
+            raise ValueError(f"output.writer_threads={self.writer_threads}: must be >= 1")
+        held = (self.writer_threads + 1) * self.shard_bytes
+        if held >= self.max_host_bytes:
             raise ValueError(f"output.shard_bytes={self.shard_bytes} leaves no room for rows in "
-                             f"flight under output.max_host_bytes={self.max_host_bytes}: two "
-                             "shards are held at once; lower shard_bytes or raise max_host_bytes")
+                             f"flight under output.max_host_bytes={self.max_host_bytes}: "
+                             f"writer_threads + 1 = {self.writer_threads + 1} shards are held at "
+                             "once; lower shard_bytes or writer_threads, or raise max_host_bytes")
 
 
 @dataclass

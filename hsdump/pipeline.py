@@ -132,11 +132,12 @@ def run(cfg: Config, resolved_config: Optional[dict] = None) -> Summary:
     # rows in flight are held once (bf16/fp16/fp32 as the engine runs) until written
     slots = len(layers) + len(cfg.capture.final)
     row_bytes = slots * info.hidden_size * STORAGE_BYTES[cfg.model.dtype]
-    inflight = min(cfg.engine.inflight_tokens,
-                   (cfg.output.max_host_bytes - 2 * cfg.output.shard_bytes) // row_bytes)
+    held = (cfg.output.writer_threads + 1) * cfg.output.shard_bytes
+    inflight = min(cfg.engine.inflight_tokens, (cfg.output.max_host_bytes - held) // row_bytes)
     if inflight < cfg.dataset.max_seq_len:
         raise ValueError(
-            f"output.max_host_bytes={cfg.output.max_host_bytes} holds two shards of "
+            f"output.max_host_bytes={cfg.output.max_host_bytes} holds "
+            f"{cfg.output.writer_threads + 1} shards of "
             f"{cfg.output.shard_bytes} bytes and only {inflight} tokens of rows in flight, less "
             f"than one sample of dataset.max_seq_len={cfg.dataset.max_seq_len}; raise "
             "output.max_host_bytes or lower output.shard_bytes")
@@ -148,7 +149,7 @@ def run(cfg: Config, resolved_config: Optional[dict] = None) -> Summary:
                            shard_bytes=cfg.output.shard_bytes, overwrite=cfg.output.overwrite,
                            on_nonfinite=cfg.output.on_nonfinite,
                            writer_tag=writer_tag(d.num_jobs, d.job_index),
-                           final=cfg.capture.final)
+                           final=cfg.capture.final, threads=cfg.output.writer_threads)
     write_token_freq(data, cfg.output.dir, target_vocab_size=info.vocab_size)
     done = writer.committed | {int(s) for s in writer.index["skipped"]}
     mine = [i for i, sid in enumerate(data.ids) if owns(sid, d.num_jobs, d.job_index)]

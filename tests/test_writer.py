@@ -131,3 +131,28 @@ def test_fp8_storage_and_final_states_round_trip(tmp_path):
     with safe_open(str(tmp_path / "shard-00000.safetensors"), framework="pt") as f:
         assert f.get_slice("4/hidden_states/0").get_dtype() == "F8_E4M3"
         assert "4/final/pre_norm/scale" in f.keys()
+
+
+def test_streamed_shards_load_with_the_reference_implementation(tmp_path):
+    import hashlib
+
+    from safetensors.torch import load_file
+
+    from hsdump.writer import write_safetensors
+
+    g = torch.Generator().manual_seed(0)
+    tensors = {"a/input_ids": torch.arange(5, dtype=torch.int64),
+               "b": torch.randn(3, 7, generator=g).to(torch.bfloat16),
+               "c": torch.randn(2, 3, generator=g).to(torch.float16),
+               "d": torch.randn(4, generator=g),
+               "e": torch.randn(3, 5, generator=g).to(torch.float8_e4m3fn)}
+    path = tmp_path / "x.safetensors"
+    n, digest = write_safetensors(path, tensors, {"format": "f"})
+    raw = path.read_bytes()
+    assert n == len(raw) and digest == hashlib.sha256(raw).hexdigest()
+    back = load_file(str(path))
+    for k, v in tensors.items():
+        assert back[k].dtype == v.dtype and torch.equal(back[k].view(torch.uint8),
+                                                        v.view(torch.uint8))
+    with safe_open(str(path), framework="pt") as f:
+        assert f.metadata() == {"format": "f"}
