@@ -1,0 +1,202 @@
+"""Several jobs, one dataset: Hydra launcher presets (conf/hydra/launcher, conf/dist) and real
+jobs through hydra-submitit-launcher's local executor, one of them killed and re-run alone."""
+
+import glob
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from hydra import compose, initialize_config_dir
+
+from hsdump.config import register_configs, to_config
+from hsdump.reader import HsdumpDataset
+
+ROOT = Path(__file__).resolve().parents[1]
+ARGS = ["dataset.max_samples=20", "dataset.max_seq_len=64", "output.shard_bytes=40000",
+        "progress=false", "dataset.on_bad_row=skip"]
+register_configs()
+
+pytest.importorskip("hydra_plugins.hydra_submitit_launcher")
+
+
+def config(*overrides, hydra=True):
+    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
+        return compose("config", overrides=list(overrides), return_hydra_config=hydra)
+
+
+def extract(*args, env=None, timeout=600, wait=True):
+    """`python extract.py ARGS` from the repo root; returns (returncode, stdout + stderr),
+    or the running process if not `wait`."""
+    e = dict(os.environ)
+    e.pop("HSDUMP_FAULT", None)
+    e.update(env or {})
+    p = subprocess.Popen([sys.executable, "extract.py", *args], cwd=ROOT, env=e,
+                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    if not wait:
+        return p
+    try:
+        text, _ = p.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        p.kill()
+        raise
+    return p.returncode, text
+
+
+def job_logs(sweep_dir):
+    """stdout + stderr of every submitit job of a sweep, in job-id order."""
+    out = []
+    for f in sorted(glob.glob(f"{sweep_dir}/.submitit/*/*_0_log.*")):
+        out.append(Path(f).read_text(errors="replace"))
+    return "\n".join(out)
+
+
+# ----------------------------------------------------------------------------- presets
+def test_launcher_presets_compose():
+    c = config("hydra/launcher=slurm_node", "model=kimi_k25", "engine=gpu")
+    launcher = c.hydra.launcher
+    assert launcher._target_.endswith("SlurmLauncher")
+    assert (launcher.gpus_per_node, launcher.tasks_per_node, launcher.nodes) == (8, 1, 1)
+    assert launcher.name == "hsdump-kimi-k2.5" and launcher.max_num_timeout > 0
+    assert launcher.additional_parameters == {"exclusive": True}
+    c = config("hydra/launcher=slurm_gpu")
+    assert c.hydra.launcher.gpus_per_node == 1 and c.hydra.launcher._target_.endswith("SlurmLauncher")
+    c = config("hydra/launcher=local_jobs")
+    assert c.hydra.launcher._target_.endswith("LocalLauncher")
+
+    # +dist presets: the launcher and the sweep over dist.job_index in one word
+    c = config("+dist=slurm_nodes", "dist.num_jobs=4")
+    assert c.hydra.launcher.gpus_per_node == 8
+    assert c.hydra.sweeper.params["dist.job_index"] == "range(4)"
+    c = config("+dist=slurm_nodes")  # one job unless dist.num_jobs says more
+    assert c.dist.num_jobs == 1 and c.hydra.sweeper.params["dist.job_index"] == "range(1)"
+    c = config("+dist=slurm_gpus", "dist.num_jobs=16")
+    assert c.hydra.launcher.gpus_per_node == 1
+    assert c.hydra.sweeper.params["dist.job_index"] == "range(16)"
+    c = config("+dist=node_gpus", "dist.job_index=5", "engine=gpu", "model=llama3_8b")
+    assert c.hydra.launcher._target_.endswith("LocalLauncher")
+    assert c.hydra.launcher.gpus_per_node == 8
+    task = to_config(config("+dist=node_gpus", "dist.job_index=5", hydra=False))
+    assert task.engine.extra == {"base_gpu_id": 5}  # job i runs on GPU i of 0..num_jobs-1
+    c = config("+dist=local_jobs")
+    assert c.dist.num_jobs == 2 and c.hydra.sweeper.params["dist.job_index"] == "range(2)"
+
+
+def test_slurm_sweep_submits_one_array_task_per_job(tmp_path):
+    """The real command line down to sbatch: a stand-in `sbatch` records the script that
+    hydra-submitit-launcher wrote, then refuses, so nothing runs and no cluster is needed."""
+    bin_dir, rec = tmp_path / "bin", tmp_path / "rec"
+    bin_dir.mkdir()
+    rec.mkdir()
+    (bin_dir / "sbatch").write_text('#!/bin/sh\ncp "$1" "$REC/script.sh"\n'
+                                    'echo "sbatch: error: test stand-in" >&2\nexit 1\n')
+    (bin_dir / "srun").write_text("#!/bin/sh\nexit 1\n")
+    for f in bin_dir.iterdir():
+        f.chmod(0o755)
+    rc, log = extract("-m", "+dist=slurm_nodes", "dist.num_jobs=3", "model=kimi_k25",
+                      "engine=gpu", "hydra.launcher.partition=gpu",
+                      f"hydra.sweep.dir={tmp_path}/sweep",
+                      env={"PATH": f"{bin_dir}:{os.environ['PATH']}", "REC": str(rec)},
+                      timeout=300)
+    assert rc != 0 and "test stand-in" in log, log[-3000:]
+    jobs = re.findall(r"#(\d+) : (.*)", log)
+    assert [int(n) for n, _ in jobs] == [0, 1, 2]
+    for n, overrides in jobs:
+        assert f"dist.job_index={n}" in overrides.split() and "dist.num_jobs=3" in overrides
+    script = (rec / "script.sh").read_text()
+    for line in ("--array=0-2", "--gpus-per-node=8", "--ntasks-per-node=1", "--nodes=1",
+                 "--exclusive", "--signal=USR2@300", "--time=1440", "--partition=gpu",
+                 "--job-name=hsdump-kimi-k2.5", "--cpus-per-task=64"):
+        assert f"#SBATCH {line}" in script, (line, script)
+    assert "-m submitit.core._submit" in script
+
+
+# ----------------------------------------------------------------------------- real jobs
+def shards_of(out):
+    return json.loads((Path(out) / "index.json").read_text())["shards"]
+
+
+def stamps(out, names):
+    return {n: (Path(out) / n).stat().st_mtime_ns for n in names}
+
+
+@pytest.mark.engine
+def test_two_local_jobs_write_one_dataset_one_killed_and_rerun_alone(tmp_path, tiny_llama):
+    ref, out = tmp_path / "ref", tmp_path / "out"
+    # Two jobs through submitit's local executor, both writing `out`. Job 0 is SIGKILLed when
+    # its 2nd shard is on disk but not yet in index.json: HSDUMP_FAULT is before_index@02 for
+    # hydra job 0 and before_index@12 for job 1, which commits fewer than 12 shards.
+    sweep = tmp_path / "sweep1"
+    rc, log = extract("-m", "hydra/launcher=local_jobs", "dist.num_jobs=2",
+                      "dist.job_index=range(2)", *ARGS, f"output.dir={out}",
+                      f"hydra.sweep.dir={sweep}",
+                      "+hydra.job.env_set.HSDUMP_FAULT=before_index@${hydra.job.num}2")
+    jobs_log = job_logs(sweep)
+    assert rc != 0, log[-3000:]  # the sweep reports the killed job
+    assert "samples written:" in jobs_log, (log[-2000:], jobs_log[-3000:])  # job 1 finished
+    index = json.loads((out / "index.json").read_text())
+    by_job = {0: [], 1: []}
+    for sid, shard in index["samples"].items():
+        job = int(re.match(r"shard-j000(\d)of0002-\d{5}\.safetensors$", shard).group(1))
+        assert int(sid) % 2 == job  # each job wrote only its own samples
+        by_job[job].append(int(sid))
+    assert len(by_job[1]) >= 3
+    job0_shards = sorted(s for s in index["shards"] if s.startswith("shard-j0000of0002-"))
+    assert job0_shards == ["shard-j0000of0002-00000.safetensors"]  # its 1st shard only
+    assert (out / "shard-j0000of0002-00001.safetensors").exists()  # renamed, never listed
+    assert len(HsdumpDataset(str(out))) == len(index["samples"])  # readable meanwhile
+    before = stamps(out, index["shards"])
+    committed_0 = len(by_job[0])
+
+    # the killed job, re-run alone through the same launcher: it resumes. Its engine now uses
+    # SGLang's own data parallelism (one engine, two replicas; on the CPU each replica gets
+    # its core through SGLANG_CPU_OMP_THREADS_BIND), so the merged dataset also checks that
+    # dp_size writes every sample once, with the same tensors. Meanwhile the reference: the
+    # same config as one job and one replica, into its own folder.
+    reference = extract(*ARGS, f"output.dir={ref}", f"hydra.run.dir={tmp_path}/run", wait=False)
+    sweep2 = tmp_path / "sweep2"
+    dp = ["+engine.extra.dp_size=2"] if (os.cpu_count() or 1) >= 2 else []
+    try:
+        rc, log = extract("-m", "hydra/launcher=local_jobs", "dist.num_jobs=2",
+                          "dist.job_index=0", *ARGS, *dp, f"output.dir={out}",
+                          f"hydra.sweep.dir={sweep2}",
+                          env={"SGLANG_CPU_OMP_THREADS_BIND": "0|1"} if dp else None)
+        ref_log, _ = reference.communicate(timeout=600)
+    finally:
+        if reference.poll() is None:
+            reference.kill()
+            reference.wait()
+    jobs_log = job_logs(sweep2)
+    assert rc == 0, (log[-2000:], jobs_log[-3000:])
+    assert reference.returncode == 0, ref_log[-3000:]
+    assert f"already committed before this run: {committed_0}" in jobs_log, jobs_log[-3000:]
+    assert not dp or "'dp_size': 2" in jobs_log
+    assert stamps(out, before) == before  # nothing committed was rewritten
+
+    # one dataset, every sample exactly once, equal to the single-job run
+    index = json.loads((out / "index.json").read_text())
+    listed = sum(s["samples"] for s in index["shards"].values())
+    assert listed == len(index["samples"])  # no sample in two listed shards
+    assert all(re.match(r"shard-j000[01]of0002-\d{5}\.safetensors$", s) for s in index["shards"])
+    da, db = HsdumpDataset(str(out)), HsdumpDataset(str(ref))
+    assert da.ids == db.ids and len(da) >= 8
+    assert da.layers == db.layers == [2, 4, 5]
+    for sid in da.ids:
+        ra, rb = da.get(sid), db.get(sid)
+        assert torch.equal(ra["input_ids"], rb["input_ids"])
+        assert torch.equal(ra["loss_mask"], rb["loss_mask"])
+        for x, y in zip(ra["hidden_states"], rb["hidden_states"]):
+            assert float((x.float() - y.float()).norm() / y.float().norm()) < 0.01, sid
+    assert json.loads((out / "index.json").read_text())["skipped"] == \
+        json.loads((ref / "index.json").read_text())["skipped"]
+    try:
+        from hsdump.verify import verify
+    except ImportError:  # verify lands separately
+        return
+    report = verify(str(out))
+    assert not report.problems, [p.line() for p in report.problems]
+    assert report.samples_ok == len(da)
