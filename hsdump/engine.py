@@ -18,6 +18,7 @@ rows cover exactly `len(input_ids)` before a sample is handed on.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import ctypes
 import json
 import logging
@@ -225,11 +226,15 @@ def _emit_rows(sender: _Sender, batch, result, width: int) -> None:
     out.hidden_states = None  # SGLang's own per-request .tolist() path is skipped
 
 
-def run_scheduler_process(*args, **kwargs):
-    """Entry point of every SGLang scheduler process: install the patch, then run SGLang's."""
-    # Ctrl-C and SIGTERM go to the caller, which stops cleanly and shuts the engine down.
+def _ignore_stop_signals() -> None:
+    # Ctrl-C and SIGTERM are the caller's: it stops cleanly and shuts the engine down
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
+
+
+def run_scheduler_process(*args, **kwargs):
+    """Entry point of every SGLang scheduler process: install the patch, then run SGLang's."""
+    _ignore_stop_signals()
     spec = json.loads(os.environ[ENV])
     _prepare_process(spec["device"])
     _install_patch(spec)
@@ -411,15 +416,19 @@ class CaptureEngine:
         t0 = time.time()
         self._died: Optional[str] = None
         self._stop_requested = False
+        self._aborted = False
         self._loop: Optional[asyncio.AbstractEventLoop] = None
         self._wake: Optional[asyncio.Future] = None
         # SGLang's processes inherit ignored SIGINT/SIGTERM (a terminal's Ctrl-C reaches the
-        # whole process group); the caller alone handles them.
+        # whole process group); the caller alone acts on them, once the engine is up.
         old = {s: signal.signal(s, signal.SIG_IGN) for s in (signal.SIGINT, signal.SIGTERM)}
         try:
             self._engine = HsdumpEngine(**kwargs)
         except BaseException:
             self._rx.stop()
+            for p in _child_processes():  # a failed start leaves no SGLang process behind
+                with contextlib.suppress(Exception):
+                    p.kill()
             raise
         finally:
             for s, h in old.items():
@@ -481,15 +490,50 @@ class CaptureEngine:
             self._loop.call_soon_threadsafe(
                 lambda: self._wake.done() or self._wake.set_result(None))
 
+    def abort(self) -> None:
+        """Stop at once: `run` raises KeyboardInterrupt without waiting for samples in flight."""
+        self._aborted = True
+        self.request_stop()
+
+    def _install_signal_handlers(self, on_stop_signal: Optional[Callable[[str], None]]):
+        """SIGTERM and SIGQUIT belong to SGLang's tokenizer manager, which installs its own
+        handlers on the event loop at the first request: give it hsdump's handler class.
+        SIGINT (which SGLang leaves alone) gets a plain handler for the run."""
+        engine = self
+
+        class Handlers:
+            def __init__(self, tokenizer_manager):
+                pass
+
+            def sigterm_handler(self, signum=None, frame=None):
+                if on_stop_signal is not None:
+                    on_stop_signal("SIGTERM")
+
+            def running_phase_sigquit_handler(self, signum=None, frame=None):
+                engine._on_sigquit()
+
+        self._engine.tokenizer_manager.signal_handler_class = Handlers
+        if on_stop_signal is None:
+            return None
+        return signal.signal(signal.SIGINT, lambda signum, frame: on_stop_signal("SIGINT"))
+
     # ---------------------------------------------------------------- driving
-    def run(self, samples: Iterable[Tuple[int, List[int]]], sink: Sink) -> bool:
+    def run(self, samples: Iterable[Tuple[int, List[int]]], sink: Sink,
+            on_stop_signal: Optional[Callable[[str], None]] = None) -> bool:
         """Capture every sample and call `sink(sample_id, input_ids, hidden_states)`, where
         hidden_states is K tensors [seq, H] in the order of `layers`, followed by one per
         requested final state (in FINAL_KINDS order), in completion order.
-        Returns False if `request_stop()` ended it early. Raises EngineDied if SGLang died."""
+        `on_stop_signal(name)` is called on SIGINT / SIGTERM while it runs.
+        Returns False if `request_stop()` ended it early; raises KeyboardInterrupt after
+        `abort()`, EngineDied if SGLang died."""
         loop = self._engine.loop
         self._loop = loop
-        return loop.run_until_complete(self._drive(iter(samples), sink))
+        old_sigint = self._install_signal_handlers(on_stop_signal)
+        try:
+            return loop.run_until_complete(self._drive(iter(samples), sink))
+        finally:
+            if old_sigint is not None:
+                signal.signal(signal.SIGINT, old_sigint)
 
     async def _one(self, sid: int, ids: List[int]):
         rid = f"hsdump-{self._tag}-{sid}"
@@ -520,6 +564,8 @@ class CaptureEngine:
             while True:
                 if self._died is not None:
                     raise EngineDied(self._died)
+                if self._aborted:
+                    raise KeyboardInterrupt
                 if self._stop_requested:
                     nxt = None
                 if nxt is None and not inflight:

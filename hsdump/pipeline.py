@@ -6,7 +6,6 @@ import dataclasses
 import os
 import logging
 import shutil
-import signal
 import time
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional
@@ -84,6 +83,11 @@ def _versions() -> Dict[str, str]:
 
 def run(cfg: Config, resolved_config: Optional[dict] = None) -> Summary:
     t0 = time.time()
+    if cfg.dist.num_jobs > 1 and cfg.output.overwrite:
+        raise ValueError(
+            f"output.overwrite=true with dist.num_jobs={cfg.dist.num_jobs}: each job would delete "
+            "the shards the others already wrote. Empty output.dir once, then launch the jobs "
+            "without output.overwrite")
     model_path = resolve_model_path(cfg.model.path)
     info = read_model_info(model_path, cfg.model.trust_remote_code)
     layers = resolve_layers(cfg.capture.layers, cfg.model.default_layers, info.num_hidden_layers)
@@ -199,23 +203,24 @@ def run(cfg: Config, resolved_config: Optional[dict] = None) -> Summary:
     pos = {data.ids[i]: i for i in todo}
     signals = {}
 
-    def on_signal(signum, frame):
+    def on_signal(name: str) -> None:
         if signals.get("seen"):
-            raise KeyboardInterrupt
-        signals["seen"] = signal.Signals(signum).name
+            log.warning("%s again: stopping at once", name)
+            engine.abort()
+            return
+        signals["seen"] = name
         log.warning("%s: finishing the samples in flight, then committing and stopping "
-                    "(send it again to stop at once)", signals["seen"])
+                    "(send it again to stop at once)", name)
         engine.request_stop()
 
-    old = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
     died = None
     try:
-        ok = engine.run(((data.ids[i], data.input_ids[i]) for i in todo), sink)
+        ok = engine.run(((data.ids[i], data.input_ids[i]) for i in todo), sink, on_signal)
     except EngineDied as e:
         died = e
+    except KeyboardInterrupt:
+        ok, signals["seen"] = False, signals.get("seen", "SIGINT") + " twice"
     finally:
-        for s, h in old.items():
-            signal.signal(s, h)
         bar.close()
         try:
             engine.close()
