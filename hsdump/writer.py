@@ -65,12 +65,15 @@ def fault(point: str) -> None:
         os.kill(os.getpid(), signal.SIGTERM if sig == "TERM" else signal.SIGKILL)
 
 
-def atomic_write(path: Path, data: bytes, fault_point: str = "") -> None:
-    """Write to a temporary name in the same folder, fsync, rename, fsync the folder."""
+@contextlib.contextmanager
+def atomic_file(path: Path, fault_point: str = ""):
+    """A file under a temporary name in `path`'s folder; on success it is flushed, fsynced,
+    renamed to `path` and the folder fsynced; on any error it is removed. (Buffered: large
+    writes pass straight through, and short writes are retried, unlike a raw FileIO.)"""
     tmp = path.with_name(f"{path.name}.tmp.{os.getpid()}")
     try:
         with open(tmp, "wb") as f:
-            f.write(data)
+            yield f
             f.flush()
             os.fsync(f.fileno())
         if fault_point:
@@ -81,6 +84,11 @@ def atomic_write(path: Path, data: bytes, fault_point: str = "") -> None:
             os.unlink(tmp)
         raise
     fsync_dir(path.parent)
+
+
+def atomic_write(path: Path, data: bytes) -> None:
+    with atomic_file(path) as f:
+        f.write(data)
 
 
 ST_DTYPES = {torch.bfloat16: "BF16", torch.float16: "F16", torch.float32: "F32",
@@ -101,25 +109,14 @@ def write_safetensors(path: Path, tensors: Dict[str, torch.Tensor], metadata: Di
     header = json.dumps({"__metadata__": metadata, **entries}, separators=(",", ":")).encode()
     header += b" " * (-len(header) % 8)  # the format aligns the data to 8 bytes
     digest = hashlib.sha256()
-    tmp = path.with_name(f"{path.name}.tmp.{os.getpid()}")
-    try:
-        with open(tmp, "wb", buffering=0) as f:
-            for chunk in (len(header).to_bytes(8, "little"), header):
-                f.write(chunk)
-                digest.update(chunk)
-            for t in tensors.values():
-                buf = memoryview(t.reshape(-1).view(torch.uint8).numpy())
-                f.write(buf)  # both release the GIL: other shards proceed meanwhile
-                digest.update(buf)
-            os.fsync(f.fileno())
-        if fault_point:
-            fault(fault_point)
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
-    fsync_dir(path.parent)
+    with atomic_file(path, fault_point) as f:
+        for chunk in (len(header).to_bytes(8, "little"), header):
+            f.write(chunk)
+            digest.update(chunk)
+        for t in tensors.values():
+            buf = memoryview(t.reshape(-1).view(torch.uint8).numpy())
+            f.write(buf)  # both release the GIL: other shards proceed meanwhile
+            digest.update(buf)
     return 8 + len(header) + offset, digest.hexdigest()
 
 
