@@ -16,12 +16,12 @@ pickle). `python -m hsdump vocab OUT --draft-vocab-size N` reads it.
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from pathlib import Path
 from typing import Any, Dict, Optional, Tuple
 
 import numpy as np
+
+from .writer import atomic_write
 
 TOKEN_FREQ = "token_freq.json"
 FORMAT = "hsdump/token_freq"
@@ -83,17 +83,7 @@ def write_token_freq(tokenized, out_dir: str, target_vocab_size: Optional[int] =
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     path = out / TOKEN_FREQ
-    fd, tmp = tempfile.mkstemp(prefix=f".{TOKEN_FREQ}.", dir=out)
-    try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(doc, f, separators=(",", ":"))
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+    atomic_write(path, json.dumps(doc, separators=(",", ":")).encode())
     return path
 
 

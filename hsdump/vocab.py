@@ -15,15 +15,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
-import tempfile
 from pathlib import Path
 from typing import Dict, Optional, Tuple
 
 import numpy as np
 
 from .stats import read_token_freq
+from .writer import atomic_write
 
 MAPPING = "vocab_mapping.safetensors"
 
@@ -75,22 +74,12 @@ def _target_vocab_size(out: Path, meta: dict, given: Optional[int]) -> int:
 
 def write_mapping(out_dir: str, d2t: np.ndarray, t2d: np.ndarray, meta: Dict[str, str]) -> Path:
     import torch
-    from safetensors.torch import save_file
+    from safetensors.torch import save
 
     out = Path(out_dir)
     path = out / MAPPING
-    fd, tmp = tempfile.mkstemp(prefix=f".{MAPPING}.", dir=out)
-    os.close(fd)
-    try:
-        save_file({"d2t": torch.from_numpy(d2t), "t2d": torch.from_numpy(t2d)}, tmp,
-                  metadata=meta)
-        with open(tmp, "rb") as f:
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+    atomic_write(path, save({"d2t": torch.from_numpy(d2t), "t2d": torch.from_numpy(t2d)},
+                            metadata=meta))
     return path
 
 
