@@ -56,6 +56,7 @@ for p in (str(ROOT), str(HERE)):
 import torch  # noqa: E402
 
 AUX_ENV = "HSDUMP_BENCH_AUX_LAYERS"
+WRITER_OPTS: Dict[str, int] = {}  # DatasetWriter's threads / shard_bytes (--writer-threads, ...)
 
 # built by build_model(); capture layers from default_layers(); sizes chosen in main()
 MODELS = ("tiny-llama", "llama8b", "dsv3-small")
@@ -282,7 +283,7 @@ def engine_config(device: str, mem_fraction: Optional[float]):
     return EngineConfig(device="cuda", attention_backend="triton", sampling_backend="pytorch",
                         mem_fraction_static=mem_fraction or 0.5, max_prefill_tokens=16384,
                         inflight_tokens=131072, disable_cuda_graph=False,
-                        chunked_prefill_size=-1)
+                        chunked_prefill_size=16384)
 
 
 def plain_kwargs(model_path: str, ec) -> dict:
@@ -352,6 +353,21 @@ def _rate(tokens: int, samples: int, walls: List[float], **extra) -> dict:
          "tokens_per_s": tokens / wall, "samples_per_s": samples / wall}
     d.update(extra)
     return d
+
+
+def sharegpt_lengths() -> List[int]:
+    """ShareGPT V3's token lengths under the Llama-3.1 template (bench/sharegpt_lengths.py)."""
+    return json.loads((HERE / "sharegpt_v3_lengths.json").read_text())["lengths"]
+
+
+def _count_within(lens: List[int], budget: int) -> int:
+    """How many of the first lengths fit in `budget` tokens (at least one)."""
+    total = 0
+    for i, m in enumerate(lens):
+        total += m
+        if total > budget:
+            return max(1, i)
+    return len(lens)
 
 
 class Workload:
@@ -446,7 +462,7 @@ def mode_hsdump(model_path, ec, loads: List[Workload], layers, info, out_dir, mo
                 blocked = [0.0]
                 t = time.time()
                 writer = DatasetWriter(ds_dir, manifest, {"bench": True}, layers=layers,
-                                       hidden_size=info.hidden_size)
+                                       hidden_size=info.hidden_size, **WRITER_OPTS)
 
                 def sink(sid, ids, hs):
                     t_add = time.time()
@@ -464,6 +480,7 @@ def mode_hsdump(model_path, ec, loads: List[Workload], layers, info, out_dir, mo
                 assert writer.samples_written == len(w.samples)
                 details.append({"run_s": t_run, "sink_add_s": blocked[0],
                                 "final_close_s": close_s, "bytes_written": writer.bytes_written,
+                                "writer_timing": dict(writer.timing),
                                 "shards": len(writer.index["shards"])})
                 shutil.rmtree(ds_dir, ignore_errors=True)
             wall = _median(walls)
@@ -489,6 +506,8 @@ def mode_builtin(model_path, ec, loads: List[Workload], layers, info, version, m
     width = len(layers) * info.hidden_size
     try:
         for w in loads:
+            if w.n_builtin < 1:
+                continue  # not measured at this length (--models MODEL:SEQ:N:0)
             samples = w.samples[:w.n_builtin]
             n_tok = sum(len(s) for s in samples)
             t = time.time()
@@ -604,6 +623,12 @@ def table(name: str, r: dict) -> str:
                      f"{m['wall_s']:.1f} |")
     ra = r.get("ratios", {})
     lines.append("ratios: " + ", ".join(f"{k} = {v:.3f}" for k, v in ra.items()))
+    for d in (b.get("b") or {}).get("repeats", []):
+        wt = d.get("writer_timing", {})
+        lines.append(f"b profile: run {d['run_s']:.1f} s, in writer.add {d['sink_add_s']:.1f} s "
+                     f"(blocked on the shard queue {wt.get('queue_wait_s', 0):.1f} s), "
+                     f"final close {d['final_close_s']:.1f} s, shard commits "
+                     f"{wt.get('commit_s', 0):.1f} thread-s over {d['shards']} shards")
     return "\n".join(lines)
 
 
@@ -648,7 +673,13 @@ def main(argv=None) -> int:
                     "synthetic rows, with hsdump's check and with a faster finiteness check")
     ap.add_argument("--deadline-s", type=float, default=0,
                     help="skip modes that would start after this many seconds")
+    ap.add_argument("--writer-threads", type=int, default=None)
+    ap.add_argument("--shard-mib", type=int, default=None)
     args = ap.parse_args(argv)
+    if args.writer_threads:
+        WRITER_OPTS["threads"] = args.writer_threads
+    if args.shard_mib:
+        WRITER_OPTS["shard_bytes"] = args.shard_mib << 20
     dev = args.device
     gpu = dev == "cuda"
     if args.models is None:
@@ -690,7 +721,8 @@ def main(argv=None) -> int:
 
     for spec in [s for s in args.models.split(",") if s]:
         parts = spec.split(":")
-        mname, seqs = parts[0], [int(x) for x in parts[1].split("/")]
+        mname = parts[0]
+        seqs = [x if x == "sharegpt" else int(x) for x in parts[1].split("/")]
         small = mname in ("tiny-llama", "dsv3-small")
         t_build = time.time()
         model_path = build_model(mname, os.path.join(args.model_dir, mname))
@@ -704,15 +736,27 @@ def main(argv=None) -> int:
         vocab = json.load(open(os.path.join(model_path, "config.json")))["vocab_size"]
         loads, runs = [], {}
         for seq in seqs:
-            # default sizes: ~2M tokens (small models) or ~0.5M tokens (8B) per timed run
-            n = int(parts[2]) if len(parts) > 2 else (max(8, (2 << 20) // seq) if small
-                                                      else max(8, (1 << 19) // seq))
-            nc = int(parts[3]) if len(parts) > 3 else (max(2, 65536 // seq) if small
-                                                       else max(1, 16384 // seq))
-            g = torch.Generator().manual_seed(1234 + seq)
-            samples = [torch.randint(10, vocab, (seq,), generator=g).tolist() for _ in range(n)]
-            warm_n = max(2, 32768 // seq) if gpu else 4
-            warm = [torch.randint(10, vocab, (seq,), generator=g).tolist()
+            # default sizes: ~2M tokens (small models) or ~0.5M tokens (8B) per timed run;
+            # the built-in path gets ~64k / ~16k tokens (its Python lists take ~30x the bytes)
+            budget = (2 << 20) if small else (1 << 19)
+            lens = sharegpt_lengths() if seq == "sharegpt" else None
+            if lens is not None:
+                n = int(parts[2]) if len(parts) > 2 else _count_within(lens, budget)
+                nc = int(parts[3]) if len(parts) > 3 else max(
+                    1, _count_within(lens, 65536 if small else 16384))
+                lens = lens[:n]
+                g = torch.Generator().manual_seed(4321)
+            else:
+                n = int(parts[2]) if len(parts) > 2 else max(8, budget // seq)
+                # past 8,192 tokens one sample's lists alone take > 10 GB: c is not run
+                nc = int(parts[3]) if len(parts) > 3 else (
+                    0 if seq > 8192 else max(2, 65536 // seq) if small else max(1, 16384 // seq))
+                lens = [seq] * n
+                g = torch.Generator().manual_seed(1234 + seq)
+            samples = [torch.randint(10, vocab, (m,), generator=g).tolist() for m in lens]
+            w_len = 2048 if seq == "sharegpt" else seq
+            warm_n = max(2, 32768 // w_len) if gpu else 4
+            warm = [torch.randint(10, vocab, (w_len,), generator=g).tolist()
                     for _ in range(warm_n)]
             loads.append(Workload(seq, samples, warm, nc))
             key = f"{mname}:{seq}"
@@ -720,9 +764,10 @@ def main(argv=None) -> int:
                 "model": mname, "model_path": model_path, "architecture": info.architecture,
                 "hidden_size": info.hidden_size, "num_hidden_layers": info.num_hidden_layers,
                 "seq": seq, "samples": n, "samples_builtin": nc, "layers": layers,
+                "tokens": loads[-1].tokens,
                 "repeat": repeat, "model_build_s": build_s}
         engines = report.setdefault("engines", {}).setdefault(mname, {})
-        est = 90 if small else 150 + 60 * len(seqs)
+        est = 90 if small else 60 + 45 * len(seqs)  # seconds a mode takes, roughly
         for mode in args.modes.split(","):
             if args.deadline_s and time.time() - t_start + est > args.deadline_s:
                 engines[mode] = {"error": "skipped: deadline"}

@@ -1,11 +1,13 @@
 """Writer throughput against the disk, side by side in one run (no engine needed).
 
-Feeds DatasetWriter samples shaped like the engine's (K views [seq, H] into one
-[seq, K * H] buffer) and compares, on the same disk in the same run:
+Feeds DatasetWriter samples shaped like the engine's (K contiguous [seq, H] bf16 tensors) and
+compares, on the same disk in the same run:
   disk      one large buffer written with write() + fsync (the ceiling)
   previous  the first writer's method: safetensors.torch.save() to bytes, sha256, write, fsync
-  writer-N  DatasetWriter with N writer threads (streamed, hashed as written)
+  writer-Nt-MM  DatasetWriter with N writer threads and shards of M MiB (streamed, hashed
+                as written), fed one contiguous [seq, H] tensor per layer as CaptureEngine does
 Usage: python bench/writer_bench.py [--dir D] [--samples N] [--seq S] [--hidden H] [--layers K]
+       [--variants THREADS:SHARD_MIB,...] [--json FILE]
 """
 
 import argparse
@@ -49,7 +51,7 @@ def previous(d: Path, samples, shard_bytes: int) -> float:
         total += len(data); n += 1; pending, size = {}, 0
     for sid, (ids, hs) in enumerate(samples):
         for j, h in enumerate(hs):
-            pending[f"{sid}/hidden_states/{j}"] = h.contiguous()
+            pending[f"{sid}/hidden_states/{j}"] = h.clone()  # it copied each strided view
             size += h.numel() * 2
         pending[f"{sid}/input_ids"] = ids
         if size >= shard_bytes:
@@ -79,31 +81,38 @@ def main() -> None:
     ap.add_argument("--layers", type=int, default=3)
     ap.add_argument("--shard-mb", type=int, default=256)
     ap.add_argument("--json", default=None)
+    ap.add_argument("--variants", default="1:256,3:256,3:1024,6:256",
+                    help="DatasetWriter runs as THREADS:SHARD_MIB, comma separated")
     a = ap.parse_args()
     root = Path(a.dir or tempfile.mkdtemp(prefix="hsdump-wb-"))
     root.mkdir(parents=True, exist_ok=True)
     g = torch.Generator().manual_seed(0)
     rows = [torch.randn(a.seq, a.layers * a.hidden, generator=g).to(torch.bfloat16)
             for _ in range(4)]
-    def samples():  # engine-shaped: K strided views into one [seq, K * H] buffer
+    # engine-shaped: CaptureEngine hands on one contiguous [seq, H] tensor per layer
+    layered = [[r.view(a.seq, a.layers, a.hidden)[:, j, :].contiguous() for j in range(a.layers)]
+               for r in rows]
+    def samples():
         for i in range(a.samples):
-            r = rows[i % 4].view(a.seq, a.layers, a.hidden)
-            yield torch.arange(a.seq), [r[:, j, :] for j in range(a.layers)]
+            yield torch.arange(a.seq), layered[i % 4]
     total = a.samples * a.seq * a.layers * a.hidden * 2
     shard = a.shard_mb << 20
     res = {"disk": disk_ceiling(root, min(total, 2 << 30))}
-    for name, fn in [("previous", lambda d: previous(d, samples(), shard)),
-                     ("writer-1", lambda d: writer(d, samples(), shard, 1, a.layers, a.hidden)),
-                     ("writer-3", lambda d: writer(d, samples(), shard, 3, a.layers, a.hidden))]:
+    runs = [("previous", lambda d: previous(d, samples(), shard))]
+    for v in a.variants.split(","):
+        th, mb = (int(x) for x in v.split(":"))
+        runs.append((f"writer-{th}t-{mb}M", lambda d, th=th, mb=mb:
+                     writer(d, samples(), mb << 20, th, a.layers, a.hidden)))
+    for name, fn in runs:
         d = root / name
         d.mkdir()
         res[name] = fn(d)
         shutil.rmtree(d)
     print(f"{a.samples} samples x {a.seq} tokens x {a.layers} layers x {a.hidden} (bf16), "
           f"{total / 1e9:.2f} GB, shards of {a.shard_mb} MiB, cpus={os.cpu_count()}")
-    print(f"{'mode':10s} {'MB/s':>8s} {'of disk':>8s}")
+    print(f"{'mode':16s} {'MB/s':>8s} {'of disk':>8s}")
     for k, v in res.items():
-        print(f"{k:10s} {v / 1e6:8.0f} {v / res['disk']:8.2f}")
+        print(f"{k:16s} {v / 1e6:8.0f} {v / res['disk']:8.2f}")
     if a.json:
         Path(a.json).write_text(json.dumps({k: v / 1e6 for k, v in res.items()}, indent=1))
     if not a.dir:

@@ -165,7 +165,7 @@ class OutputConfig:
     space_check: str = "raise"
     """Estimated output larger than the free disk space: `raise`, `warn` or `off`."""
     max_host_bytes: int = 8 << 30
-    """Host memory for captured rows: rows in flight plus writer_threads + 1 shards."""
+    """Host memory for captured rows: rows in flight plus writer_threads + 2 shards."""
     writer_threads: int = 3
     """Shards written at once; their hashing and writing overlap (the writer's ceiling)."""
 
@@ -180,11 +180,11 @@ class OutputConfig:
             raise ValueError(f"output.space_check={self.space_check!r}: use raise, warn or off")
         if self.writer_threads < 1:
             raise ValueError(f"output.writer_threads={self.writer_threads}: must be >= 1")
-        held = (self.writer_threads + 1) * self.shard_bytes
+        held = (self.writer_threads + 2) * self.shard_bytes
         if held >= self.max_host_bytes:
             raise ValueError(f"output.shard_bytes={self.shard_bytes} leaves no room for rows in "
                              f"flight under output.max_host_bytes={self.max_host_bytes}: "
-                             f"writer_threads + 1 = {self.writer_threads + 1} shards are held at "
+                             f"writer_threads + 2 = {self.writer_threads + 2} shards are held at "
                              "once; lower shard_bytes or writer_threads, or raise max_host_bytes")
 
 

@@ -6,8 +6,9 @@
 1. after the model loads, and so before CUDA graphs are captured, turns on EAGLE-3 aux capture
    and sets the model's `layers_to_capture` to the hf_hidden_states_index list (sorted);
 2. wraps `SchedulerBatchResultProcessor.process_batch_result_prefill`: on attention-TP rank 0
-   only, it slices the batch's aux rows `[tokens_in_batch, K * H]` per request by the batch's
-   extend lengths, sends each slice as raw bytes with (rid, start position) over a ZMQ PUSH
+   only, it re-lays the batch's aux rows `[tokens_in_batch, K * H]` as `[K, tokens, H]` on the
+   device, copies them to the host once, slices them per request by the batch's extend
+   lengths, sends each slice as K raw frames with (rid, start position) over a ZMQ PUSH
    socket of its own, and clears `logits_output.hidden_states` so SGLang's `.tolist()` path
    never runs. Every prefill chunk is sent, so chunked prefill loses nothing.
 
@@ -106,12 +107,12 @@ class _Sender:
         self.sock.setsockopt(zmq.LINGER, 10_000)
         self.sock.connect(endpoint)
 
-    def rows(self, rid: str, start: int, rows: torch.Tensor) -> None:
-        # rows: [n, K * H], contiguous, on the CPU
-        header = {"rid": rid, "start": int(start), "n": int(rows.shape[0]),
-                  "width": int(rows.shape[1]), "dtype": str(rows.dtype).split(".")[-1]}
-        payload = rows.view(torch.uint8).numpy() if rows.numel() else b""
-        self.sock.send_multipart([json.dumps(header).encode(), payload], copy=False)
+    def rows(self, rid: str, start: int, slots: torch.Tensor) -> None:
+        # slots: [S, n, H] on the CPU, each slots[s] contiguous: one frame per slot
+        header = {"rid": rid, "start": int(start), "n": int(slots.shape[1]),
+                  "hidden": int(slots.shape[2]), "dtype": str(slots.dtype).split(".")[-1]}
+        frames = [x.view(torch.uint8).numpy() if x.numel() else b"" for x in slots.unbind(0)]
+        self.sock.send_multipart([json.dumps(header).encode()] + frames, copy=False)
 
     def error(self, message: str) -> None:
         self.sock.send_multipart([json.dumps({"error": message}).encode(), b""])
@@ -190,7 +191,7 @@ def _install_patch(spec: dict) -> None:
             if _is_writer_rank():
                 if "s" not in sender:
                     sender["s"] = _Sender(spec["endpoint"])
-                _emit_rows(sender["s"], batch, result, spec["width"])
+                _emit_rows(sender["s"], batch, result, spec["width"], spec["hidden"])
             else:  # the other TP ranks hold the same rows: drop them, never .tolist() them
                 out = getattr(result, "logits_output", None)
                 if out is not None:
@@ -200,7 +201,7 @@ def _install_patch(spec: dict) -> None:
     brp.SchedulerBatchResultProcessor.process_batch_result_prefill = process_batch_result_prefill
 
 
-def _emit_rows(sender: _Sender, batch, result, width: int) -> None:
+def _emit_rows(sender: _Sender, batch, result, width: int, hidden: int) -> None:
     if getattr(result, "copy_done", None) is not None:
         result.copy_done.synchronize()
     out = getattr(result, "logits_output", None)
@@ -215,14 +216,18 @@ def _emit_rows(sender: _Sender, batch, result, width: int) -> None:
         sender.error(f"captured rows are {hs.shape[-1]} wide, expected {width} "
                      "(K layers x hidden size); the model did not capture the asked layers")
         return
-    hs = hs.detach().to("cpu").contiguous()  # [tokens_in_batch, K * H]
+    # [T, S * H] -> [S, T, H], made contiguous where it is (on a GPU, one cheap kernel), then one
+    # copy to the host: each request's rows of one slot are then one contiguous block, which
+    # the caller stores as is (no per-sample re-layout on its side)
+    t = hs.shape[0]
+    hs = hs.detach().view(t, width // hidden, hidden).transpose(0, 1).contiguous().to("cpu")
     lens = getattr(result, "extend_input_len_per_req", None) or batch.extend_lens
     off = 0
     for req, start, n in zip(batch.reqs, batch.prefix_lens, lens):
-        sender.rows(req.rid, start, hs[off: off + n])
+        sender.rows(req.rid, start, hs[:, off: off + n])
         off += n
-    if off != hs.shape[0]:
-        sender.error(f"batch has {hs.shape[0]} captured rows but its requests extend {off}")
+    if off != t:
+        sender.error(f"batch has {t} captured rows but its requests extend {off}")
     out.hidden_states = None  # SGLang's own per-request .tolist() path is skipped
 
 
@@ -265,19 +270,20 @@ class _Receiver(threading.Thread):
         while not self._stop_evt.is_set():
             if not poller.poll(100):
                 continue
-            head, body = self.sock.recv_multipart(copy=False)
+            head, *frames = self.sock.recv_multipart(copy=False)
             h = json.loads(head.bytes)
             with self.cond:
                 if "error" in h:
                     self.error = h["error"]
                 else:
-                    self.parts.setdefault(h["rid"], []).append((h["start"], _tensor(h, body)))
+                    self.parts.setdefault(h["rid"], []).append(
+                        (h["start"], [_tensor(h, f) for f in frames]))
                 self.cond.notify_all()
 
-    def take(self, rid: str, n: int, timeout: float) -> torch.Tensor:
-        """Rows 0..n-1 of request `rid` as one [n, K * H] tensor."""
+    def take(self, rid: str, n: int, timeout: float) -> List[torch.Tensor]:
+        """Rows 0..n-1 of request `rid`: one contiguous [n, H] tensor per slot."""
         def have() -> int:
-            return sum(t.shape[0] for _, t in self.parts.get(rid, []))
+            return sum(t[0].shape[0] for _, t in self.parts.get(rid, []))
 
         with self.cond:
             ok = self.cond.wait_for(lambda: self.error is not None or have() >= n, timeout)
@@ -285,17 +291,18 @@ class _Receiver(threading.Thread):
                 raise CaptureError(self.error)
             parts = sorted(self.parts.pop(rid, []), key=lambda p: p[0])
         if not ok:
-            raise CaptureError(f"request {rid}: {sum(t.shape[0] for _, t in parts)} of {n} "
+            raise CaptureError(f"request {rid}: {sum(t[0].shape[0] for _, t in parts)} of {n} "
                                f"captured rows arrived within {timeout:.0f} s")
-        pos, chunks = 0, []
+        pos = 0
         for start, t in parts:
             if start != pos:
                 raise CaptureError(f"request {rid}: rows from {start} arrived where {pos} was "
                                    "expected; chunks were lost or repeated")
-            chunks.append(t)
-            pos += t.shape[0]
-        rows = chunks[0] if len(chunks) == 1 else torch.cat(chunks)
-        return rows[:n]
+            pos += t[0].shape[0]
+        if len(parts) == 1:
+            return [x[:n] for x in parts[0][1]]
+        # chunked prefill: one concatenation per slot (the only copy on the caller's side)
+        return [torch.cat([t[s] for _, t in parts])[:n] for s in range(len(parts[0][1]))]
 
     def discard(self, rid: str) -> None:
         with self.cond:
@@ -335,11 +342,11 @@ def _child_processes():
 def _tensor(h: dict, body) -> torch.Tensor:
     dtype = DTYPES[h["dtype"]]
     if h["n"] == 0:
-        return torch.empty((0, h["width"]), dtype=dtype)
+        return torch.empty((0, h["hidden"]), dtype=dtype)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # zmq frames are read-only; hsdump never writes them
         flat = torch.frombuffer(body.buffer, dtype=torch.uint8)
-    return flat.view(dtype).view(h["n"], h["width"])
+    return flat.view(dtype).view(h["n"], h["hidden"])
 
 
 def sglang_version() -> str:
@@ -402,7 +409,8 @@ class CaptureEngine:
         self._rx.start()
         os.environ[ENV] = json.dumps({"endpoint": endpoint, "layers": self.layers,
                                       "final": self.final, "device": engine_cfg.device,
-                                      "width": len(self._slot) * info.hidden_size})
+                                      "width": len(self._slot) * info.hidden_size,
+                                      "hidden": info.hidden_size})
         from sglang.srt.entrypoints.engine import Engine
 
         class HsdumpEngine(Engine):
@@ -550,9 +558,8 @@ class CaptureEngine:
         except BaseException:
             self._rx.discard(rid)
             raise
-        # rows: [seq, (K + F) * H] -> K + F views [seq, H] in the user's layer order
-        per_layer = rows.view(len(ids), len(self._slot), self.hidden)
-        return sid, ids, [per_layer[:, s, :] for s in self._slot]
+        # rows: one [seq, H] tensor per slot (sorted layers, then final) -> the user's order
+        return sid, ids, [rows[s] for s in self._slot]
 
     async def _drive(self, samples, sink: Sink) -> bool:
         budget = self.cfg.inflight_tokens

@@ -136,12 +136,12 @@ def run(cfg: Config, resolved_config: Optional[dict] = None) -> Summary:
     # rows in flight are held once (bf16/fp16/fp32 as the engine runs) until written
     slots = len(layers) + len(cfg.capture.final)
     row_bytes = slots * info.hidden_size * STORAGE_BYTES[cfg.model.dtype]
-    held = (cfg.output.writer_threads + 1) * cfg.output.shard_bytes
+    held = (cfg.output.writer_threads + 2) * cfg.output.shard_bytes  # see writer.py
     inflight = min(cfg.engine.inflight_tokens, (cfg.output.max_host_bytes - held) // row_bytes)
     if inflight < cfg.dataset.max_seq_len:
         raise ValueError(
             f"output.max_host_bytes={cfg.output.max_host_bytes} holds "
-            f"{cfg.output.writer_threads + 1} shards of "
+            f"{cfg.output.writer_threads + 2} shards of "
             f"{cfg.output.shard_bytes} bytes and only {inflight} tokens of rows in flight, less "
             f"than one sample of dataset.max_seq_len={cfg.dataset.max_seq_len}; raise "
             "output.max_host_bytes or lower output.shard_bytes")

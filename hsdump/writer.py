@@ -1,10 +1,10 @@
 """Sharded safetensors writer with atomic commits (spec/format.md, version 1).
 
-A shard is serialized in memory, written under a temporary name in the output folder,
-fsynced, renamed, and only then listed in `index.json`, which is itself replaced atomically.
-A sample is in the dataset iff `index.json` lists it; killing the process at any instant
-leaves a valid, resumable dataset. Shards are written by one background thread while the
-next shard fills, so at most two shards are held in memory.
+A shard is streamed from tensor memory (hashed as it is written) under a temporary name in
+the output folder, fsynced, renamed, and only then listed in `index.json`, which is itself
+replaced atomically. A sample is in the dataset iff `index.json` lists it; killing the
+process at any instant leaves a valid, resumable dataset. `threads` background threads write
+shards while the next one fills, so at most threads + 2 shards are held in memory.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ import queue
 import re
 import signal
 import threading
+import time
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
 
@@ -207,10 +208,13 @@ class DatasetWriter:
         self.bytes_written = 0
         self.samples_written = 0
         self.skipped: Dict[str, int] = {}
+        # seconds spent: in add() (caller's thread), of it blocked on a full shard queue, and
+        # committing shards (summed over the writer threads): the benchmark's profile
+        self.timing = {"add_s": 0.0, "queue_wait_s": 0.0, "commit_s": 0.0}
         self._error: Optional[BaseException] = None
         self._closed = False
-        # `threads` shards are written at once (their hashing and writing overlap); with the one
-        # filling, at most threads + 1 shards are held in memory
+        # `threads` shards are written at once (their hashing and writing overlap); with one
+        # queued and one filling, at most threads + 2 shards are held in memory
         self._q: "queue.Queue" = queue.Queue(maxsize=1)
         self._threads = [threading.Thread(target=self._loop, name=f"hsdump-writer-{i}",
                                           daemon=True) for i in range(max(1, threads))]
@@ -261,6 +265,13 @@ class DatasetWriter:
             final: Optional[Dict[str, torch.Tensor]] = None) -> bool:
         """Validate and stage one sample; returns False if it was skipped (NaN/Inf, skip policy).
         `final` maps each configured final-state kind to its [seq, H] tensor."""
+        t0 = time.perf_counter()
+        try:
+            return self._add(sid, input_ids, loss_mask, hidden_states, final)
+        finally:
+            self.timing["add_s"] += time.perf_counter() - t0
+
+    def _add(self, sid, input_ids, loss_mask, hidden_states, final) -> bool:
         self._raise_if_failed()
         # one contiguous copy of each [seq, H] view (the rows arrive interleaved by layer);
         # checked and stored from that copy, converted only if the storage dtype differs
@@ -298,7 +309,9 @@ class DatasetWriter:
         prefix = f"shard-{self.tag}-" if self.tag else "shard-"
         name = f"{prefix}{self._next:05d}.safetensors"
         self._next += 1
+        t0 = time.perf_counter()
         self._q.put((name, self._pending, self._pending_ids))
+        self.timing["queue_wait_s"] += time.perf_counter() - t0
         self._pending, self._pending_ids, self._pending_bytes = {}, [], 0
 
     def _loop(self) -> None:
@@ -307,8 +320,11 @@ class DatasetWriter:
             if item is None:
                 return
             if self._error is None:
+                t0 = time.perf_counter()
                 try:
                     self._commit(*item)
+                    with self._lock:
+                        self.timing["commit_s"] += time.perf_counter() - t0
                 except BaseException as e:  # reported on the next add()/close()
                     self._error = e
                     log.error("writing %s to %s failed: %s", item[0], self.dir, e)

@@ -27,7 +27,7 @@ def test_composition_and_presets():
     c = to_config(config("model=kimi_k25", "engine=gpu"))
     assert c.model.tp_size == 8 and c.model.default_layers == [3, 31, 59]
     assert c.output.dir == "outputs/kimi-k2.5/layers-3-31-59"
-    assert c.engine.device == "cuda" and c.engine.chunked_prefill_size == -1
+    assert c.engine.device == "cuda" and c.engine.chunked_prefill_size == 16384
     c = to_config(config("capture.layers=[1,2,3]", "dataset.max_samples=7", "output.root=/x",
                          "+engine.extra.context_length=512"))
     assert c.capture.layers == [1, 2, 3] and c.dataset.max_samples == 7
