@@ -439,7 +439,7 @@ def mode_hsdump(model_path, ec, loads: List[Workload], layers, info, out_dir, mo
 
             got = [0, 0]
 
-            def null_sink(sid, ids, hs):
+            def null_sink(sid, ids, hs, bad):
                 got[0] += 1
                 got[1] += hs[0].shape[0]
 
@@ -464,9 +464,9 @@ def mode_hsdump(model_path, ec, loads: List[Workload], layers, info, out_dir, mo
                 writer = DatasetWriter(ds_dir, manifest, {"bench": True}, layers=layers,
                                        hidden_size=info.hidden_size, **WRITER_OPTS)
 
-                def sink(sid, ids, hs):
+                def sink(sid, ids, hs, bad):
                     t_add = time.time()
-                    writer.add(sid, ids, [1] * len(ids), hs)
+                    writer.add(sid, ids, [1] * len(ids), hs, nonfinite=bad)
                     blocked[0] += time.time() - t_add
 
                 try:
@@ -673,6 +673,8 @@ def main(argv=None) -> int:
                     "synthetic rows, with hsdump's check and with a faster finiteness check")
     ap.add_argument("--deadline-s", type=float, default=0,
                     help="skip modes that would start after this many seconds")
+    ap.add_argument("--tokens", type=int, default=0,
+                    help="tokens per timed run and length (default 2M small models, 0.5M 8B)")
     ap.add_argument("--writer-threads", type=int, default=None)
     ap.add_argument("--shard-mib", type=int, default=None)
     args = ap.parse_args(argv)
@@ -738,7 +740,7 @@ def main(argv=None) -> int:
         for seq in seqs:
             # default sizes: ~2M tokens (small models) or ~0.5M tokens (8B) per timed run;
             # the built-in path gets ~64k / ~16k tokens (its Python lists take ~30x the bytes)
-            budget = (2 << 20) if small else (1 << 19)
+            budget = args.tokens or ((2 << 20) if small else (1 << 19))
             lens = sharegpt_lengths() if seq == "sharegpt" else None
             if lens is not None:
                 n = int(parts[2]) if len(parts) > 2 else _count_within(lens, budget)

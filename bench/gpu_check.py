@@ -240,7 +240,7 @@ def capture(model_path: str, layers: Sequence[int], prompts: List[List[int]], ou
     t1 = time.time()
     try:
         eng.run(list(enumerate(prompts)),
-                lambda sid, ids, hs: writer.add(sid, ids, [1] * len(ids), hs))
+                lambda sid, ids, hs, bad: writer.add(sid, ids, [1] * len(ids), hs, nonfinite=bad))
         t2 = time.time()
     finally:
         try:

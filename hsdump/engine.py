@@ -8,7 +8,8 @@
 2. wraps `SchedulerBatchResultProcessor.process_batch_result_prefill`: on attention-TP rank 0
    only, it re-lays the batch's aux rows `[tokens_in_batch, K * H]` as `[K, tokens, H]` on the
    device, copies them to the host once, slices them per request by the batch's extend
-   lengths, sends each slice as K raw frames with (rid, start position) over a ZMQ PUSH
+   lengths, flags the slots holding NaN/Inf (one reduction on the device), and sends each
+   slice as K raw frames with (rid, start position, flags) over a ZMQ PUSH
    socket of its own, and clears `logits_output.hidden_states` so SGLang's `.tolist()` path
    never runs. Every prefill chunk is sent, so chunked prefill loses nothing.
 
@@ -49,7 +50,9 @@ ENV = "HSDUMP_CAPTURE"
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 ROWS_TIMEOUT_S = 120.0
 
-Sink = Callable[[int, List[int], List[torch.Tensor]], None]
+# sink(sample_id, input_ids, hidden_states, nonfinite): nonfinite lists the indices into
+# hidden_states whose rows hold NaN or Inf, found on the device where the rows were captured
+Sink = Callable[[int, List[int], List[torch.Tensor], List[int]], None]
 
 
 class CaptureError(RuntimeError):
@@ -107,10 +110,11 @@ class _Sender:
         self.sock.setsockopt(zmq.LINGER, 10_000)
         self.sock.connect(endpoint)
 
-    def rows(self, rid: str, start: int, slots: torch.Tensor) -> None:
+    def rows(self, rid: str, start: int, slots: torch.Tensor, nonfinite: List[int]) -> None:
         # slots: [S, n, H] on the CPU, each slots[s] contiguous: one frame per slot
         header = {"rid": rid, "start": int(start), "n": int(slots.shape[1]),
-                  "hidden": int(slots.shape[2]), "dtype": str(slots.dtype).split(".")[-1]}
+                  "hidden": int(slots.shape[2]), "dtype": str(slots.dtype).split(".")[-1],
+                  "nonfinite": nonfinite}
         frames = [x.view(torch.uint8).numpy() if x.numel() else b"" for x in slots.unbind(0)]
         self.sock.send_multipart([json.dumps(header).encode()] + frames, copy=False)
 
@@ -220,11 +224,16 @@ def _emit_rows(sender: _Sender, batch, result, width: int, hidden: int) -> None:
     # copy to the host: each request's rows of one slot are then one contiguous block, which
     # the caller stores as is (no per-sample re-layout on its side)
     t = hs.shape[0]
-    hs = hs.detach().view(t, width // hidden, hidden).transpose(0, 1).contiguous().to("cpu")
+    hs = hs.detach().view(t, width // hidden, hidden).transpose(0, 1).contiguous()
+    # NaN/Inf check where the rows are (two reductions, no temporary of the rows' size):
+    # NaN propagates through amax, +Inf shows in amax and -Inf in amin. [S, T] per-row flags.
+    finite = torch.isfinite(hs.amax(dim=2)) & torch.isfinite(hs.amin(dim=2))
+    finite, hs = finite.to("cpu"), hs.to("cpu")
     lens = getattr(result, "extend_input_len_per_req", None) or batch.extend_lens
     off = 0
     for req, start, n in zip(batch.reqs, batch.prefix_lens, lens):
-        sender.rows(req.rid, start, hs[:, off: off + n])
+        bad = (~finite[:, off: off + n]).any(dim=1).nonzero().flatten().tolist()  # slots
+        sender.rows(req.rid, start, hs[:, off: off + n], bad)
         off += n
     if off != t:
         sender.error(f"batch has {t} captured rows but its requests extend {off}")
@@ -277,13 +286,14 @@ class _Receiver(threading.Thread):
                     self.error = h["error"]
                 else:
                     self.parts.setdefault(h["rid"], []).append(
-                        (h["start"], [_tensor(h, f) for f in frames]))
+                        (h["start"], [_tensor(h, f) for f in frames], h["nonfinite"]))
                 self.cond.notify_all()
 
-    def take(self, rid: str, n: int, timeout: float) -> List[torch.Tensor]:
-        """Rows 0..n-1 of request `rid`: one contiguous [n, H] tensor per slot."""
+    def take(self, rid: str, n: int, timeout: float) -> Tuple[List[torch.Tensor], List[int]]:
+        """Rows 0..n-1 of request `rid`: one contiguous [n, H] tensor per slot, and the slots
+        that hold NaN/Inf in any chunk."""
         def have() -> int:
-            return sum(t[0].shape[0] for _, t in self.parts.get(rid, []))
+            return sum(p[1][0].shape[0] for p in self.parts.get(rid, []))
 
         with self.cond:
             ok = self.cond.wait_for(lambda: self.error is not None or have() >= n, timeout)
@@ -291,18 +301,19 @@ class _Receiver(threading.Thread):
                 raise CaptureError(self.error)
             parts = sorted(self.parts.pop(rid, []), key=lambda p: p[0])
         if not ok:
-            raise CaptureError(f"request {rid}: {sum(t[0].shape[0] for _, t in parts)} of {n} "
+            raise CaptureError(f"request {rid}: {sum(p[1][0].shape[0] for p in parts)} of {n} "
                                f"captured rows arrived within {timeout:.0f} s")
         pos = 0
-        for start, t in parts:
+        for start, t, _ in parts:
             if start != pos:
                 raise CaptureError(f"request {rid}: rows from {start} arrived where {pos} was "
                                    "expected; chunks were lost or repeated")
             pos += t[0].shape[0]
+        bad = sorted({s for p in parts for s in p[2]})
         if len(parts) == 1:
-            return [x[:n] for x in parts[0][1]]
+            return [x[:n] for x in parts[0][1]], bad
         # chunked prefill: one concatenation per slot (the only copy on the caller's side)
-        return [torch.cat([t[s] for _, t in parts])[:n] for s in range(len(parts[0][1]))]
+        return [torch.cat([p[1][s] for p in parts])[:n] for s in range(len(parts[0][1]))], bad
 
     def discard(self, rid: str) -> None:
         with self.cond:
@@ -528,9 +539,10 @@ class CaptureEngine:
     # ---------------------------------------------------------------- driving
     def run(self, samples: Iterable[Tuple[int, List[int]]], sink: Sink,
             on_stop_signal: Optional[Callable[[str], None]] = None) -> bool:
-        """Capture every sample and call `sink(sample_id, input_ids, hidden_states)`, where
-        hidden_states is K tensors [seq, H] in the order of `layers`, followed by one per
-        requested final state (in FINAL_KINDS order), in completion order.
+        """Capture every sample and call `sink(sample_id, input_ids, hidden_states, nonfinite)`,
+        where hidden_states is K tensors [seq, H] in the order of `layers`, followed by one per
+        requested final state (in FINAL_KINDS order), in completion order, and nonfinite the
+        indices into hidden_states of the tensors that hold NaN/Inf (checked on the device).
         `on_stop_signal(name)` is called on SIGINT / SIGTERM while it runs.
         Returns False if `request_stop()` ended it early; raises KeyboardInterrupt after
         `abort()`, EngineDied if SGLang died."""
@@ -559,7 +571,9 @@ class CaptureEngine:
             self._rx.discard(rid)
             raise
         # rows: one [seq, H] tensor per slot (sorted layers, then final) -> the user's order
-        return sid, ids, [rows[s] for s in self._slot]
+        rows, bad = rows
+        return sid, ids, [rows[s] for s in self._slot], [j for j, s in enumerate(self._slot)
+                                                         if s in bad]
 
     async def _drive(self, samples, sink: Sink) -> bool:
         budget = self.cfg.inflight_tokens

@@ -188,12 +188,15 @@ def run(cfg: Config, resolved_config: Optional[dict] = None) -> Summary:
     t_run = time.time()
     ok = False
 
-    def sink(sid, input_ids, hidden_states):
+    def sink(sid, input_ids, hidden_states, nonfinite):
         fault("sample")
         mask = data.loss_mask[pos[sid]]
         k = len(layers)
         final = dict(zip(engine.final, hidden_states[k:]))  # [seq, H] each
-        if writer.add(sid, input_ids, mask, hidden_states[:k], final):
+        # the engine checked NaN/Inf on the device: the writer does not scan the rows again
+        # (final states: engine order -> the writer's order, that of capture.final)
+        bad = [j if j < k else k + writer.final.index(engine.final[j - k]) for j in nonfinite]
+        if writer.add(sid, input_ids, mask, hidden_states[:k], final, nonfinite=bad):
             summary.tokens += len(input_ids)
         bar.update(1)
         el = max(time.time() - t_run, 1e-9)

@@ -152,8 +152,11 @@ def compat_diff(old: dict, new: dict) -> List[str]:
 def check_sample(sid: int, input_ids: Sequence[int], loss_mask: Sequence[int],
                  hidden_states: Sequence[torch.Tensor], hidden_size: int, k: int,
                  final: Optional[Dict[str, torch.Tensor]] = None,
-                 final_kinds: Sequence[str] = ()) -> Optional[str]:
-    """None if the sample may be committed, else the reason (shape problems raise)."""
+                 final_kinds: Sequence[str] = (),
+                 nonfinite: Optional[Sequence[int]] = None) -> Optional[str]:
+    """None if the sample may be committed, else the reason (shape problems raise).
+    `nonfinite`: indices into hidden_states + final (in final_kinds order) that the producer
+    already found to hold NaN/Inf; when given, the values are not scanned again here."""
     n = len(input_ids)
     if len(loss_mask) != n:
         raise SampleError(f"sample {sid}: loss_mask has {len(loss_mask)} entries, input_ids {n}")
@@ -169,6 +172,9 @@ def check_sample(sid: int, input_ids: Sequence[int], loss_mask: Sequence[int],
         if tuple(h.shape) != (n, hidden_size):
             raise SampleError(f"sample {sid}: {what} has shape {tuple(h.shape)}, "
                               f"expected ({n}, {hidden_size})")
+    if nonfinite is not None:
+        return f"nonfinite in {named[min(nonfinite)][0]}" if nonfinite else None
+    for what, h in named:
         # one reduction: NaN and +-Inf survive abs().amax(); far cheaper than isfinite().all()
         if h.numel() and not bool(torch.isfinite(h.abs().amax())):
             return f"nonfinite in {what}"
@@ -262,23 +268,27 @@ class DatasetWriter:
     # -------------------------------------------------------------- adding samples
     def add(self, sid: int, input_ids: Sequence[int], loss_mask: Sequence[int],
             hidden_states: Sequence[torch.Tensor],
-            final: Optional[Dict[str, torch.Tensor]] = None) -> bool:
+            final: Optional[Dict[str, torch.Tensor]] = None,
+            nonfinite: Optional[Sequence[int]] = None) -> bool:
         """Validate and stage one sample; returns False if it was skipped (NaN/Inf, skip policy).
-        `final` maps each configured final-state kind to its [seq, H] tensor."""
+        `final` maps each configured final-state kind to its [seq, H] tensor. `nonfinite`: the
+        indices into hidden_states + final (in the writer's `final` order) that the producer
+        found to hold NaN/Inf, e.g. CaptureEngine's device-side check; None scans the values
+        here (one reduction per tensor on the CPU)."""
         t0 = time.perf_counter()
         try:
-            return self._add(sid, input_ids, loss_mask, hidden_states, final)
+            return self._add(sid, input_ids, loss_mask, hidden_states, final, nonfinite)
         finally:
             self.timing["add_s"] += time.perf_counter() - t0
 
-    def _add(self, sid, input_ids, loss_mask, hidden_states, final) -> bool:
+    def _add(self, sid, input_ids, loss_mask, hidden_states, final, nonfinite) -> bool:
         self._raise_if_failed()
         # one contiguous copy of each [seq, H] view (the rows arrive interleaved by layer);
         # checked and stored from that copy, converted only if the storage dtype differs
         hidden_states = [h.contiguous() for h in hidden_states]
         final = {k: v.contiguous() for k, v in (final or {}).items()}
         reason = check_sample(sid, input_ids, loss_mask, hidden_states, self.hidden,
-                              len(self.layers), final, self.final)
+                              len(self.layers), final, self.final, nonfinite)
         if reason is not None:
             if self.on_nonfinite == "raise":
                 raise SampleError(f"sample {sid}: {reason} (output.on_nonfinite=skip records and "

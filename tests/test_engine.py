@@ -32,7 +32,8 @@ def capture(model_path, layers, lengths, seed=0, **engine_over):
     eng = CaptureEngine(model_path, ModelConfig(path=model_path), cpu_engine_config(**engine_over),
                         layers, info)
     try:
-        eng.run(samples, lambda sid, ids, hs: got.__setitem__(sid, (ids, [h.clone() for h in hs])))
+        eng.run(samples,
+                lambda sid, ids, hs, bad: got.__setitem__(sid, (ids, [h.clone() for h in hs])))
     finally:
         eng.close()
     return samples, got
@@ -89,7 +90,7 @@ def test_final_layer_states_match_transformers(tiny_llama):
     eng = CaptureEngine(tiny_llama, ModelConfig(path=tiny_llama), cpu_engine_config(), [4], info,
                         final=["post_norm", "pre_norm"])
     try:
-        eng.run(samples, lambda sid, ids, hs: got.__setitem__(sid, [h.clone() for h in hs]))
+        eng.run(samples, lambda sid, ids, hs, bad: got.__setitem__(sid, [h.clone() for h in hs]))
     finally:
         eng.close()
     model = _model(tiny_llama, torch.float32)
@@ -107,3 +108,51 @@ def test_final_layer_states_match_transformers(tiny_llama):
             assert rel_err(pre, seen["post"]) > 0.1  # the two are really different tensors
     finally:
         hook.remove()
+
+
+def test_nonfinite_rows_are_flagged_per_request(tiny_llama, tmp_path):
+    # token 77's embedding is +Inf: every captured row of a prompt from that token on is NaN,
+    # while the prompts batched beside it stay finite. The engine flags exactly that request
+    # (device-side check), in the user's slot order, and the writer skips it on that flag.
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    from hsdump.config import ModelConfig
+    from hsdump.engine import CaptureEngine
+    from hsdump.layers import read_model_info
+    from hsdump.writer import DatasetWriter
+
+    bad_model = tmp_path / "model"
+    shutil.copytree(tiny_llama, bad_model)
+    w = load_file(bad_model / "model.safetensors")
+    w["model.embed_tokens.weight"][77] = float("inf")
+    save_file(w, bad_model / "model.safetensors", metadata={"format": "pt"})
+    info = read_model_info(str(bad_model))
+    g = torch.Generator().manual_seed(3)
+    samples = [(i, torch.randint(100, 120000, (n,), generator=g).tolist())
+               for i, n in enumerate([20, 40, 30, 12])]
+    samples[1][1][25] = 77  # sample 1 only, from position 25 on
+    got = {}
+    eng = CaptureEngine(str(bad_model), ModelConfig(path=str(bad_model)), cpu_engine_config(),
+                        [3, 1], info, final=["post_norm"])
+    try:
+        eng.run(samples,
+                lambda sid, ids, hs, bad: got.__setitem__(sid, ([h.clone() for h in hs], bad)))
+    finally:
+        eng.close()
+    assert sorted(got) == [0, 1, 2, 3]
+    for sid, (hs, bad) in got.items():
+        finite = [bool(torch.isfinite(h).all()) for h in hs]
+        assert bad == [j for j, ok in enumerate(finite) if not ok], (sid, bad, finite)
+        assert bad == ([0, 1, 2] if sid == 1 else []), (sid, bad)
+
+    writer = DatasetWriter(str(tmp_path / "ds"), {}, {}, layers=[3, 1],
+                           hidden_size=info.hidden_size, final=["post_norm"],
+                           on_nonfinite="skip")
+    for sid, ids in samples:
+        hs, bad = got[sid]
+        writer.add(sid, ids, [1] * len(ids), hs[:2], {"post_norm": hs[2]}, nonfinite=bad)
+    writer.close()
+    assert writer.index["skipped"] == {"1": "nonfinite in hidden_states[0]"}
+    assert sorted(writer.index["samples"]) == ["0", "2", "3"]

@@ -116,6 +116,26 @@ def test_bad_samples_are_never_committed(tmp_path):
     assert list(index["samples"]) == ["1"] and index["skipped"] == {"0": "nonfinite in hidden_states[1]"}
 
 
+def test_producer_flags_replace_the_scan(tmp_path):
+    # CaptureEngine checks NaN/Inf on the device and passes the flagged indices: the writer
+    # then takes them as the verdict (no second pass over the rows on the CPU)
+    w = writer(tmp_path, on_nonfinite="skip", final=["post_norm"])
+    ids, mask, hs = sample(0, 6)
+    post = torch.randn(6, H)
+    assert not w.add(0, ids, mask, hs, {"post_norm": post}, nonfinite=[3])
+    assert not w.add(1, ids, mask, hs, {"post_norm": post}, nonfinite=[2, 1])
+    assert w.add(2, ids, mask, hs, {"post_norm": post}, nonfinite=[])
+    w.close()
+    index = json.loads((tmp_path / "index.json").read_text())
+    assert list(index["samples"]) == ["2"]
+    assert index["skipped"] == {"0": "nonfinite in final/post_norm",
+                                "1": "nonfinite in hidden_states[1]"}
+    w = writer(tmp_path / "raise")
+    with pytest.raises(SampleError, match=r"nonfinite in hidden_states\[0\]"):
+        w.add(0, ids, mask, hs, nonfinite=[0])
+    w.close()
+
+
 def test_fp8_storage_and_final_states_round_trip(tmp_path):
     w = writer(tmp_path, dtype="fp8", final=["pre_norm"])
     ids, mask, hs = sample(4, 12)
