@@ -5,13 +5,15 @@
 
 1. after the model loads, and so before CUDA graphs are captured, turns on EAGLE-3 aux capture
    and sets the model's `layers_to_capture` to the hf_hidden_states_index list (sorted);
-2. wraps `SchedulerBatchResultProcessor.process_batch_result_prefill`: on attention-TP rank 0
-   only, it re-lays the batch's aux rows `[tokens_in_batch, K * H]` as `[K, tokens, H]` on the
-   device, copies them to the host once, slices them per request by the batch's extend
-   lengths, flags the slots holding NaN/Inf (one reduction on the device), and sends each
-   slice as K raw frames with (rid, start position, flags) over a ZMQ PUSH
-   socket of its own, and clears `logits_output.hidden_states` so SGLang's `.tolist()` path
-   never runs. Every prefill chunk is sent, so chunked prefill loses nothing.
+2. wraps `LogitsProcessor.forward`: on the device, inside the forward, it packs the captured
+   rows (and the final states, if asked) slot-major as `[S, tokens, H]` plus per-row NaN/Inf
+   flags into one buffer, which SGLang's overlap scheduler then copies to the host in one
+   non-blocking transfer (`_pack_rows`);
+3. wraps `SchedulerBatchResultProcessor.process_batch_result_prefill`: on attention-TP rank 0
+   only, it slices that host buffer per request by the batch's extend lengths and sends each
+   slice as S raw frames (each one contiguous) with (rid, start position, flagged slots) over
+   a ZMQ PUSH socket of its own, and clears `logits_output.hidden_states` so SGLang's
+   `.tolist()` path never runs. Every prefill chunk is sent, so chunked prefill loses nothing.
 
 The caller's receiver thread stitches chunks per rid by start position and checks that the
 rows cover exactly `len(input_ids)` before a sample is handed on.
@@ -170,23 +172,25 @@ def _install_patch(spec: dict) -> None:
 
     mr.ModelRunner.load_model = load_model
 
-    if final:
-        orig_logits = lp.LogitsProcessor.forward
+    orig_logits = lp.LogitsProcessor.forward
 
-        def logits_forward(self, input_ids, hidden_states, *args, **kwargs):
-            out = orig_logits(self, input_ids, hidden_states, *args, **kwargs)
-            pre = _STASH.pop("pre_norm", None)
-            aux = getattr(out, "hidden_states", None)
-            if aux is None or aux.shape[0] != hidden_states.shape[0]:
-                return out  # not a full-capture extend forward
-            extra = {"pre_norm": pre, "post_norm": hidden_states}
-            if any(extra[k] is None for k in final):
-                raise RuntimeError("hsdump: the final norm's input was not seen in this forward")
-            # [T, K * H] -> [T, (K + F) * H]: the final states follow the aux layers
-            out.hidden_states = torch.cat([aux] + [extra[k].to(aux.dtype) for k in final], -1)
+    def logits_forward(self, input_ids, hidden_states, *args, **kwargs):
+        out = orig_logits(self, input_ids, hidden_states, *args, **kwargs)
+        pre = _STASH.pop("pre_norm", None)
+        aux = getattr(out, "hidden_states", None)
+        t = hidden_states.shape[0]
+        if aux is None:
             return out
+        parts = list(aux) if isinstance(aux, (list, tuple)) else [aux]
+        if any(p.shape[0] != t for p in parts):
+            return out  # not a full-capture extend forward
+        extra = {"pre_norm": pre, "post_norm": hidden_states}
+        if any(extra[k] is None for k in final):
+            raise RuntimeError("hsdump: the final norm's input was not seen in this forward")
+        out.hidden_states = _pack_rows(parts + [extra[k] for k in final], t, spec["hidden"])
+        return out
 
-        lp.LogitsProcessor.forward = logits_forward
+    lp.LogitsProcessor.forward = logits_forward
 
     orig_prefill = brp.SchedulerBatchResultProcessor.process_batch_result_prefill
 
@@ -205,6 +209,27 @@ def _install_patch(spec: dict) -> None:
     brp.SchedulerBatchResultProcessor.process_batch_result_prefill = process_batch_result_prefill
 
 
+def _pack_rows(parts: List[torch.Tensor], t: int, hidden: int) -> torch.Tensor:
+    """On the device, inside the forward: the captured rows (aux [T, K * H] or K [T, H],
+    then the final states [T, H]) -> one buffer of shape [T, S * H + S] whose memory holds
+    [S, T, H] (slot-major: each request's rows of one slot are one contiguous block on the
+    host) followed by [S, T] finite flags (1 = the row has no NaN/Inf; amax propagates NaN,
+    +Inf shows in amax and -Inf in amin). SGLang then copies it to the host in one
+    non-blocking transfer, so the scheduler's CPU does no per-row work."""
+    dtype = parts[0].dtype
+    views = [p.reshape(t, -1, hidden) for p in parts]
+    s = sum(v.shape[1] for v in views)
+    buf = torch.empty(t * (s * hidden + s), dtype=dtype, device=parts[0].device)
+    rows = buf[: s * t * hidden].view(s, t, hidden)
+    j = 0
+    for v in views:
+        rows[j: j + v.shape[1]].copy_(v.transpose(0, 1))
+        j += v.shape[1]
+    finite = torch.isfinite(rows.amax(dim=2)) & torch.isfinite(rows.amin(dim=2))
+    buf[s * t * hidden:].view(s, t).copy_(finite)
+    return buf.view(t, s * hidden + s)
+
+
 def _emit_rows(sender: _Sender, batch, result, width: int, hidden: int) -> None:
     if getattr(result, "copy_done", None) is not None:
         result.copy_done.synchronize()
@@ -214,26 +239,23 @@ def _emit_rows(sender: _Sender, batch, result, width: int, hidden: int) -> None:
         sender.error("SGLang returned no hidden states for a prefill batch: aux capture is "
                      "not active in this SGLang build")
         return
-    if isinstance(hs, (list, tuple)):
-        hs = torch.cat(list(hs), dim=-1)
-    if hs.shape[-1] != width:
-        sender.error(f"captured rows are {hs.shape[-1]} wide, expected {width} "
-                     "(K layers x hidden size); the model did not capture the asked layers")
+    s = width // hidden
+    if isinstance(hs, (list, tuple)) or hs.dim() != 2 or hs.shape[-1] != width + s:
+        shape = [tuple(h.shape) for h in hs] if isinstance(hs, (list, tuple)) else tuple(hs.shape)
+        sender.error(f"captured rows have shape {shape}, expected [tokens, {width + s}] "
+                     f"({s} slots x hidden size {hidden}, packed by hsdump's logits hook); "
+                     "the model did not capture the asked layers")
         return
-    # [T, S * H] -> [S, T, H], made contiguous where it is (on a GPU, one cheap kernel), then one
-    # copy to the host: each request's rows of one slot are then one contiguous block, which
-    # the caller stores as is (no per-sample re-layout on its side)
     t = hs.shape[0]
-    hs = hs.detach().view(t, width // hidden, hidden).transpose(0, 1).contiguous()
-    # NaN/Inf check where the rows are (two reductions, no temporary of the rows' size):
-    # NaN propagates through amax, +Inf shows in amax and -Inf in amin. [S, T] per-row flags.
-    finite = torch.isfinite(hs.amax(dim=2)) & torch.isfinite(hs.amin(dim=2))
-    finite, hs = finite.to("cpu"), hs.to("cpu")
+    flat = hs.to("cpu").view(-1)  # overlap scheduling has copied it already: no-op then
+    rows = flat[: s * t * hidden].view(s, t, hidden)
+    finite = flat[s * t * hidden:].view(s, t) != 0
     lens = getattr(result, "extend_input_len_per_req", None) or batch.extend_lens
     off = 0
     for req, start, n in zip(batch.reqs, batch.prefix_lens, lens):
-        bad = (~finite[:, off: off + n]).any(dim=1).nonzero().flatten().tolist()  # slots
-        sender.rows(req.rid, start, hs[:, off: off + n], bad)
+        seg = finite[:, off: off + n]
+        bad = [] if bool(seg.all()) else (~seg.all(dim=1)).nonzero().flatten().tolist()
+        sender.rows(req.rid, start, rows[:, off: off + n], bad)
         off += n
     if off != t:
         sender.error(f"batch has {t} captured rows but its requests extend {off}")
