@@ -56,6 +56,11 @@ def refs():
 
 
 def _check(res):
+    # the measured errors, for the record (run with -s to see them)
+    for k, errs in sorted(res.get("sglang_vs_hf_fp32", {}).items()):
+        ref = res["hf_bf16_vs_hf_fp32"][k]
+        print(f"layer {k}: hsdump worst {max(errs):.4f} mean {sum(errs) / len(errs):.4f} | "
+              f"hf bf16 worst {max(ref):.4f} mean {sum(ref) / len(ref):.4f}")
     msg = "\n".join(res.get("problems", []) + gc.tolerance_failures(res))
     assert not gc.tolerance_failures(res), msg
 
