@@ -539,7 +539,7 @@ def mode_builtin(model_path, ec, loads: List[Workload], layers, info, version, m
 
 
 def _fast_check_sample(sid, input_ids, loss_mask, hidden_states, hidden_size, k, final=None,
-                       final_kinds=()):
+                       final_kinds=(), nonfinite=None):
     """What-if for hsdump.writer.check_sample: the same shape checks, but finiteness from one
     `amax` reduction per tensor (NaN and Inf propagate through abs().amax()) instead of
     `torch.isfinite(h).all()`, which is ~20x slower on CPU for strided bf16 views."""

@@ -173,6 +173,9 @@ def check_sample(sid: int, input_ids: Sequence[int], loss_mask: Sequence[int],
             raise SampleError(f"sample {sid}: {what} has shape {tuple(h.shape)}, "
                               f"expected ({n}, {hidden_size})")
     if nonfinite is not None:
+        if any(not 0 <= j < len(named) for j in nonfinite):
+            raise SampleError(f"sample {sid}: nonfinite flags {list(nonfinite)} name tensors "
+                              f"beyond the {len(named)} given")
         return f"nonfinite in {named[min(nonfinite)][0]}" if nonfinite else None
     for what, h in named:
         # one reduction: NaN and +-Inf survive abs().amax(); far cheaper than isfinite().all()

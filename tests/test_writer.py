@@ -133,6 +133,8 @@ def test_producer_flags_replace_the_scan(tmp_path):
     w = writer(tmp_path / "raise")
     with pytest.raises(SampleError, match=r"nonfinite in hidden_states\[0\]"):
         w.add(0, ids, mask, hs, nonfinite=[0])
+    with pytest.raises(SampleError, match=r"flags \[3\] name tensors beyond the 3 given"):
+        w.add(0, ids, mask, hs, nonfinite=[3])
     w.close()
 
 
