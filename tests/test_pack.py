@@ -1,0 +1,38 @@
+"""hsdump.engine._pack_rows: the device-side layout and NaN/Inf flags, on plain tensors.
+
+The real-engine tests (test_engine.py) check the same path end to end against transformers;
+this pins the buffer layout and every kind of non-finite value at exact rows and slots."""
+
+import torch
+
+from hsdump.engine import _pack_rows
+
+
+def unpack(buf, s, t, h):
+    flat = buf.view(-1)
+    return flat[: s * t * h].view(s, t, h), flat[s * t * h:].view(s, t) != 0
+
+
+def test_layout_is_slot_major_with_flags_after_the_rows():
+    t, h = 5, 4
+    aux = torch.randn(t, 3 * h, dtype=torch.bfloat16)  # 3 aux layers side by side, as SGLang
+    final = torch.randn(t, h, dtype=torch.float32)  # a final state in another dtype
+    buf = _pack_rows([aux, final], t, h)
+    assert buf.shape == (t, 4 * h + 4) and buf.dtype == torch.bfloat16
+    rows, finite = unpack(buf, 4, t, h)
+    for k in range(3):
+        assert torch.equal(rows[k], aux[:, k * h:(k + 1) * h])
+        assert rows[k].is_contiguous()
+    assert torch.equal(rows[3], final.to(torch.bfloat16))
+    assert finite.all()
+
+
+def test_each_kind_of_nonfinite_value_flags_its_row_and_slot():
+    t, h = 6, 8
+    parts = [torch.randn(t, h) for _ in range(3)]  # aux given as a list of [T, H], as in 0.5.17
+    parts[0][2, 5] = float("nan")
+    parts[1][4, 0] = float("inf")
+    parts[2][0, 7] = float("-inf")  # only amin sees this one
+    _, finite = unpack(_pack_rows(parts, t, h), 3, t, h)
+    bad = {(int(s), int(r)) for s, r in (~finite).nonzero()}
+    assert bad == {(0, 2), (1, 4), (2, 0)}
