@@ -8,15 +8,15 @@
 2. wraps `LogitsProcessor.forward`: on the device, inside the forward, it packs the captured
    rows (and the final states, if asked) slot-major as `[S, tokens, H]` plus per-row NaN/Inf
    flags into one buffer, which SGLang's overlap scheduler then copies to the host in one
-   non-blocking transfer (`_pack_rows`);
+   non-blocking transfer (`rows.pack_rows`);
 3. wraps `SchedulerBatchResultProcessor.process_batch_result_prefill`: on attention-TP rank 0
    only, it slices that host buffer per request by the batch's extend lengths and sends each
    slice as S raw frames (each one contiguous) with (rid, start position, flagged slots) over
    a ZMQ PUSH socket of its own, and clears `logits_output.hidden_states` so SGLang's
    `.tolist()` path never runs. Every prefill chunk is sent, so chunked prefill loses nothing.
 
-The caller's receiver thread stitches chunks per rid by start position and checks that the
-rows cover exactly `len(input_ids)` before a sample is handed on.
+The caller's receiver thread (`rows.Receiver`) stitches chunks per rid by start position and
+checks that the rows cover exactly `len(input_ids)` before a sample is handed on.
 """
 
 from __future__ import annotations
@@ -33,7 +33,6 @@ import tempfile
 import threading
 import time
 import uuid
-import warnings
 from importlib import metadata
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Dict, Iterable, List, Optional, Sequence, Tuple
@@ -41,6 +40,7 @@ from typing import TYPE_CHECKING, Callable, Dict, Iterable, List, Optional, Sequ
 import torch
 
 from .layers import ModelInfo
+from .rows import CaptureError, Receiver, Sender, bad_slots, pack_rows, unpack_rows
 
 if TYPE_CHECKING:
     from .config import EngineConfig, ModelConfig
@@ -49,16 +49,11 @@ log = logging.getLogger(__name__)
 
 SUPPORTED_SGLANG = ("0.5.17", "0.5.23")
 ENV = "HSDUMP_CAPTURE"
-DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 ROWS_TIMEOUT_S = 120.0
 
 # sink(sample_id, input_ids, hidden_states, nonfinite): nonfinite lists the indices into
 # hidden_states whose rows hold NaN or Inf, found on the device where the rows were captured
 Sink = Callable[[int, List[int], List[torch.Tensor], List[int]], None]
-
-
-class CaptureError(RuntimeError):
-    """The engine did not deliver what a sample needs; the message says what went wrong."""
 
 
 class EngineDied(RuntimeError):
@@ -102,28 +97,6 @@ def _prepare_process(device: str) -> None:
 
 
 # --------------------------------------------------------------------------- scheduler side
-class _Sender:
-    """Per scheduler process: a PUSH socket carrying (header, raw rows) messages."""
-
-    def __init__(self, endpoint: str):
-        import zmq
-
-        self.sock = zmq.Context.instance().socket(zmq.PUSH)
-        self.sock.setsockopt(zmq.LINGER, 10_000)
-        self.sock.connect(endpoint)
-
-    def rows(self, rid: str, start: int, slots: torch.Tensor, nonfinite: List[int]) -> None:
-        # slots: [S, n, H] on the CPU, each slots[s] contiguous: one frame per slot
-        header = {"rid": rid, "start": int(start), "n": int(slots.shape[1]),
-                  "hidden": int(slots.shape[2]), "dtype": str(slots.dtype).split(".")[-1],
-                  "nonfinite": nonfinite}
-        frames = [x.view(torch.uint8).numpy() if x.numel() else b"" for x in slots.unbind(0)]
-        self.sock.send_multipart([json.dumps(header).encode()] + frames, copy=False)
-
-    def error(self, message: str) -> None:
-        self.sock.send_multipart([json.dumps({"error": message}).encode(), b""])
-
-
 def _is_writer_rank() -> bool:
     from sglang.srt.runtime_context import get_parallel
 
@@ -147,7 +120,7 @@ def _install_patch(spec: dict) -> None:
 
     layers = sorted(spec["layers"])
     final = [k for k in FINAL_KINDS if k in spec.get("final", [])]
-    sender: Dict[str, _Sender] = {}
+    sender: Dict[str, Sender] = {}
 
     orig_load = mr.ModelRunner.load_model
 
@@ -187,7 +160,7 @@ def _install_patch(spec: dict) -> None:
         extra = {"pre_norm": pre, "post_norm": hidden_states}
         if any(extra[k] is None for k in final):
             raise RuntimeError("hsdump: the final norm's input was not seen in this forward")
-        out.hidden_states = _pack_rows(parts + [extra[k] for k in final], t, spec["hidden"])
+        out.hidden_states = pack_rows(parts + [extra[k] for k in final], t, spec["hidden"])
         return out
 
     lp.LogitsProcessor.forward = logits_forward
@@ -198,7 +171,7 @@ def _install_patch(spec: dict) -> None:
         if batch.return_hidden_states:
             if _is_writer_rank():
                 if "s" not in sender:
-                    sender["s"] = _Sender(spec["endpoint"])
+                    sender["s"] = Sender(spec["endpoint"])
                 _emit_rows(sender["s"], batch, result, spec["width"], spec["hidden"])
             else:  # the other TP ranks hold the same rows: drop them, never .tolist() them
                 out = getattr(result, "logits_output", None)
@@ -209,28 +182,7 @@ def _install_patch(spec: dict) -> None:
     brp.SchedulerBatchResultProcessor.process_batch_result_prefill = process_batch_result_prefill
 
 
-def _pack_rows(parts: List[torch.Tensor], t: int, hidden: int) -> torch.Tensor:
-    """On the device, inside the forward: the captured rows (aux [T, K * H] or K [T, H],
-    then the final states [T, H]) -> one buffer of shape [T, S * H + S] whose memory holds
-    [S, T, H] (slot-major: each request's rows of one slot are one contiguous block on the
-    host) followed by [S, T] finite flags (1 = the row has no NaN/Inf; amax propagates NaN,
-    +Inf shows in amax and -Inf in amin). SGLang then copies it to the host in one
-    non-blocking transfer, so the scheduler's CPU does no per-row work."""
-    dtype = parts[0].dtype
-    views = [p.reshape(t, -1, hidden) for p in parts]
-    s = sum(v.shape[1] for v in views)
-    buf = torch.empty(t * (s * hidden + s), dtype=dtype, device=parts[0].device)
-    rows = buf[: s * t * hidden].view(s, t, hidden)
-    j = 0
-    for v in views:
-        rows[j: j + v.shape[1]].copy_(v.transpose(0, 1))
-        j += v.shape[1]
-    finite = torch.isfinite(rows.amax(dim=2)) & torch.isfinite(rows.amin(dim=2))
-    buf[s * t * hidden:].view(s, t).copy_(finite)
-    return buf.view(t, s * hidden + s)
-
-
-def _emit_rows(sender: _Sender, batch, result, width: int, hidden: int) -> None:
+def _emit_rows(sender: Sender, batch, result, width: int, hidden: int) -> None:
     if getattr(result, "copy_done", None) is not None:
         result.copy_done.synchronize()
     out = getattr(result, "logits_output", None)
@@ -247,15 +199,12 @@ def _emit_rows(sender: _Sender, batch, result, width: int, hidden: int) -> None:
                      "the model did not capture the asked layers")
         return
     t = hs.shape[0]
-    flat = hs.to("cpu").view(-1)  # overlap scheduling has copied it already: no-op then
-    rows = flat[: s * t * hidden].view(s, t, hidden)
-    finite = flat[s * t * hidden:].view(s, t) != 0
+    # overlap scheduling has copied the buffer to the host already (then .to is a no-op)
+    rows, finite = unpack_rows(hs.to("cpu"), s, hidden)
     lens = getattr(result, "extend_input_len_per_req", None) or batch.extend_lens
     off = 0
     for req, start, n in zip(batch.reqs, batch.prefix_lens, lens):
-        seg = finite[:, off: off + n]
-        bad = [] if bool(seg.all()) else (~seg.all(dim=1)).nonzero().flatten().tolist()
-        sender.rows(req.rid, start, rows[:, off: off + n], bad)
+        sender.rows(req.rid, start, rows[:, off: off + n], bad_slots(finite[:, off: off + n]))
         off += n
     if off != t:
         sender.error(f"batch has {t} captured rows but its requests extend {off}")
@@ -280,76 +229,6 @@ def run_scheduler_process(*args, **kwargs):
 
 
 # --------------------------------------------------------------------------- caller side
-class _Receiver(threading.Thread):
-    """Pulls row messages and stitches them per request id."""
-
-    def __init__(self, endpoint: str):
-        super().__init__(name="hsdump-rows", daemon=True)
-        import zmq
-
-        self._zmq = zmq
-        self.sock = zmq.Context.instance().socket(zmq.PULL)
-        self.sock.bind(endpoint)
-        self.cond = threading.Condition()
-        self.parts: Dict[str, List[Tuple[int, torch.Tensor]]] = {}
-        self.error: Optional[str] = None
-        self._stop_evt = threading.Event()
-
-    def run(self) -> None:
-        poller = self._zmq.Poller()
-        poller.register(self.sock, self._zmq.POLLIN)
-        while not self._stop_evt.is_set():
-            if not poller.poll(100):
-                continue
-            head, *frames = self.sock.recv_multipart(copy=False)
-            h = json.loads(head.bytes)
-            with self.cond:
-                if "error" in h:
-                    self.error = h["error"]
-                else:
-                    self.parts.setdefault(h["rid"], []).append(
-                        (h["start"], [_tensor(h, f) for f in frames], h["nonfinite"]))
-                self.cond.notify_all()
-
-    def take(self, rid: str, n: int, timeout: float) -> Tuple[List[torch.Tensor], List[int]]:
-        """Rows 0..n-1 of request `rid`: one contiguous [n, H] tensor per slot, and the slots
-        that hold NaN/Inf in any chunk."""
-        def have() -> int:
-            return sum(p[1][0].shape[0] for p in self.parts.get(rid, []))
-
-        with self.cond:
-            ok = self.cond.wait_for(lambda: self.error is not None or have() >= n, timeout)
-            if self.error is not None:
-                raise CaptureError(self.error)
-            parts = sorted(self.parts.pop(rid, []), key=lambda p: p[0])
-        if not ok:
-            raise CaptureError(f"request {rid}: {sum(p[1][0].shape[0] for p in parts)} of {n} "
-                               f"captured rows arrived within {timeout:.0f} s")
-        pos = 0
-        for start, t, _ in parts:
-            if start != pos:
-                raise CaptureError(f"request {rid}: rows from {start} arrived where {pos} was "
-                                   "expected; chunks were lost or repeated")
-            pos += t[0].shape[0]
-        bad = sorted({s for p in parts for s in p[2]})
-        if len(parts) == 1:
-            return [x[:n] for x in parts[0][1]], bad
-        # chunked prefill: one concatenation per slot (the only copy on the caller's side)
-        return [torch.cat([p[1][s] for p in parts])[:n] for s in range(len(parts[0][1]))], bad
-
-    def discard(self, rid: str) -> None:
-        with self.cond:
-            self.parts.pop(rid, None)
-
-    def stop(self) -> None:
-        with self.cond:
-            self.error = self.error or "the row receiver was stopped"
-            self.cond.notify_all()
-        self._stop_evt.set()
-        self.join(timeout=5)
-        self.sock.close(linger=0)
-
-
 _ACTIVE: Optional["CaptureEngine"] = None
 
 
@@ -370,16 +249,6 @@ def _child_processes():
         except psutil.Error:
             pass
     return out
-
-
-def _tensor(h: dict, body) -> torch.Tensor:
-    dtype = DTYPES[h["dtype"]]
-    if h["n"] == 0:
-        return torch.empty((0, h["hidden"]), dtype=dtype)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # zmq frames are read-only; hsdump never writes them
-        flat = torch.frombuffer(body.buffer, dtype=torch.uint8)
-    return flat.view(dtype).view(h["n"], h["hidden"])
 
 
 def sglang_version() -> str:
@@ -438,7 +307,7 @@ class CaptureEngine:
         self._slot += [len(layers) + f for f in range(len(self.final))]
         self._ipc_dir = tempfile.mkdtemp(prefix="hsdump-")
         endpoint = f"ipc://{self._ipc_dir}/rows"
-        self._rx = _Receiver(endpoint)
+        self._rx = Receiver(endpoint)
         self._rx.start()
         os.environ[ENV] = json.dumps({"endpoint": endpoint, "layers": self.layers,
                                       "final": self.final, "device": engine_cfg.device,

@@ -1,11 +1,11 @@
-"""hsdump.engine._pack_rows: the device-side layout and NaN/Inf flags, on plain tensors.
+"""hsdump.rows.pack_rows: the device-side layout and NaN/Inf flags, on plain tensors.
 
 The real-engine tests (test_engine.py) check the same path end to end against transformers;
 this pins the buffer layout and every kind of non-finite value at exact rows and slots."""
 
 import torch
 
-from hsdump.engine import _pack_rows
+from hsdump.rows import pack_rows as _pack_rows
 
 
 def unpack(buf, s, t, h):

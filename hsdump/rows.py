@@ -1,0 +1,161 @@
+"""Captured rows in transit, from SGLang's scheduler process to the caller (no sglang import).
+
+Scheduler side: `pack_rows` runs on the device inside the forward and lays a batch's rows
+out slot-major with their NaN/Inf flags; `unpack_rows` reads that buffer back on the host;
+`Sender` pushes each request's slice as raw frames over ZMQ. Caller side: `Receiver` pulls the
+frames, stitches a request's chunks by start position and hands over one contiguous [n, H]
+tensor per slot. A slot is one captured layer or final state.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import warnings
+from typing import Dict, List, Optional, Tuple
+
+import torch
+
+DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+
+
+class CaptureError(RuntimeError):
+    """The engine did not deliver what a sample needs; the message says what went wrong."""
+
+
+# --------------------------------------------------------------------------- buffer layout
+def pack_rows(parts: List[torch.Tensor], t: int, hidden: int) -> torch.Tensor:
+    """On the device, inside the forward: the captured rows (aux [T, K * H] or K [T, H],
+    then the final states [T, H]) -> one buffer of shape [T, S * H + S] whose memory holds
+    [S, T, H] (slot-major: each request's rows of one slot are one contiguous block on the
+    host) followed by [S, T] finite flags (1 = the row has no NaN/Inf; amax propagates NaN,
+    +Inf shows in amax and -Inf in amin). SGLang then copies it to the host in one
+    non-blocking transfer, so the scheduler's CPU does no per-row work."""
+    dtype = parts[0].dtype
+    views = [p.reshape(t, -1, hidden) for p in parts]
+    s = sum(v.shape[1] for v in views)
+    buf = torch.empty(t * (s * hidden + s), dtype=dtype, device=parts[0].device)
+    rows = buf[: s * t * hidden].view(s, t, hidden)
+    j = 0
+    for v in views:
+        rows[j: j + v.shape[1]].copy_(v.transpose(0, 1))
+        j += v.shape[1]
+    finite = torch.isfinite(rows.amax(dim=2)) & torch.isfinite(rows.amin(dim=2))
+    buf[s * t * hidden:].view(s, t).copy_(finite)
+    return buf.view(t, s * hidden + s)
+
+
+def unpack_rows(buf: torch.Tensor, s: int, hidden: int) -> Tuple[torch.Tensor, torch.Tensor]:
+    """pack_rows' buffer (on the host) -> rows [S, T, H] and finite flags [S, T] (bool)."""
+    t = buf.shape[0]
+    flat = buf.reshape(-1)
+    return flat[: s * t * hidden].view(s, t, hidden), flat[s * t * hidden:].view(s, t) != 0
+
+
+def bad_slots(finite: torch.Tensor) -> List[int]:
+    """The slots of a request's [S, n] flags that hold a non-finite row."""
+    return [] if bool(finite.all()) else (~finite.all(dim=1)).nonzero().flatten().tolist()
+
+
+# --------------------------------------------------------------------------- transport
+class Sender:
+    """Per scheduler process: a PUSH socket carrying (header, one frame per slot) messages."""
+
+    def __init__(self, endpoint: str):
+        import zmq
+
+        self.sock = zmq.Context.instance().socket(zmq.PUSH)
+        self.sock.setsockopt(zmq.LINGER, 10_000)
+        self.sock.connect(endpoint)
+
+    def rows(self, rid: str, start: int, slots: torch.Tensor, nonfinite: List[int]) -> None:
+        # slots: [S, n, H] on the CPU, each slots[s] contiguous: one frame per slot
+        header = {"rid": rid, "start": int(start), "n": int(slots.shape[1]),
+                  "hidden": int(slots.shape[2]), "dtype": str(slots.dtype).split(".")[-1],
+                  "nonfinite": nonfinite}
+        frames = [x.view(torch.uint8).numpy() if x.numel() else b"" for x in slots.unbind(0)]
+        self.sock.send_multipart([json.dumps(header).encode()] + frames, copy=False)
+
+    def error(self, message: str) -> None:
+        self.sock.send_multipart([json.dumps({"error": message}).encode(), b""])
+
+
+def frame_tensor(h: dict, body) -> torch.Tensor:
+    """One received frame as an [n, H] tensor over the frame's memory (no copy)."""
+    dtype = DTYPES[h["dtype"]]
+    if h["n"] == 0:
+        return torch.empty((0, h["hidden"]), dtype=dtype)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # zmq frames are read-only; hsdump never writes them
+        flat = torch.frombuffer(body.buffer, dtype=torch.uint8)
+    return flat.view(dtype).view(h["n"], h["hidden"])
+
+
+class Receiver(threading.Thread):
+    """Pulls row messages and stitches them per request id."""
+
+    def __init__(self, endpoint: str):
+        super().__init__(name="hsdump-rows", daemon=True)
+        import zmq
+
+        self._zmq = zmq
+        self.sock = zmq.Context.instance().socket(zmq.PULL)
+        self.sock.bind(endpoint)
+        self.cond = threading.Condition()
+        self.parts: Dict[str, List[Tuple[int, List[torch.Tensor], List[int]]]] = {}
+        self.error: Optional[str] = None
+        self._stop_evt = threading.Event()
+
+    def run(self) -> None:
+        poller = self._zmq.Poller()
+        poller.register(self.sock, self._zmq.POLLIN)
+        while not self._stop_evt.is_set():
+            if not poller.poll(100):
+                continue
+            head, *frames = self.sock.recv_multipart(copy=False)
+            h = json.loads(head.bytes)
+            with self.cond:
+                if "error" in h:
+                    self.error = h["error"]
+                else:
+                    self.parts.setdefault(h["rid"], []).append(
+                        (h["start"], [frame_tensor(h, f) for f in frames], h["nonfinite"]))
+                self.cond.notify_all()
+
+    def take(self, rid: str, n: int, timeout: float) -> Tuple[List[torch.Tensor], List[int]]:
+        """Rows 0..n-1 of request `rid`: one contiguous [n, H] tensor per slot, and the slots
+        that hold NaN/Inf in any chunk."""
+        def have() -> int:
+            return sum(p[1][0].shape[0] for p in self.parts.get(rid, []))
+
+        with self.cond:
+            ok = self.cond.wait_for(lambda: self.error is not None or have() >= n, timeout)
+            if self.error is not None:
+                raise CaptureError(self.error)
+            parts = sorted(self.parts.pop(rid, []), key=lambda p: p[0])
+        if not ok:
+            raise CaptureError(f"request {rid}: {sum(p[1][0].shape[0] for p in parts)} of {n} "
+                               f"captured rows arrived within {timeout:.0f} s")
+        pos = 0
+        for start, t, _ in parts:
+            if start != pos:
+                raise CaptureError(f"request {rid}: rows from {start} arrived where {pos} was "
+                                   "expected; chunks were lost or repeated")
+            pos += t[0].shape[0]
+        bad = sorted({s for p in parts for s in p[2]})
+        if len(parts) == 1:
+            return [x[:n] for x in parts[0][1]], bad
+        # chunked prefill: one concatenation per slot (the only copy on the caller's side)
+        return [torch.cat([p[1][s] for p in parts])[:n] for s in range(len(parts[0][1]))], bad
+
+    def discard(self, rid: str) -> None:
+        with self.cond:
+            self.parts.pop(rid, None)
+
+    def stop(self) -> None:
+        with self.cond:
+            self.error = self.error or "the row receiver was stopped"
+            self.cond.notify_all()
+        self._stop_evt.set()
+        self.join(timeout=5)
+        self.sock.close(linger=0)
