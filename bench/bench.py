@@ -21,7 +21,7 @@ device-wide `used`; both are sampled every 0.2 s during the timed window.
     make bench                                       # CPU-sized: tiny Llama, SGLang CPU engine
     python3 bench/bench.py --device cuda --models llama8b:2048:128:8 --name gpu-llama8b
     python3 bench/bench.py --device cuda --models llama8b:2048/8192 --deadline-s 560
-    python3 bench/bench.py --models "" --writer-only 2048:4096:3:64   # DatasetWriter alone
+    python3 bench/writer_bench.py --dir /output/disk               # DatasetWriter alone
 
 On the GPU machine, first `source .gpu/part1/install.sh` and put the repo on PYTHONPATH
 (see BENCHMARKS.md). Sequence lengths of one model share its three engines.
@@ -538,67 +538,6 @@ def mode_builtin(model_path, ec, loads: List[Workload], layers, info, version, m
     return out
 
 
-def _fast_check_sample(sid, input_ids, loss_mask, hidden_states, hidden_size, k, final=None,
-                       final_kinds=(), nonfinite=None):
-    """What-if for hsdump.writer.check_sample: the same shape checks, but finiteness from one
-    `amax` reduction per tensor (NaN and Inf propagate through abs().amax()) instead of
-    `torch.isfinite(h).all()`, which is ~20x slower on CPU for strided bf16 views."""
-    from hsdump.writer import SampleError
-
-    n = len(input_ids)
-    if len(loss_mask) != n or len(hidden_states) != k or final:
-        raise SampleError(f"sample {sid}: unexpected sample layout in the writer-only bench")
-    for j, h in enumerate(hidden_states):
-        if tuple(h.shape) != (n, hidden_size):
-            raise SampleError(f"sample {sid}: hidden_states[{j}] has shape {tuple(h.shape)}")
-        if not bool(torch.isfinite(h.abs().amax())):
-            return f"nonfinite in hidden_states[{j}]"
-    return None
-
-
-def mode_writer_only(out_dir: str, seq: int, hidden: int, k: int, n: int,
-                     fast_check: bool = False) -> dict:
-    """DatasetWriter alone, fed like CaptureEngine feeds it: per sample one read-only
-    [seq, K * H] bf16 buffer (as a ZMQ frame arrives) split into K strided [seq, H] views."""
-    import warnings
-
-    import hsdump.writer as W
-
-    src = torch.randn(seq, k * hidden).to(torch.bfloat16)
-    payload = bytes(src.view(torch.uint8).numpy())
-    ds_dir = os.path.join(out_dir, "writer-only")
-    shutil.rmtree(ds_dir, ignore_errors=True)
-    orig = W.check_sample
-    if fast_check:
-        W.check_sample = _fast_check_sample
-    try:
-        t0 = time.time()
-        w = W.DatasetWriter(ds_dir, {"layers": list(range(1, k + 1))}, {"bench": True},
-                            layers=list(range(1, k + 1)), hidden_size=hidden)
-        add_s = 0.0
-        ids = list(range(seq))
-        for i in range(n):
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")
-                rows = torch.frombuffer(payload, dtype=torch.uint8).view(torch.bfloat16)
-            per = rows.view(seq, k, hidden)
-            t = time.time()
-            w.add(i, ids, [1] * seq, [per[:, s, :] for s in range(k)])
-            add_s += time.time() - t
-        t_close = time.time()
-        w.close()
-        wall = time.time() - t0
-        close_s = time.time() - t_close
-        nbytes = w.bytes_written
-    finally:
-        W.check_sample = orig
-        shutil.rmtree(ds_dir, ignore_errors=True)
-    return {"seq": seq, "hidden": hidden, "k": k, "samples": n, "fast_check": fast_check,
-            "wall_s": wall, "add_s": add_s, "final_close_s": close_s, "bytes_written": nbytes,
-            "bytes_per_s": nbytes / wall, "samples_per_s": n / wall,
-            "tokens_per_s": n * seq / wall}
-
-
 # --------------------------------------------------------------------------- report
 def _gb(x):
     return "-" if x is None else f"{x / 1e9:.2f}"
@@ -673,9 +612,6 @@ def main(argv=None) -> int:
     ap.add_argument("--dd-mib", type=int, default=None)
     ap.add_argument("--repeat", type=int, default=None,
                     help="timed runs per mode, median reported (default: 2 on CPU, 1 on GPU)")
-    ap.add_argument("--writer-only", default="",
-                    help="comma list of SEQ:HIDDEN:K:N: also time DatasetWriter alone on "
-                    "synthetic rows, with hsdump's check and with a faster finiteness check")
     ap.add_argument("--deadline-s", type=float, default=0,
                     help="skip modes that would start after this many seconds")
     ap.add_argument("--tokens", type=int, default=0,
@@ -714,17 +650,6 @@ def main(argv=None) -> int:
     report["disk"] = disk_bandwidth(args.out_dir, args.dd_mib or (4096 if gpu else 256))
     print("disk:", json.dumps(report["disk"]))
     save()
-
-    for spec in [s for s in args.writer_only.split(",") if s]:
-        seq, hidden, k, n = (int(x) for x in spec.split(":"))
-        for fast in (False, True):
-            r = mode_writer_only(args.out_dir, seq, hidden, k, n, fast)
-            report.setdefault("writer_only", []).append(r)
-            print(f"writer only seq {seq} hidden {hidden} K {k} x{n} fast_check={fast}: "
-                  f"{r['bytes_per_s'] / 1e6:,.0f} MB/s, {r['tokens_per_s']:,.0f} tokens/s, "
-                  f"{r['samples_per_s']:.1f} samples/s (add {r['add_s']:.1f} s of "
-                  f"{r['wall_s']:.1f} s)", flush=True)
-            save()
 
     for spec in [s for s in args.models.split(",") if s]:
         parts = spec.split(":")

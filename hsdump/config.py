@@ -196,9 +196,9 @@ class DistConfig:
     """This job's index, 0 <= job_index < num_jobs. It owns sample ids with id % num_jobs == job_index."""
 
     def __post_init__(self) -> None:
-        if self.num_jobs < 1 or not 0 <= self.job_index < self.num_jobs:
-            raise ValueError(f"dist.job_index={self.job_index} with dist.num_jobs={self.num_jobs}:"
-                             " need num_jobs >= 1 and 0 <= job_index < num_jobs")
+        from .dist import check
+
+        check(self.num_jobs, self.job_index)
 
 
 @dataclass
