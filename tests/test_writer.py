@@ -125,9 +125,13 @@ def test_producer_flags_replace_the_scan(tmp_path):
     assert not w.add(0, ids, mask, hs, {"post_norm": post}, nonfinite=[3])
     assert not w.add(1, ids, mask, hs, {"post_norm": post}, nonfinite=[2, 1])
     assert w.add(2, ids, mask, hs, {"post_norm": post}, nonfinite=[])
+    # the flags are the verdict: rows the producer called finite are not scanned again
+    nan = [hs[0], hs[1].clone(), hs[2]]
+    nan[1][0, 0] = float("nan")
+    assert w.add(3, ids, mask, nan, {"post_norm": post}, nonfinite=[])
     w.close()
     index = json.loads((tmp_path / "index.json").read_text())
-    assert list(index["samples"]) == ["2"]
+    assert sorted(index["samples"]) == ["2", "3"]
     assert index["skipped"] == {"0": "nonfinite in final/post_norm",
                                 "1": "nonfinite in hidden_states[1]"}
     w = writer(tmp_path / "raise")
