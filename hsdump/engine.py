@@ -40,7 +40,7 @@ from typing import TYPE_CHECKING, Callable, Dict, Iterable, List, Optional, Sequ
 import torch
 
 from .layers import ModelInfo
-from .rows import CaptureError, Receiver, Sender, bad_slots, pack_rows, unpack_rows
+from .rows import CaptureError, Receiver, Sender, bad_slots, flags_valid, pack_rows, unpack_rows
 
 if TYPE_CHECKING:
     from .config import EngineConfig, ModelConfig
@@ -160,7 +160,20 @@ def _install_patch(spec: dict) -> None:
         extra = {"pre_norm": pre, "post_norm": hidden_states}
         if any(extra[k] is None for k in final):
             raise RuntimeError("hsdump: the final norm's input was not seen in this forward")
-        out.hidden_states = pack_rows(parts + [extra[k] for k in final], t, spec["hidden"])
+        if torch.compiler.is_compiling() or (
+                torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()):
+            # a graph replay would reuse this buffer's memory while its copy to the host runs:
+            # leave the rows unpacked, so a replay that returns them fails loudly in _emit_rows
+            return out
+        # a prefill CUDA graph pads the batch to a bucket (SGLang 0.5.17's breakable graph
+        # runs this tail on the padded batch, then keeps [:real] rows): pack the real rows only
+        meta = kwargs.get("logits_metadata", args[1] if len(args) > 1 else None)
+        lens = getattr(meta, "extend_seq_lens_cpu", None)
+        mode = getattr(meta, "forward_mode", None)
+        n = int(sum(lens)) if lens is not None and mode is not None and mode.is_extend() else t
+        if n > t:
+            raise RuntimeError(f"hsdump: the batch extends {n} tokens but the forward has {t}")
+        out.hidden_states = pack_rows(parts + [extra[k] for k in final], n, spec["hidden"])
         return out
 
     lp.LogitsProcessor.forward = logits_forward
@@ -195,16 +208,25 @@ def _emit_rows(sender: Sender, batch, result, width: int, hidden: int) -> None:
     if isinstance(hs, (list, tuple)) or hs.dim() != 2 or hs.shape[-1] != width + s:
         shape = [tuple(h.shape) for h in hs] if isinstance(hs, (list, tuple)) else tuple(hs.shape)
         sender.error(f"captured rows have shape {shape}, expected [tokens, {width + s}] "
-                     f"({s} slots x hidden size {hidden}, packed by hsdump's logits hook); "
-                     "the model did not capture the asked layers")
+                     f"({s} slots x hidden size {hidden}, packed by hsdump's logits hook): "
+                     "the model did not capture the asked layers, or SGLang ran the logits "
+                     "processor inside a CUDA graph (prefill backend tc_piecewise; use the "
+                     "default breakable backend or engine.extra.disable_prefill_cuda_graph=true)")
         return
     t = hs.shape[0]
     # overlap scheduling has copied the buffer to the host already (then .to is a no-op)
-    rows, finite = unpack_rows(hs.to("cpu"), s, hidden)
+    rows, flags = unpack_rows(hs.to("cpu"), s, hidden)
+    if not flags_valid(flags):
+        sender.error(f"the captured rows of a {t}-token batch were resized between hsdump's "
+                     "packing and the scheduler (their NaN/Inf flags hold other values than 0 "
+                     "and 1), so their slots are misaligned; no rows of this batch are used. "
+                     "This SGLang build pads or cuts the logits output in a way hsdump does "
+                     "not handle: set engine.extra.disable_prefill_cuda_graph=true")
+        return
     lens = getattr(result, "extend_input_len_per_req", None) or batch.extend_lens
     off = 0
     for req, start, n in zip(batch.reqs, batch.prefix_lens, lens):
-        sender.rows(req.rid, start, rows[:, off: off + n], bad_slots(finite[:, off: off + n]))
+        sender.rows(req.rid, start, rows[:, off: off + n], bad_slots(flags[:, off: off + n]))
         off += n
     if off != t:
         sender.error(f"batch has {t} captured rows but its requests extend {off}")

@@ -25,14 +25,18 @@ class CaptureError(RuntimeError):
 
 # --------------------------------------------------------------------------- buffer layout
 def pack_rows(parts: List[torch.Tensor], t: int, hidden: int) -> torch.Tensor:
-    """On the device, inside the forward: the captured rows (aux [T, K * H] or K [T, H],
-    then the final states [T, H]) -> one buffer of shape [T, S * H + S] whose memory holds
-    [S, T, H] (slot-major: each request's rows of one slot are one contiguous block on the
-    host) followed by [S, T] finite flags (1 = the row has no NaN/Inf; amax propagates NaN,
-    +Inf shows in amax and -Inf in amin). SGLang then copies it to the host in one
-    non-blocking transfer, so the scheduler's CPU does no per-row work."""
+    """On the device, inside the forward: the first `t` captured rows (aux [T', K * H] or K
+    [T', H], then the final states [T', H]; T' >= t) -> one buffer of shape [t, S * H + S]
+    whose memory holds [S, t, H] (slot-major: each request's rows of one slot are one
+    contiguous block on the host) followed by [S, t] finite flags (1 = the row has no NaN/Inf;
+    amax propagates NaN, +Inf shows in amax and -Inf in amin). SGLang then copies it to the
+    host in one non-blocking transfer, so the scheduler's CPU does no per-row work.
+
+    `t` must be the batch's real token count: a prefill CUDA graph pads the forward to a
+    bucket and SGLang then keeps `[:real]` rows of the buffer, which on a slot-major buffer
+    padded to T' would cut through the slots (see `flags_valid`)."""
     dtype = parts[0].dtype
-    views = [p.reshape(t, -1, hidden) for p in parts]
+    views = [p[:t].reshape(t, -1, hidden) for p in parts]
     s = sum(v.shape[1] for v in views)
     buf = torch.empty(t * (s * hidden + s), dtype=dtype, device=parts[0].device)
     rows = buf[: s * t * hidden].view(s, t, hidden)
@@ -46,14 +50,22 @@ def pack_rows(parts: List[torch.Tensor], t: int, hidden: int) -> torch.Tensor:
 
 
 def unpack_rows(buf: torch.Tensor, s: int, hidden: int) -> Tuple[torch.Tensor, torch.Tensor]:
-    """pack_rows' buffer (on the host) -> rows [S, T, H] and finite flags [S, T] (bool)."""
+    """pack_rows' buffer (on the host) -> rows [S, T, H] and its raw flags [S, T] (1 or 0)."""
     t = buf.shape[0]
     flat = buf.reshape(-1)
-    return flat[: s * t * hidden].view(s, t, hidden), flat[s * t * hidden:].view(s, t) != 0
+    return flat[: s * t * hidden].view(s, t, hidden), flat[s * t * hidden:].view(s, t)
 
 
-def bad_slots(finite: torch.Tensor) -> List[int]:
-    """The slots of a request's [S, n] flags that hold a non-finite row."""
+def flags_valid(flags: torch.Tensor) -> bool:
+    """pack_rows writes only 1 and 0 as flags. Anything else there means the buffer reached
+    the host with another row count than it was packed for (rows cut or padded after the
+    pack), so its slots are misaligned: the rows must not be used. Costs S * T compares."""
+    return bool(((flags == 1) | (flags == 0)).all())
+
+
+def bad_slots(flags: torch.Tensor) -> List[int]:
+    """The slots of a request's [S, n] flags (1 = finite) that hold a non-finite row."""
+    finite = flags != 0
     return [] if bool(finite.all()) else (~finite.all(dim=1)).nonzero().flatten().tolist()
 
 

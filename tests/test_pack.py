@@ -5,6 +5,7 @@ this pins the buffer layout and every kind of non-finite value at exact rows and
 
 import torch
 
+from hsdump.rows import bad_slots, flags_valid, unpack_rows
 from hsdump.rows import pack_rows as _pack_rows
 
 
@@ -36,3 +37,27 @@ def test_each_kind_of_nonfinite_value_flags_its_row_and_slot():
     _, finite = unpack(_pack_rows(parts, t, h), 3, t, h)
     bad = {(int(s), int(r)) for s, r in (~finite).nonzero()}
     assert bad == {(0, 2), (1, 4), (2, 0)}
+
+
+def test_a_padded_forward_is_packed_for_its_real_rows():
+    # a prefill CUDA graph runs the logits tail on a batch padded to a bucket (8 rows here,
+    # 5 real) and SGLang keeps out.hidden_states[:5] (PrefillCudaGraphRunner._trim_logits_output)
+    t_pad, n, h = 8, 5, 4
+    parts = [torch.randn(t_pad, 2 * h), torch.randn(t_pad, h)]
+    parts[0][6:] = float("nan")  # padding rows hold anything
+    buf = _pack_rows(parts, n, h)[:n]
+    rows, flags = unpack_rows(buf, 3, h)
+    assert flags_valid(flags) and bad_slots(flags) == []
+    assert torch.equal(rows[1], parts[0][:n, h:]) and torch.equal(rows[2], parts[1][:n])
+
+
+def test_rows_cut_after_the_pack_are_detected():
+    # the same cut applied to a buffer packed for all 8 rows misaligns every slot after the
+    # first; the flag region then holds row values, which flags_valid rejects
+    t_pad, n, h = 8, 5, 16
+    parts = [torch.randn(t_pad, 3 * h)]
+    rows, flags = unpack_rows(_pack_rows(parts, t_pad, h)[:n], 3, h)
+    assert torch.equal(rows[0], parts[0][:n, :h])  # slot 0 still looks right...
+    assert not torch.equal(rows[1], parts[0][:n, h:2 * h])  # ...the others do not
+    assert not flags_valid(flags)
+    assert flags_valid(unpack_rows(_pack_rows(parts, t_pad, h), 3, h)[1])
