@@ -147,13 +147,20 @@ class EngineConfig:
             raise ValueError("engine.inflight_tokens must be >= 1")
 
 
+# Writer defaults, measured on the H200 host (BENCHMARKS.md section 6): 6 threads x 256 MiB
+# shards wrote at 0.90 of the disk's synced bandwidth where 3 x 1 GiB reached 0.66, and the
+# last shard's flush after the last sample (a fixed cost per run) is 4x smaller.
+SHARD_BYTES = 256 << 20
+WRITER_THREADS = 6
+
+
 @dataclass
 class OutputConfig:
     root: str = "outputs"
     """Folder under which the default `dir` is named after model and layer set."""
     dir: str = MISSING
     """Dataset directory. Re-running into it resumes."""
-    shard_bytes: int = 1 << 30
+    shard_bytes: int = SHARD_BYTES
     """Target size of one shard file."""
     dtype: str = "bfloat16"
     """Storage dtype of hidden states: bfloat16, float16, float32, or fp8 (e4m3 with a
@@ -166,7 +173,7 @@ class OutputConfig:
     """Estimated output larger than the free disk space: `raise`, `warn` or `off`."""
     max_host_bytes: int = 8 << 30
     """Host memory for captured rows: rows in flight plus writer_threads + 2 shards."""
-    writer_threads: int = 3
+    writer_threads: int = WRITER_THREADS
     """Shards written at once; their hashing and writing overlap (the writer's ceiling)."""
 
     def __post_init__(self) -> None:

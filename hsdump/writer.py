@@ -27,6 +27,7 @@ import torch
 
 from . import __version__
 from . import fp8
+from .config import SHARD_BYTES, WRITER_THREADS
 
 log = logging.getLogger(__name__)
 
@@ -190,9 +191,9 @@ class DatasetWriter:
     and adding this writer's entries, so readers always see one index."""
 
     def __init__(self, out_dir: str, manifest: dict, compat: dict, *, layers: Sequence[int],
-                 hidden_size: int, dtype: str = "bfloat16", shard_bytes: int = 1 << 30,
+                 hidden_size: int, dtype: str = "bfloat16", shard_bytes: int = SHARD_BYTES,
                  overwrite: bool = False, on_nonfinite: str = "raise", writer_tag: str = "",
-                 final: Sequence[str] = (), threads: int = 3):
+                 final: Sequence[str] = (), threads: int = WRITER_THREADS):
         self.dir = Path(out_dir)
         self.tag = writer_tag
         self.final = list(final)
