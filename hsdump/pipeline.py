@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Dict, List, Optional
 
 from . import __version__
-from .config import Config
+from .config import Config, OutputConfig
 from .dist import owns, writer_tag
 from .data import dataset_fingerprint, load_rows, load_tokenizer, template_sha256, tokenize_dataset
 from .layers import CONVENTION, read_model_info, resolve_layers
@@ -81,6 +81,26 @@ def _versions() -> Dict[str, str]:
     return out
 
 
+def rows_in_flight(out: OutputConfig, inflight_tokens: int, max_seq_len: int,
+                   row_bytes: int) -> int:
+    """Tokens of captured rows the engine may have in flight under `out.max_host_bytes`.
+
+    The budget holds writer_threads + 2 shards (one filling, one queued, the rest being
+    written; see writer.py), the rows in flight, and one more sample of max_seq_len rows: a
+    sample prefilled in several chunks is stitched into one copy per slot before its chunks
+    are freed (rows.Receiver.take). Raises when that leaves less than one sample."""
+    held = (out.writer_threads + 2) * out.shard_bytes + max_seq_len * row_bytes
+    inflight = min(inflight_tokens, max(0, out.max_host_bytes - held) // row_bytes)
+    if inflight < max_seq_len:
+        raise ValueError(
+            f"output.max_host_bytes={out.max_host_bytes} holds {out.writer_threads + 2} shards "
+            f"of {out.shard_bytes} bytes, one stitched sample and only {inflight} tokens of "
+            f"rows in flight ({row_bytes} bytes per token), less than one sample of "
+            f"dataset.max_seq_len={max_seq_len}; raise output.max_host_bytes, or lower "
+            "output.shard_bytes or output.writer_threads")
+    return inflight
+
+
 def run(cfg: Config, resolved_config: Optional[dict] = None) -> Summary:
     t0 = time.time()
     if cfg.dist.num_jobs > 1 and cfg.output.overwrite:
@@ -136,15 +156,8 @@ def run(cfg: Config, resolved_config: Optional[dict] = None) -> Summary:
     # rows in flight are held once (bf16/fp16/fp32 as the engine runs) until written
     slots = len(layers) + len(cfg.capture.final)
     row_bytes = slots * info.hidden_size * STORAGE_BYTES[cfg.model.dtype]
-    held = (cfg.output.writer_threads + 2) * cfg.output.shard_bytes  # see writer.py
-    inflight = min(cfg.engine.inflight_tokens, (cfg.output.max_host_bytes - held) // row_bytes)
-    if inflight < cfg.dataset.max_seq_len:
-        raise ValueError(
-            f"output.max_host_bytes={cfg.output.max_host_bytes} holds "
-            f"{cfg.output.writer_threads + 2} shards of "
-            f"{cfg.output.shard_bytes} bytes and only {inflight} tokens of rows in flight, less "
-            f"than one sample of dataset.max_seq_len={cfg.dataset.max_seq_len}; raise "
-            "output.max_host_bytes or lower output.shard_bytes")
+    inflight = rows_in_flight(cfg.output, cfg.engine.inflight_tokens, cfg.dataset.max_seq_len,
+                              row_bytes)
     engine_cfg = dataclasses.replace(cfg.engine, inflight_tokens=inflight)
 
     d = cfg.dist
