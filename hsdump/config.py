@@ -147,7 +147,7 @@ class EngineConfig:
             raise ValueError("engine.inflight_tokens must be >= 1")
 
 
-# Writer defaults, measured on the H200 host (BENCHMARKS.md section 6): 6 threads x 256 MiB
+# Writer defaults, measured on the H200 host (BENCHMARKS.md section 7): 6 threads x 256 MiB
 # shards wrote at 0.90 of the disk's synced bandwidth where 3 x 1 GiB reached 0.66, and the
 # last shard's flush after the last sample (a fixed cost per run) is 4x smaller.
 SHARD_BYTES = 256 << 20
