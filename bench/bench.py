@@ -699,7 +699,8 @@ def main(argv=None) -> int:
                 "tokens": loads[-1].tokens,
                 "repeat": repeat, "model_build_s": build_s}
         engines = report.setdefault("engines", {}).setdefault(mname, {})
-        est = 90 if small else 60 + 45 * len(seqs)  # seconds a mode takes, roughly
+        # seconds a mode takes: a rough constant until one mode has run, then that mode's time
+        est = 90 if small else 60 + 45 * len(seqs)
         for mode in args.modes.split(","):
             if args.deadline_s and time.time() - t_start + est > args.deadline_s:
                 engines[mode] = {"error": "skipped: deadline"}
@@ -708,6 +709,7 @@ def main(argv=None) -> int:
                 print(f"[{mname}] mode {mode}: skipped (deadline)")
                 continue
             print(f"[{mname}] mode {mode} ... (t={time.time() - t_start:.0f} s)", flush=True)
+            t_mode = time.time()
             try:
                 if mode == "a":
                     res = mode_plain(model_path, ec, loads, mon, repeat)
@@ -729,6 +731,7 @@ def main(argv=None) -> int:
                     runs[seq].setdefault(mode, err)
                 print(traceback.format_exc())
             _wait_gpu_free(mon, (engines.get("a") or {}).get("baseline", {}).get("gpu_used_bytes"))
+            est = time.time() - t_mode
             for seq in seqs:
                 _ratios(runs[seq])
             save()
