@@ -185,7 +185,7 @@ def _install_patch(spec: dict) -> None:
             if _is_writer_rank():
                 if "s" not in sender:
                     sender["s"] = Sender(spec["endpoint"])
-                _emit_rows(sender["s"], batch, result, spec["width"], spec["hidden"])
+                _emit_rows(sender["s"], batch, result, spec["slots"], spec["hidden"])
             else:  # the other TP ranks hold the same rows: drop them, never .tolist() them
                 out = getattr(result, "logits_output", None)
                 if out is not None:
@@ -195,7 +195,7 @@ def _install_patch(spec: dict) -> None:
     brp.SchedulerBatchResultProcessor.process_batch_result_prefill = process_batch_result_prefill
 
 
-def _emit_rows(sender: Sender, batch, result, width: int, hidden: int) -> None:
+def _emit_rows(sender: Sender, batch, result, s: int, hidden: int) -> None:
     if getattr(result, "copy_done", None) is not None:
         result.copy_done.synchronize()
     out = getattr(result, "logits_output", None)
@@ -204,10 +204,9 @@ def _emit_rows(sender: Sender, batch, result, width: int, hidden: int) -> None:
         sender.error("SGLang returned no hidden states for a prefill batch: aux capture is "
                      "not active in this SGLang build")
         return
-    s = width // hidden
-    if isinstance(hs, (list, tuple)) or hs.dim() != 2 or hs.shape[-1] != width + s:
+    if isinstance(hs, (list, tuple)) or hs.dim() != 2 or hs.shape[-1] != s * hidden + s:
         shape = [tuple(h.shape) for h in hs] if isinstance(hs, (list, tuple)) else tuple(hs.shape)
-        sender.error(f"captured rows have shape {shape}, expected [tokens, {width + s}] "
+        sender.error(f"captured rows have shape {shape}, expected [tokens, {s * hidden + s}] "
                      f"({s} slots x hidden size {hidden}, packed by hsdump's logits hook): "
                      "the model did not capture the asked layers, or SGLang ran the logits "
                      "processor inside a CUDA graph (prefill backend tc_piecewise; use the "
@@ -333,8 +332,7 @@ class CaptureEngine:
         self._rx.start()
         os.environ[ENV] = json.dumps({"endpoint": endpoint, "layers": self.layers,
                                       "final": self.final, "device": engine_cfg.device,
-                                      "width": len(self._slot) * info.hidden_size,
-                                      "hidden": info.hidden_size})
+                                      "slots": len(self._slot), "hidden": info.hidden_size})
         from sglang.srt.entrypoints.engine import Engine
 
         class HsdumpEngine(Engine):
@@ -479,12 +477,12 @@ class CaptureEngine:
                 raise CaptureError(f"sample {sid}: SGLang aborted the request: "
                                    f"{reason.get('message')}")
             loop = asyncio.get_running_loop()
-            rows = await loop.run_in_executor(None, self._rx.take, rid, len(ids), ROWS_TIMEOUT_S)
+            rows, bad = await loop.run_in_executor(None, self._rx.take, rid, len(ids),
+                                                   ROWS_TIMEOUT_S)
         except BaseException:
             self._rx.discard(rid)
             raise
         # rows: one [seq, H] tensor per slot (sorted layers, then final) -> the user's order
-        rows, bad = rows
         return sid, ids, [rows[s] for s in self._slot], [j for j, s in enumerate(self._slot)
                                                          if s in bad]
 

@@ -287,8 +287,8 @@ class DatasetWriter:
 
     def _add(self, sid, input_ids, loss_mask, hidden_states, final, nonfinite) -> bool:
         self._raise_if_failed()
-        # one contiguous copy of each [seq, H] view (the rows arrive interleaved by layer);
-        # checked and stored from that copy, converted only if the storage dtype differs
+        # stored from contiguous memory (CaptureEngine's rows already are: no copy then);
+        # converted only if the storage dtype differs
         hidden_states = [h.contiguous() for h in hidden_states]
         final = {k: v.contiguous() for k, v in (final or {}).items()}
         reason = check_sample(sid, input_ids, loss_mask, hidden_states, self.hidden,
