@@ -168,7 +168,7 @@ def run(cfg: Config, resolved_config: Optional[dict] = None) -> Summary:
                            writer_tag=writer_tag(d.num_jobs, d.job_index),
                            final=cfg.capture.final, threads=cfg.output.writer_threads)
     write_token_freq(data, cfg.output.dir, target_vocab_size=info.vocab_size)
-    done = writer.committed | {int(s) for s in writer.index["skipped"]}
+    done = writer.done_ids()
     mine = [i for i, sid in enumerate(data.ids) if owns(sid, d.num_jobs, d.job_index)]
     todo = [i for i in mine if data.ids[i] not in done]
     summary = Summary(out_dir=cfg.output.dir, layers=layers, skipped=dict(data.skipped),

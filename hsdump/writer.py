@@ -269,6 +269,12 @@ class DatasetWriter:
         write_json(ipath, empty_index())  # a valid, empty dataset from the first instant
         return empty_index()
 
+    def done_ids(self) -> set:
+        """Sample ids this dataset already holds or refused (committed or recorded as
+        skipped): a resumed run does not submit them again."""
+        with self._lock:
+            return set(self.committed) | {int(s) for s in self.index["skipped"]}
+
     # -------------------------------------------------------------- adding samples
     def add(self, sid: int, input_ids: Sequence[int], loss_mask: Sequence[int],
             hidden_states: Sequence[torch.Tensor],
