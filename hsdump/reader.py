@@ -1,7 +1,7 @@
 """Read an hsdump dataset for training: speculators v1 records by sample id, memory-mapped.
 
-Only `index.json` decides what is in the dataset; shard files it does not list are never
-opened. No sglang or Hydra import here: trainers can use this module alone.
+Only the commit records (index.json and the logs in commits/, see hsdump.commits) decide
+what is in the dataset; shard files they do not list are never opened. No sglang or Hydra import here: trainers can use this module alone.
 
     ds = HsdumpDataset("OUT", max_len=4096)      # optional length filter (header-only)
     rec = ds.get(17)                              # by sample id
@@ -28,10 +28,8 @@ from typing import Dict, Iterable, Iterator, List, Optional, Sequence
 import torch
 from safetensors import safe_open
 
-from . import fp8
-
-FORMAT = "hsdump/speculators-v1"
-SUPPORTED_VERSIONS = (1,)
+from . import commits, fp8
+from .commits import FORMAT, SUPPORTED_VERSIONS
 
 # Final-layer states (format extension, see README): `{i}/final/pre_norm` is the last decoder
 # layer's output before the model's final norm, `{i}/final/post_norm` after it; each
@@ -93,27 +91,34 @@ class HsdumpDataset(torch.utils.data.Dataset):
         self.path = Path(path)
         self.dequantize = dequantize
         self.mmap = mmap
-        index_file = self.path / "index.json"
-        if not index_file.exists():
-            raise FileNotFoundError(f"{self.path} has no index.json: not an hsdump dataset, or "
-                                    "no shard was committed yet")
-        with open(index_file) as f:
-            self.index = json.load(f)
+        c = commits.load(self.path)  # FileNotFoundError / ValueError name the problem
         with open(self.path / "manifest.json") as f:
             self.manifest = json.load(f)
-        if self.index.get("format") != FORMAT or \
-                self.index.get("format_version") not in SUPPORTED_VERSIONS:
-            raise ValueError(f"{self.path}: format {self.index.get('format')!r} version "
-                             f"{self.index.get('format_version')!r} is not one this reader knows")
+        if self.manifest.get("format") != FORMAT:
+            raise ValueError(f"{self.path}: format {self.manifest.get('format')!r} is not one "
+                             f"this reader knows ({FORMAT})")
+        self.version = c.version
+        self.shards: Dict[str, dict] = c.shards
+        """shard name -> {"bytes", "sha256", "ids", ...} as committed"""
+        self.skipped: Dict[int, str] = c.skipped
+        """sample id -> why the writer refused it"""
+        self.problems = c.problems
+        if c.problems:
+            warnings.warn(f"{self.path}: {len(c.problems)} problems in its commit records, "
+                          f"e.g. {': '.join(c.problems[0])}; run `python -m hsdump verify "
+                          f"{self.path}`", stacklevel=2)
         self.layers: List[int] = list(self.manifest["layers"])
         self.storage_dtype: str = str(self.manifest.get("storage_dtype", "bfloat16"))
         self.dtype = dtype
-        self._shard_of: Dict[int, str] = {int(s): n for s, n in self.index["samples"].items()}
+        self._shard_of: Dict[int, str] = c.samples
         self.ids: List[int] = sorted(self._shard_of)
         self._handles: Dict[str, object] = {}
         self._fds: Dict[str, int] = {}
         self._headers: Dict[str, dict] = {}
-        self._len_of: Optional[Dict[int, int]] = None
+        # version 2 records carry each sample's length and loss-masked count: length filters
+        # and dataset statistics need no shard header then
+        self._len_of: Optional[Dict[int, int]] = c.lengths()
+        self._masked_of: Optional[Dict[int, int]] = c.masked()
         if ids is not None:
             wanted = set(int(i) for i in ids)
             missing = wanted - set(self._shard_of)
@@ -137,6 +142,12 @@ class HsdumpDataset(torch.utils.data.Dataset):
                 out[sid] = int(self.header(shard)[f"{sid}/input_ids"]["shape"][0])
             self._len_of = out
         return self._len_of
+
+    def masked_count(self, sid: int) -> int:
+        """Loss-masked tokens of sample `sid`: from its commit record, else read its mask."""
+        if self._masked_of is not None:
+            return self._masked_of[sid]
+        return int(self.get(sid, hidden=False)["loss_mask"].sum())
 
     def length(self, sid: int) -> int:
         """Token count of sample `sid`, from its shard's header."""

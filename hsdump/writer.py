@@ -1,10 +1,13 @@
-"""Sharded safetensors writer with atomic commits (spec/format.md, version 1).
+"""Sharded safetensors writer with atomic commits (docs/format.md, format version 2).
 
 A shard is streamed from tensor memory (hashed as it is written) under a temporary name in
-the output folder, fsynced, renamed, and only then listed in `index.json`, which is itself
-replaced atomically. A sample is in the dataset iff `index.json` lists it; killing the
-process at any instant leaves a valid, resumable dataset. `threads` background threads write
-shards while the next one fills, so at most threads + 2 shards are held in memory.
+its folder, fsynced and renamed; then one record naming it, its checksum and its samples is
+appended to this writer's commit log (`commits.CommitLog`) and fsynced. A sample is in the
+dataset iff a complete record lists it; killing the process at any instant leaves a valid,
+resumable dataset. A commit costs the same at the first shard and at the millionth, and
+writers (jobs) sharing one folder never wait on each other while committing. `threads`
+background threads write shards while the next one fills, so at most threads + 2 shards are
+held in memory.
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ import logging
 import os
 import queue
 import re
-import signal
+import shutil
 import threading
 import time
 from pathlib import Path
@@ -26,18 +29,22 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import torch
 
 from . import __version__
+from . import commits
 from . import fp8
+from .commits import INDEX, LOG_DIR, MANIFEST, SHARD_DIR
 from .config import SHARD_BYTES, WRITER_THREADS
+from .files import atomic_file, atomic_write, fault, fsync_dir, make_dirs, read_json, write_json
 
 log = logging.getLogger(__name__)
 
-FORMAT = "hsdump/speculators-v1"
-FORMAT_VERSION = 1
-MANIFEST = "manifest.json"
-INDEX = "index.json"
-SHARD_RE = re.compile(r"^shard-.*\.safetensors(\.tmp.*)?$")
+FORMAT = commits.FORMAT
+FORMAT_VERSION = commits.VERSION
+SHARD_RE = re.compile(r"^shard-.*\.safetensors(\.tmp.*)?$")  # version 1 shard names
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32,
           "fp8": fp8.FP8_DTYPE}
+
+__all__ = ["DatasetWriter", "SampleError", "WriteError", "atomic_file", "atomic_write",
+           "write_json", "read_json", "fault", "write_safetensors", "check_sample"]
 
 
 class SampleError(ValueError):
@@ -46,51 +53,6 @@ class SampleError(ValueError):
 
 class WriteError(RuntimeError):
     """Writing a shard or the index failed (disk full, I/O error)."""
-
-
-_fault_hits: Dict[str, int] = {}
-
-
-def fault(point: str) -> None:
-    """Crash-test hook, off unless HSDUMP_FAULT is set: `POINT@N` sends SIGKILL to this
-    process the N-th time POINT is reached, `POINT@N:TERM` sends SIGTERM. The kill tests
-    use it to stop a run at exact places (before a shard's rename, before the index update)."""
-    spec = os.environ.get("HSDUMP_FAULT")
-    if not spec:
-        return
-    where, _, sig = spec.partition(":")
-    name, _, nth = where.partition("@")
-    if name != point:
-        return
-    _fault_hits[point] = _fault_hits.get(point, 0) + 1
-    if _fault_hits[point] == int(nth or 1):
-        os.kill(os.getpid(), signal.SIGTERM if sig == "TERM" else signal.SIGKILL)
-
-
-@contextlib.contextmanager
-def atomic_file(path: Path, fault_point: str = ""):
-    """A file under a temporary name in `path`'s folder; on success it is flushed, fsynced,
-    renamed to `path` and the folder fsynced; on any error it is removed. (Buffered: large
-    writes pass straight through, and short writes are retried, unlike a raw FileIO.)"""
-    tmp = path.with_name(f"{path.name}.tmp.{os.getpid()}")
-    try:
-        with open(tmp, "wb") as f:
-            yield f
-            f.flush()
-            os.fsync(f.fileno())
-        if fault_point:
-            fault(fault_point)
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
-    fsync_dir(path.parent)
-
-
-def atomic_write(path: Path, data: bytes) -> None:
-    with atomic_file(path) as f:
-        f.write(data)
 
 
 ST_DTYPES = {torch.bfloat16: "BF16", torch.float16: "F16", torch.float32: "F32",
@@ -120,28 +82,6 @@ def write_safetensors(path: Path, tensors: Dict[str, torch.Tensor], metadata: Di
             f.write(buf)  # both release the GIL: other shards proceed meanwhile
             digest.update(buf)
     return 8 + len(header) + offset, digest.hexdigest()
-
-
-def fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def write_json(path: Path, obj) -> None:
-    atomic_write(path, (json.dumps(obj, indent=1, sort_keys=True) + "\n").encode())
-
-
-def read_json(path: Path):
-    with open(path) as f:
-        return json.load(f)
-
-
-def empty_index() -> dict:
-    return {"format": FORMAT, "format_version": FORMAT_VERSION, "samples": {}, "shards": {},
-            "skipped": {}}
 
 
 def compat_diff(old: dict, new: dict) -> List[str]:
@@ -186,9 +126,10 @@ def check_sample(sid: int, input_ids: Sequence[int], loss_mask: Sequence[int],
 
 
 class DatasetWriter:
-    """Several writers (jobs) may share one folder: each passes its own `writer_tag`, so shard
-    names never collide, and `index.json` is updated under an exclusive lock by re-reading it
-    and adding this writer's entries, so readers always see one index."""
+    """Several writers (jobs) may share one folder: each passes its own `writer_tag` and owns
+    its commit log and its shard folder, so names never collide and commits never wait on
+    another job. Opening and closing take the folder's lock (`.lock`) briefly: to create or
+    check manifest.json, and to compact index.json when the writer closes."""
 
     def __init__(self, out_dir: str, manifest: dict, compat: dict, *, layers: Sequence[int],
                  hidden_size: int, dtype: str = "bfloat16", shard_bytes: int = SHARD_BYTES,
@@ -205,19 +146,31 @@ class DatasetWriter:
         self.on_nonfinite = on_nonfinite
         self.dir.mkdir(parents=True, exist_ok=True)
         with self._locked():
-            self.index = self._open(manifest, compat, overwrite)
-        self.committed = {int(s) for s in self.index["samples"]}
-        prefix = f"shard-{self.tag}-" if self.tag else "shard-"
-        nums = [int(m.group(1)) for s in self.index["shards"]
-                if (m := re.match(re.escape(prefix) + r"(\d+)\.safetensors$", s))]
-        self._next = max(nums, default=-1) + 1
+            self._open(manifest, compat, overwrite)
+        self.log = commits.CommitLog(self.dir, self.tag)
+        try:
+            state = commits.load(self.dir)
+        except BaseException:
+            self.log.close()
+            raise
+        self.committed = set(state.samples)
+        self._skipped_before = set(state.skipped)
+        nums = [commits.shard_seq(n) for n in state.writer_shards(self.tag)]
+        self._next = max([n for n in nums if n is not None], default=-1) + 1
+        self.shards_committed = len(state.shards)
+        if state.samples:
+            log.info("resuming %s: %d samples committed", self.dir, len(state.samples))
         self._pending: Dict[str, torch.Tensor] = {}
         self._pending_ids: List[int] = []
+        self._pending_lens: List[int] = []
+        self._pending_masked: List[int] = []
         self._pending_bytes = 0
-        self._lock = threading.Lock()  # guards self.index and the stats
+        self._lock = threading.Lock()  # guards the log, self.committed and the stats
         self.bytes_written = 0
         self.samples_written = 0
+        self.shards_written = 0
         self.skipped: Dict[str, int] = {}
+        self.skipped_ids: Dict[int, str] = {}
         # seconds spent: in add() (caller's thread), of it blocked on a full shard queue, and
         # committing shards (summed over the writer threads): the benchmark's profile
         self.timing = {"add_s": 0.0, "queue_wait_s": 0.0, "commit_s": 0.0}
@@ -241,15 +194,11 @@ class DatasetWriter:
             finally:
                 fcntl.flock(f, fcntl.LOCK_UN)
 
-    def _open(self, manifest: dict, compat: dict, overwrite: bool) -> dict:
+    def _open(self, manifest: dict, compat: dict, overwrite: bool) -> None:
         d = self.dir
-        if overwrite and d.exists():
-            for p in d.iterdir():
-                if p.name in (MANIFEST, INDEX) or SHARD_RE.match(p.name) or \
-                        p.name.startswith((MANIFEST + ".tmp", INDEX + ".tmp")):
-                    p.unlink()
-        d.mkdir(parents=True, exist_ok=True)
-        mpath, ipath = d / MANIFEST, d / INDEX
+        if overwrite:
+            remove_dataset(d)
+        mpath = d / MANIFEST
         if mpath.exists():
             old = read_json(mpath)
             diff = compat_diff(old.get("resume_key", {}), compat)
@@ -258,22 +207,22 @@ class DatasetWriter:
                     f"{d} holds a dataset made with a different config; it cannot resume:\n  "
                     + "\n  ".join(diff)
                     + "\nUse another output.dir, or output.overwrite=true to start over.")
-            index = read_json(ipath) if ipath.exists() else empty_index()
-            log.info("resuming %s: %d samples committed", d, len(index["samples"]))
-            return index
-        stray = [p.name for p in d.iterdir() if not SHARD_RE.match(p.name) and p.name != ".lock"]
+            if commits.version_of(d) == 1:
+                upgrade_v1(d, old)
+            return
+        stray = [p.name for p in d.iterdir()
+                 if not SHARD_RE.match(p.name) and p.name not in (".lock", LOG_DIR, SHARD_DIR)]
         if stray:
             raise ValueError(f"output.dir={d} is not empty and holds no hsdump dataset "
                              f"({', '.join(sorted(stray)[:5])}); choose an empty or new folder")
-        write_json(mpath, {**manifest, "resume_key": compat})
-        write_json(ipath, empty_index())  # a valid, empty dataset from the first instant
-        return empty_index()
+        # a valid, empty dataset from the first instant: no index.json yet, no log
+        write_json(mpath, {**manifest, "format_version": FORMAT_VERSION, "resume_key": compat})
 
     def done_ids(self) -> set:
         """Sample ids this dataset already holds or refused (committed or recorded as
         skipped): a resumed run does not submit them again."""
         with self._lock:
-            return set(self.committed) | {int(s) for s in self.index["skipped"]}
+            return set(self.committed) | self._skipped_before | set(self.skipped_ids)
 
     # -------------------------------------------------------------- adding samples
     def add(self, sid: int, input_ids: Sequence[int], loss_mask: Sequence[int],
@@ -304,7 +253,10 @@ class DatasetWriter:
                 raise SampleError(f"sample {sid}: {reason} (output.on_nonfinite=skip records and "
                                   "skips such samples)")
             with self._lock:
-                self.index["skipped"][str(sid)] = reason
+                # durable with the next commit's fsync (or close); if a crash loses it, the
+                # sample is captured again on resume and refused again
+                self.log.append({"skipped": {str(sid): reason}}, sync=False)
+                self.skipped_ids[sid] = reason
                 self.skipped["nonfinite"] = self.skipped.get("nonfinite", 0) + 1
             return False
         t = {f"{sid}/input_ids": torch.as_tensor(input_ids, dtype=torch.int64),
@@ -318,6 +270,8 @@ class DatasetWriter:
                 t[name] = h.to(self.dtype)  # no copy when the dtype already matches
         self._pending.update(t)
         self._pending_ids.append(sid)
+        self._pending_lens.append(len(input_ids))
+        self._pending_masked.append(int(t[f"{sid}/loss_mask"].sum()))
         self._pending_bytes += sum(x.numel() * x.element_size() for x in t.values())
         if self._pending_bytes >= self.shard_bytes:
             self._flush()
@@ -326,13 +280,14 @@ class DatasetWriter:
     def _flush(self) -> None:
         if not self._pending_ids:
             return
-        prefix = f"shard-{self.tag}-" if self.tag else "shard-"
-        name = f"{prefix}{self._next:05d}.safetensors"
+        name = commits.shard_name(self.tag, self._next)
         self._next += 1
         t0 = time.perf_counter()
-        self._q.put((name, self._pending, self._pending_ids))
+        self._q.put((name, self._pending, self._pending_ids, self._pending_lens,
+                     self._pending_masked))
         self.timing["queue_wait_s"] += time.perf_counter() - t0
         self._pending, self._pending_ids, self._pending_bytes = {}, [], 0
+        self._pending_lens, self._pending_masked = [], []
 
     def _loop(self) -> None:
         while True:
@@ -350,33 +305,26 @@ class DatasetWriter:
                     log.error("writing %s to %s failed: %s", item[0], self.dir, e)
             self._q.task_done()
 
-    def _commit(self, name: str, tensors: Dict[str, torch.Tensor], ids: List[int]) -> None:
+    def _commit(self, name: str, tensors: Dict[str, torch.Tensor], ids: List[int],
+                lengths: List[int], masked: List[int]) -> None:
         meta = {"format": FORMAT, "format_version": str(FORMAT_VERSION),
                 "layers": json.dumps(self.layers), "convention": "hf_hidden_states_index",
                 "final": json.dumps(self.final), "hsdump_version": __version__,
                 "storage_dtype": str(self.dtype).split(".")[-1]}
         if self.fp8:
             meta.update(fp8.shard_metadata())
-        nbytes, digest = write_safetensors(self.dir / name, tensors, meta,
-                                           fault_point="before_rename")
-        fault("before_index")
-        with self._lock, self._locked():
-            index = self._reload()
-            index["shards"][name] = {"bytes": nbytes, "samples": len(ids), "sha256": digest}
-            for sid in ids:
-                index["samples"][str(sid)] = name
-            write_json(self.dir / INDEX, index)
-            self.index = index
+        path = self.dir / name
+        make_dirs(path.parent)
+        nbytes, digest = write_safetensors(path, tensors, meta, fault_point="before_rename")
+        fault("before_record")
+        rec = {"shard": name, "bytes": nbytes, "sha256": digest, "ids": ids,
+               "lengths": lengths, "masked": masked}
+        with self._lock:
+            self.log.append(rec)  # the commit: the shard is in the dataset from here on
             self.committed.update(ids)
             self.bytes_written += nbytes
             self.samples_written += len(ids)
-
-    def _reload(self) -> dict:
-        """index.json as other writers left it, plus this writer's skipped records."""
-        p = self.dir / INDEX
-        index = read_json(p) if p.exists() else empty_index()
-        index["skipped"].update(self.index["skipped"])
-        return index
+            self.shards_written += 1
 
     def _raise_if_failed(self) -> None:
         if self._error is not None:
@@ -386,8 +334,9 @@ class DatasetWriter:
                 "to resume.") from self._error
 
     def close(self, commit: bool = True) -> None:
-        """Commit what is staged (unless `commit` is False), wait for the writer thread.
-        Raises WriteError if a write failed; a second call does nothing."""
+        """Commit what is staged (unless `commit` is False), wait for the writer threads,
+        then compact index.json. Raises WriteError if a write failed; a second call does
+        nothing."""
         if self._closed:
             return
         self._closed = True
@@ -397,8 +346,45 @@ class DatasetWriter:
             self._q.put(None)
         for t in self._threads:
             t.join()
-        if commit and self._error is None and self.index["skipped"]:
-            with self._lock, self._locked():
-                self.index = self._reload()
-                write_json(self.dir / INDEX, self.index)
+        try:
+            if self._error is None:
+                self.log.sync()  # skipped records appended since the last commit
+            if commit and self._error is None:
+                with self._locked():
+                    commits.compact(self.dir)
+        finally:
+            self.log.close()
         self._raise_if_failed()
+
+
+def remove_dataset(d: Path) -> None:
+    """output.overwrite=true: delete what a dataset consists of (and nothing else) so the
+    folder can take a new one."""
+    for p in list(d.iterdir()):
+        n = p.name
+        if n in (MANIFEST, INDEX) or SHARD_RE.match(n) or \
+                n.startswith((MANIFEST + ".tmp", INDEX + ".tmp")):
+            p.unlink()
+        elif n in (LOG_DIR, SHARD_DIR) and p.is_dir():
+            shutil.rmtree(p)
+    fsync_dir(d)
+
+
+def upgrade_v1(d: Path, manifest: dict) -> None:
+    """Resume a version 1 dataset as version 2: its index becomes a version 2 index (shards
+    keep their names; lengths from their headers), written before the manifest's version
+    changes, so a crash at any instant leaves a readable dataset."""
+    from .reader import read_safetensors_header
+
+    c = commits.load(d)
+    log.info("%s: format version 1, upgraded to version 2 to resume (%d samples)", d,
+             len(c.samples))
+    v2 = commits.Commits(version=FORMAT_VERSION, skipped=dict(c.skipped))
+    for name, meta in c.shards.items():
+        head = read_safetensors_header(d / name)
+        ids = sorted(meta["ids"])
+        v2._add_shard({"shard": name, "bytes": meta["bytes"], "sha256": meta["sha256"],
+                       "ids": ids, "lengths": [head[f"{i}/input_ids"]["shape"][0] for i in ids]},
+                      INDEX)
+    commits.write_index(d, v2.finish())
+    write_json(d / MANIFEST, {**manifest, "format_version": FORMAT_VERSION})

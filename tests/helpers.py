@@ -27,3 +27,29 @@ def _model(path, dtype):
 
 def rel_err(a: torch.Tensor, ref: torch.Tensor) -> float:
     return float((a.float() - ref).norm() / ref.norm())
+
+
+def committed(path) -> dict:
+    """{sample id: shard name} as the dataset's commit records say ({} before the first)."""
+    from hsdump import commits
+
+    try:
+        return commits.load(path).samples
+    except FileNotFoundError:
+        return {}
+
+
+def skipped(path) -> dict:
+    from hsdump import commits
+
+    return commits.load(path).skipped
+
+
+def shards(path) -> dict:
+    """{shard name: record} of the committed shards."""
+    from hsdump import commits
+
+    try:
+        return commits.load(path).shards
+    except FileNotFoundError:
+        return {}

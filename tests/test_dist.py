@@ -1,3 +1,4 @@
+from pathlib import Path
 """The split of one dataset across jobs (hsdump.dist): pure functions, no engine."""
 
 import random
@@ -71,16 +72,15 @@ def test_writer_tags_are_unique_and_safe_shard_prefixes():
     assert writer_tag(10001, 10000) == "j10000of10001"
     for tag in tags:
         assert re.fullmatch(r"(j\d+of\d+)?", tag)  # letters and digits: a file-name part
-    # the writer finds a job's own shards by the prefix `shard-{tag}-` followed by digits
-    # (`shard-` for tag ''): no job's shard names match another job's pattern
-    names = {t: f"shard-{t}-00007.safetensors" if t else "shard-00007.safetensors"
-             for t in tags}
+    # each job's shards and commit log live under its own name: no two jobs share a file,
+    # and a job finds its own shards by its folder
+    from hsdump.commits import Commits, log_path, shard_name
+
     sample = list(tags)[:: max(1, len(tags) // 400)] + ["", "j0001of0004", "j0001of0040"]
+    c = Commits(version=2, shards={shard_name(t, 7): {} for t in sample})
     for t in sample:
-        prefix = f"shard-{t}-" if t else "shard-"
-        pat = re.compile(re.escape(prefix) + r"(\d+)\.safetensors$")
-        hits = [u for u in sample if pat.match(names[u])]
-        assert hits == [t] * hits.count(t) and t in hits
+        assert c.writer_shards(t) == [shard_name(t, 7)]
+    assert len({log_path(Path("/d"), t) for t in sample}) == len(set(sample))
 
 
 def test_config_schema_accepts_the_dist_keys():

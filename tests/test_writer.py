@@ -6,6 +6,8 @@ from safetensors import safe_open
 from hsdump.reader import HsdumpDataset
 from hsdump.writer import DatasetWriter, SampleError
 
+from helpers import committed, shards, skipped
+
 H = 8
 LAYERS = [2, 4, 5]
 COMPAT = {"model": "m", "layers": LAYERS, "storage_dtype": "bfloat16"}
@@ -33,14 +35,18 @@ def test_round_trip_follows_the_spec(tmp_path):
     for sid, (ids, mask, hs) in data.items():
         assert w.add(sid, ids, mask, hs)
     w.close()
-    index = json.loads((tmp_path / "index.json").read_text())
-    assert sorted(index["samples"], key=int) == ["0", "3", "7", "8"]
+    assert sorted(committed(tmp_path)) == [0, 3, 7, 8]
+    index = json.loads((tmp_path / "index.json").read_text())  # compacted when it closed
+    assert index["format_version"] == 2 and index["covers"] == {"main": (
+        tmp_path / "commits" / "main.jsonl").stat().st_size}
     assert len(index["shards"]) >= 2  # 2000-byte shards force several
     for name, meta in index["shards"].items():
         assert (tmp_path / name).stat().st_size == meta["bytes"]
+        assert meta["lengths"] == [dict([(0, 5), (3, 17), (7, 40), (8, 1)])[i] for i in meta["ids"]]
+        assert meta["masked"] == [n - n // 2 for n in meta["lengths"]]
         with safe_open(str(tmp_path / name), framework="pt") as f:
             m = f.metadata()
-            assert m["format"] == "hsdump/speculators-v1" and m["format_version"] == "1"
+            assert m["format"] == "hsdump/speculators-v1" and m["format_version"] == "2"
             assert json.loads(m["layers"]) == LAYERS
             for key in f.keys():
                 sid, rest = key.split("/", 1)
@@ -62,10 +68,11 @@ def test_a_shard_missing_from_the_index_is_never_read(tmp_path):
     w = writer(tmp_path, shard_bytes=1 << 30)
     w.add(0, *sample(0, 4))
     w.close()
-    # a crash after a rename but before the index update leaves exactly this: a shard that
-    # index.json does not list. It is garbage and must stay invisible.
+    # a crash after a rename but before the commit record leaves exactly this: a shard that
+    # no record lists. It is garbage and must stay invisible.
+    (tmp_path / "shards/main/0000/main-000001.safetensors").write_bytes(b"\x00" * 100)
+    (tmp_path / "shards/main/0000/main-000002.safetensors.tmp.h.1.2").write_bytes(b"junk")
     (tmp_path / "shard-00001.safetensors").write_bytes(b"\x00" * 100)
-    (tmp_path / "shard-00002.safetensors.tmp.123").write_bytes(b"junk")
     ds = HsdumpDataset(str(tmp_path))
     assert ds.ids == [0]
     w = writer(tmp_path, shard_bytes=1 << 30)  # resume
@@ -112,8 +119,8 @@ def test_bad_samples_are_never_committed(tmp_path):
     assert not w.add(0, ids, mask, bad)
     assert w.add(1, *sample(1, 3))
     w.close()
-    index = json.loads((tmp_path / "skip" / "index.json").read_text())
-    assert list(index["samples"]) == ["1"] and index["skipped"] == {"0": "nonfinite in hidden_states[1]"}
+    assert list(committed(tmp_path / "skip")) == [1]
+    assert skipped(tmp_path / "skip") == {0: "nonfinite in hidden_states[1]"}
 
 
 def test_producer_flags_replace_the_scan(tmp_path):
@@ -130,10 +137,9 @@ def test_producer_flags_replace_the_scan(tmp_path):
     nan[1][0, 0] = float("nan")
     assert w.add(3, ids, mask, nan, {"post_norm": post}, nonfinite=[])
     w.close()
-    index = json.loads((tmp_path / "index.json").read_text())
-    assert sorted(index["samples"]) == ["2", "3"]
-    assert index["skipped"] == {"0": "nonfinite in final/post_norm",
-                                "1": "nonfinite in hidden_states[1]"}
+    assert sorted(committed(tmp_path)) == [2, 3]
+    assert skipped(tmp_path) == {0: "nonfinite in final/post_norm",
+                                 1: "nonfinite in hidden_states[1]"}
     w = writer(tmp_path / "raise")
     with pytest.raises(SampleError, match=r"nonfinite in hidden_states\[0\]"):
         w.add(0, ids, mask, hs, nonfinite=[0])
@@ -154,7 +160,7 @@ def test_fp8_storage_and_final_states_round_trip(tmp_path):
     for a, b in zip(r["hidden_states"] + [r["final"]["pre_norm"]], hs + [pre]):
         err = float((a.float() - b).norm() / b.norm())
         assert 0 < err < 0.05  # e4m3 keeps 3 mantissa bits: a few percent, never exact
-    with safe_open(str(tmp_path / "shard-00000.safetensors"), framework="pt") as f:
+    with safe_open(str(tmp_path / next(iter(shards(tmp_path)))), framework="pt") as f:
         assert f.get_slice("4/hidden_states/0").get_dtype() == "F8_E4M3"
         assert "4/final/pre_norm/scale" in f.keys()
 

@@ -1,0 +1,399 @@
+"""Which shards and samples a dataset holds: per-writer commit logs and a compact index.
+
+Format version 2 (docs/format.md). Each writer (one per job) appends one JSON line per
+committed shard to its own log, `commits/<tag>.jsonl`, and fsyncs it: a shard is in the
+dataset if and only if its line is complete (ends with a newline). A torn last line (a crash in
+the middle of the append) is ignored by readers and cut off by the writer that resumes the log.
+The dataset is the union of the logs. `index.json`, rewritten when a writer closes, holds the
+same records compacted plus, per log, the byte offset up to which it covers it, so opening a
+dataset parses one JSON file and the logs' tails. Committing a shard costs one append whatever
+the dataset's size, and no lock is shared by writers while they commit.
+
+A version 1 dataset (one `index.json` listing every sample) is read as it is.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Dict, List, Optional, Tuple
+
+from .files import atomic_file, fault, fsync_dir, make_dirs, read_json
+
+FORMAT = "hsdump/speculators-v1"
+VERSION = 2
+SUPPORTED_VERSIONS = (1, 2)
+MANIFEST = "manifest.json"
+INDEX = "index.json"
+LOG_DIR = "commits"
+SHARD_DIR = "shards"
+PER_DIR = 1000
+"""Shards per folder: 1M samples of an 8B model (~200K shards) spread over ~200 folders."""
+LOG_SUFFIX = ".jsonl"
+_SEQ_RE = re.compile(r"-(\d+)\.safetensors$")
+
+
+def writer_name(tag: str) -> str:
+    return tag or "main"
+
+
+def log_path(d: Path, tag: str) -> Path:
+    return Path(d) / LOG_DIR / (writer_name(tag) + LOG_SUFFIX)
+
+
+def shard_name(tag: str, seq: int) -> str:
+    """The path, relative to the dataset folder, of writer `tag`'s shard number `seq`."""
+    w = writer_name(tag)
+    return f"{SHARD_DIR}/{w}/{seq // PER_DIR:04d}/{w}-{seq:06d}.safetensors"
+
+
+def shard_seq(name: str) -> Optional[int]:
+    m = _SEQ_RE.search(name)
+    return int(m.group(1)) if m else None
+
+
+def safe_relpath(name) -> bool:
+    """A shard path that stays inside the dataset folder."""
+    if not isinstance(name, str) or not name.endswith(".safetensors") or "\\" in name:
+        return False
+    parts = name.split("/")
+    return not name.startswith("/") and all(p not in ("", ".", "..") for p in parts)
+
+
+@dataclass
+class Commits:
+    """What a dataset holds, as its index and logs say."""
+
+    version: int
+    shards: Dict[str, dict] = field(default_factory=dict)
+    """name -> {"bytes", "sha256", "ids", and in version 2 "lengths", "masked"}."""
+    samples: Dict[int, str] = field(default_factory=dict)
+    """sample id -> the name of the (first) shard that holds it."""
+    skipped: Dict[int, str] = field(default_factory=dict)
+    """sample id -> why the writer refused it (NaN/Inf)."""
+    covers: Dict[str, int] = field(default_factory=dict)
+    """log name -> byte offset up to which its complete records were read."""
+    torn: Dict[str, int] = field(default_factory=dict)
+    """log name -> bytes of an incomplete last record that was ignored."""
+    problems: List[Tuple[str, str]] = field(default_factory=list)
+    """(where, what): records that are malformed, duplicated, or contradict each other."""
+
+    def lengths(self) -> Optional[Dict[int, int]]:
+        """Token count per sample id, from the records; None if some record lacks them."""
+        out: Dict[int, int] = {}
+        for name, meta in self.shards.items():
+            lens = meta.get("lengths")
+            if lens is None:
+                return None
+            for sid, n in zip(meta["ids"], lens):
+                if self.samples.get(sid) == name:
+                    out[sid] = n
+        return out
+
+    def masked(self) -> Optional[Dict[int, int]]:
+        """Loss-masked token count per sample id; None if some record lacks them."""
+        out: Dict[int, int] = {}
+        for name, meta in self.shards.items():
+            m = meta.get("masked")
+            if m is None:
+                return None
+            for sid, n in zip(meta["ids"], m):
+                if self.samples.get(sid) == name:
+                    out[sid] = n
+        return out
+
+    def writer_shards(self, tag: str) -> List[str]:
+        prefix = f"{SHARD_DIR}/{writer_name(tag)}/"
+        return [n for n in self.shards if n.startswith(prefix)]
+
+    # ------------------------------------------------------------------ building
+    def _add_shard(self, rec: dict, where: str) -> None:
+        name = rec.get("shard")
+        ids = rec.get("ids")
+        bad = None
+        if not safe_relpath(name):
+            bad = f"shard path {name!r} is not a .safetensors path inside the dataset folder"
+        elif not isinstance(rec.get("bytes"), int) or not isinstance(rec.get("sha256"), str):
+            bad = f"record for {name} has no valid bytes/sha256"
+        elif not _ints(ids):
+            bad = f"record for {name} has no valid list of sample ids"
+        else:
+            for k in ("lengths", "masked"):
+                if k in rec and not (_ints(rec[k]) and len(rec[k]) == len(ids)):
+                    bad = f"record for {name} has a {k} list that does not match its ids"
+        if bad:
+            self.problems.append((where, bad))
+            return
+        if name in self.shards:
+            self.problems.append((where, f"{name} is committed twice; the first record is used"))
+            return
+        meta = {k: v for k, v in rec.items() if k != "shard"}
+        self.shards[name] = meta
+        for sid in ids:
+            first = self.samples.setdefault(sid, name)
+            if first != name:
+                self.problems.append((f"sample {sid}", f"committed in {first} and again in "
+                                                       f"{name} (duplicate sample)"))
+
+    def _add_record(self, rec, where: str) -> None:
+        if isinstance(rec, dict) and "shard" in rec:
+            self._add_shard(rec, where)
+        elif isinstance(rec, dict) and isinstance(rec.get("skipped"), dict):
+            for sid, reason in rec["skipped"].items():
+                if str(sid).isdigit():
+                    self.skipped[int(sid)] = str(reason)
+                else:
+                    self.problems.append((where, f"skipped sample id {sid!r} is not an integer"))
+        else:
+            self.problems.append((where, f"record {str(rec)[:80]!r} is neither a shard nor a "
+                                         "skipped record"))
+
+    def finish(self) -> "Commits":
+        for sid in sorted(set(self.skipped) & set(self.samples)):
+            self.problems.append((f"sample {sid}", f"listed both as committed and as skipped "
+                                                   f"({self.skipped[sid]!r})"))
+        return self
+
+    def index_lines(self):
+        """index.json (version 2) as a stream of text: one shard per line."""
+        head = {"format": FORMAT, "format_version": VERSION, "covers": self.covers,
+                "skipped": {str(k): v for k, v in sorted(self.skipped.items())}}
+        text = json.dumps(head, separators=(",", ":"), sort_keys=True)
+        yield text[:-1] + ',"shards":{\n'
+        last = len(self.shards) - 1
+        for i, (name, meta) in enumerate(sorted(self.shards.items())):
+            yield (json.dumps(name) + ":" + json.dumps(meta, separators=(",", ":"))
+                   + ("," if i < last else "") + "\n")
+        yield "}}\n"
+
+
+def _ints(x) -> bool:
+    return isinstance(x, list) and all(type(v) is int for v in x)
+
+
+# ---------------------------------------------------------------------- reading
+def read_log(path: Path, start: int = 0) -> Tuple[List[Tuple[int, object]], int, int, List[str]]:
+    """Complete records of a log from byte `start`: ([(offset, record)], end offset after the
+    last complete record, bytes of a torn tail, [lines that do not parse])."""
+    with open(path, "rb") as f:
+        f.seek(start)
+        data = f.read()
+    cut = data.rfind(b"\n") + 1
+    body, torn = data[:cut], len(data) - cut
+    if not body:
+        return [], start, torn, []
+    lines = body[:-1].split(b"\n")
+    offsets, off = [], start
+    for ln in lines:
+        offsets.append(off)
+        off += len(ln) + 1
+    try:  # one parse for the whole tail: ~3x faster than a json.loads per line
+        recs = json.loads(b"[" + b",".join(lines) + b"]")
+        if len(recs) == len(lines):
+            return list(zip(offsets, recs)), start + cut, torn, []
+    except ValueError:
+        pass
+    out, bad = [], []
+    for o, ln in zip(offsets, lines):
+        try:
+            out.append((o, json.loads(ln)))
+        except ValueError:
+            bad.append(f"byte {o}: {ln[:60]!r}")
+    return out, start + cut, torn, bad
+
+
+def log_names(d: Path) -> List[str]:
+    p = Path(d) / LOG_DIR
+    if not p.is_dir():
+        return []
+    return sorted(q.name[:-len(LOG_SUFFIX)] for q in p.iterdir() if q.name.endswith(LOG_SUFFIX))
+
+
+def version_of(d: Path) -> int:
+    """The dataset's format version: index.json's when there is one, else manifest.json's."""
+    d = Path(d)
+    for name in (INDEX, MANIFEST):
+        if (d / name).exists():
+            return int(read_json(d / name).get("format_version", 0))
+    raise FileNotFoundError(f"{d} has no manifest.json: not an hsdump dataset")
+
+
+def load(d: Path) -> Commits:
+    """The dataset's committed shards and samples: index.json plus every log's tail.
+
+    Raises FileNotFoundError for a folder without manifest.json, ValueError for an index.json
+    that does not parse or names an unknown format; everything else that is wrong in a record
+    is collected in `problems` and that record left out."""
+    d = Path(d)
+    if not (d / MANIFEST).exists():
+        raise FileNotFoundError(f"{d} has no manifest.json: not an hsdump dataset (or its "
+                                "first writer has not started yet)")
+    idx = None
+    if (d / INDEX).exists():
+        try:
+            idx = read_json(d / INDEX)
+        except ValueError as e:
+            raise ValueError(f"{d / INDEX} does not parse ({e}); delete it: the commit logs "
+                             "in commits/ hold the same records") from None
+        if not isinstance(idx, dict) or idx.get("format") != FORMAT or \
+                idx.get("format_version") not in SUPPORTED_VERSIONS:
+            raise ValueError(f"{d}: index.json has format {idx.get('format')!r} version "
+                             f"{idx.get('format_version')!r}, not one this reader knows "
+                             f"({FORMAT} {SUPPORTED_VERSIONS})")
+    else:
+        m = read_json(d / MANIFEST)
+        if m.get("format_version") not in SUPPORTED_VERSIONS:
+            raise ValueError(f"{d}: manifest.json names format version "
+                             f"{m.get('format_version')!r}; this reader knows "
+                             f"{SUPPORTED_VERSIONS}")
+        if m.get("format_version") == 1:  # a version 1 dataset before its first commit
+            return Commits(version=1)
+    if idx is not None and idx["format_version"] == 1:
+        return _from_v1(idx)
+    c = Commits(version=VERSION)
+    if idx is not None:
+        for name, meta in (idx.get("shards") or {}).items():
+            c._add_shard({**meta, "shard": name} if isinstance(meta, dict) else {"shard": name},
+                         INDEX)
+        for sid, reason in (idx.get("skipped") or {}).items():
+            c._add_record({"skipped": {sid: reason}}, INDEX)
+        covers = idx.get("covers") or {}
+    else:
+        covers = {}
+    for name in log_names(d):
+        path = d / LOG_DIR / (name + LOG_SUFFIX)
+        start = int(covers.get(name, 0))
+        size = path.stat().st_size
+        where = f"{LOG_DIR}/{name}{LOG_SUFFIX}"
+        if start > size:
+            c.problems.append((where, f"index.json covers it up to byte {start} but it has "
+                                      f"{size} bytes"))
+            start = size
+        recs, end, torn, bad = read_log(path, start)
+        for b in bad:
+            c.problems.append((where, f"a record that does not parse at {b}"))
+        for off, rec in recs:
+            c._add_record(rec, f"{where} byte {off}")
+        c.covers[name] = end
+        if torn:
+            c.torn[name] = torn
+    for name in set(covers) - set(c.covers):
+        c.problems.append((INDEX, f"covers log {name!r}, which is not in {LOG_DIR}/"))
+    return c.finish()
+
+
+def _from_v1(idx: dict) -> Commits:
+    c = Commits(version=1)
+    shards = idx.get("shards") if isinstance(idx.get("shards"), dict) else {}
+    samples = idx.get("samples") if isinstance(idx.get("samples"), dict) else {}
+    for name, meta in shards.items():
+        if isinstance(meta, dict):
+            c.shards[name] = {**meta, "ids": []}
+    for sid, name in samples.items():
+        if str(sid).isdigit() and name in c.shards:
+            c.samples[int(sid)] = name
+            c.shards[name]["ids"].append(int(sid))
+        elif str(sid).isdigit():
+            c.problems.append((f"sample {sid}", f"index.json places it in {name!r}, which "
+                                                "index.json does not list among its shards"))
+        else:
+            c.problems.append((INDEX, f"sample id {sid!r} is not a non-negative integer"))
+    for sid, reason in (idx.get("skipped") or {}).items():
+        if str(sid).isdigit():
+            c.skipped[int(sid)] = str(reason)
+    return c.finish()
+
+
+# ---------------------------------------------------------------------- writing
+def write_index(d: Path, c: Commits) -> None:
+    """Replace index.json with `c` compacted (atomically; crash-safe at every instant)."""
+    with atomic_file(Path(d) / INDEX, fault_point="before_compact") as f:
+        for chunk in c.index_lines():
+            f.write(chunk.encode())
+
+
+def compact(d: Path) -> Commits:
+    """Rewrite index.json from the index and the logs' tails. Call it under the dataset's
+    lock (`.lock`), so that two compactions do not race; readers never need it: they read
+    the logs' tails past what the index covers."""
+    c = load(d)
+    if c.version == VERSION:
+        write_index(d, c)
+    return c
+
+
+class LogBusy(RuntimeError):
+    """Another live process holds this writer's commit log."""
+
+
+class CommitLog:
+    """One writer's append-only log. Opening it takes an exclusive lock on the log file itself
+    (held until close: two processes never append to one log) and cuts a torn last record."""
+
+    def __init__(self, d: Path, tag: str):
+        self.path = log_path(d, tag)
+        make_dirs(self.path.parent)
+        new = not self.path.exists()
+        self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o644)
+        try:
+            fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(self.fd)
+            raise LogBusy(f"{self.path} is locked by another process: a job with the same "
+                          "dist.job_index and dist.num_jobs is already writing this dataset. "
+                          "Stop it first, or check the job index") from None
+        if new:
+            fsync_dir(self.path.parent)
+        self._cut_torn_tail()
+
+    def _cut_torn_tail(self) -> None:
+        size = os.fstat(self.fd).st_size
+        end = size
+        while end > 0:
+            start = max(0, end - 65536)
+            chunk = os.pread(self.fd, end - start, start)
+            i = chunk.rfind(b"\n")
+            if i >= 0:
+                end = start + i + 1
+                break
+            end = start
+        if end != size:
+            os.ftruncate(self.fd, end)
+            os.fsync(self.fd)
+
+    def append(self, rec: dict, sync: bool = True) -> None:
+        data = (json.dumps(rec, separators=(",", ":")) + "\n").encode()
+
+        def torn():  # the crash test of a record cut in the middle
+            os.write(self.fd, data[:len(data) // 2])
+            os.fsync(self.fd)
+
+        fault("mid_record", before=torn)
+        size = os.fstat(self.fd).st_size
+        view = memoryview(data)
+        try:
+            while view:
+                n = os.write(self.fd, view)
+                view = view[n:]
+            if sync:
+                os.fsync(self.fd)
+        except BaseException:
+            # a short write (disk full) must not leave a part line for the next record to
+            # join: cut back to where this record began
+            try:
+                os.ftruncate(self.fd, size)
+            except OSError:
+                pass
+            raise
+
+    def sync(self) -> None:
+        os.fsync(self.fd)
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)  # releases the lock
+            self.fd = -1
