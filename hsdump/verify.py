@@ -1,8 +1,9 @@
 """`python -m hsdump verify OUT [--retokenize] [--quick] [--json]`: check a dataset end to end.
 
-Checks, against spec/format.md (version 1):
-- `manifest.json` and `index.json` exist, parse, and agree (format, format_version, layers);
-  every sample in the index points to a shard that the index lists;
+Checks, against docs/format.md (versions 1 and 2):
+- `manifest.json` exists and parses; the commit records (version 2: `index.json` and the logs
+  in `commits/`; version 1: `index.json`) parse, agree with the manifest, list every sample
+  once and every shard once, and every sample points to a listed shard;
 - every listed shard exists with the recorded byte size and sha256 (streamed; `--quick`
   skips hashing), its safetensors header parses and its `__metadata__` names the manifest's
   format, format_version and layers;
@@ -12,8 +13,8 @@ Checks, against spec/format.md (version 1):
   Extensions the reader knows are checked too when present: fp8 storage (`hsdump.fp8`:
   float8_e4m3fn hidden states with a finite, positive float32 `/scale` per token) and
   final-layer states `{i}/final/{pre_norm,post_norm}` (the same set in every sample);
-- shard files the index does not list are reported as information (garbage from an
-  interrupted run, never read), not as problems;
+- shard files no record lists, and a torn last record of a log, are reported as information
+  (garbage from an interrupted run, never read), not as problems;
 - `--retokenize`: the source rows, re-tokenized with the manifest's recorded config, give
   the stored `input_ids` and `loss_mask` exactly.
 
@@ -37,6 +38,8 @@ from pathlib import Path
 from typing import Dict, List, Optional, Set, Tuple
 
 from .fp8 import SCALE_SUFFIX, STORAGE_ALIASES as FP8_ALIASES
+from . import commits
+from .commits import LOG_DIR, LOG_SUFFIX, SHARD_DIR
 from .reader import FINAL_KINDS, FORMAT, SUPPORTED_VERSIONS
 
 MANIFEST = "manifest.json"
@@ -46,7 +49,7 @@ TMP_RE = re.compile(r"^(manifest|index)\.json\.tmp.*$")
 KEY_RE = re.compile(r"^(?P<sid>\d+)/(input_ids|loss_mask|"
                     r"(hidden_states/(?P<j>\d+)|final/(pre_norm|post_norm))(?P<scale>/scale)?)$")
 ST_DTYPES = {"bfloat16": "BF16", "float16": "F16", "float32": "F32", "float8_e4m3fn": "F8_E4M3"}
-KNOWN_FILES = (MANIFEST, INDEX, ".lock")
+KNOWN_FILES = (MANIFEST, INDEX, ".lock", LOG_DIR, SHARD_DIR)
 CHUNK = 1 << 22
 UNLISTED = "unlisted (ignored, garbage from an interrupted run)"
 
@@ -54,8 +57,10 @@ UNLISTED = "unlisted (ignored, garbage from an interrupted run)"
 @dataclass
 class Problem:
     where: str
-    """What is wrong: `manifest.json`, `index.json`, a shard file name, `sample 12`, or
-    `shard-00003.safetensors: 12/hidden_states/1`."""
+    """What is wrong: `manifest.json`, `index.json`, a commit log (`commits/main.jsonl byte
+    120`), a shard path, `sample 12`, or `shards/main/0000/main-000003.safetensors:
+    12/hidden_states/1`. "The index" in messages is the commit records: index.json and the
+    logs (version 2), or index.json alone (version 1)."""
     what: str
 
     def line(self) -> str:
@@ -286,18 +291,18 @@ def _check_shard_file(d: Path, name: str, meta: dict, quick: bool, r: Report) ->
     """Existence, size, sha256. False if the file is absent."""
     p = d / name
     if not p.is_file():
-        r.problem(name, "missing: listed in index.json but not on disk")
+        r.problem(name, "missing: listed in the index but not on disk")
         return False
     size = p.stat().st_size
     r.bytes += size
     if isinstance(meta.get("bytes"), int) and size != meta["bytes"]:
         kind = "truncated" if size < meta["bytes"] else "too long"
-        r.problem(name, f"size {size} bytes, index.json records {meta['bytes']} ({kind})")
+        r.problem(name, f"size {size} bytes, the index records {meta['bytes']} ({kind})")
     if not quick and isinstance(meta.get("sha256"), str):
         digest = sha256_file(p)
         r.bytes_hashed += size
         if digest != meta["sha256"]:
-            r.problem(name, f"sha256 mismatch: file {digest}, index.json {meta['sha256']}")
+            r.problem(name, f"sha256 mismatch: file {digest}, the index {meta['sha256']}")
     return True
 
 
@@ -309,7 +314,9 @@ def _check_metadata(name: str, header: dict, m: dict, layers, r: Report) -> None
     if md.get("format") != m.get("format"):
         r.problem(name, f"__metadata__ format is {md.get('format')!r}, manifest.json says "
                         f"{m.get('format')!r}")
-    if md.get("format_version") != str(m.get("format_version")):
+    # a version 1 dataset resumed as version 2 keeps its version 1 shards (same layout)
+    known = [str(v) for v in SUPPORTED_VERSIONS if v <= int(m.get("format_version") or 0)]
+    if md.get("format_version") not in known:
         r.problem(name, f"__metadata__ format_version is {md.get('format_version')!r}, "
                         f"manifest.json says {m.get('format_version')!r}")
     try:
@@ -335,6 +342,7 @@ class _Expect:
                  fp8_on: bool):
         self.k, self.hidden, self.hidden_dtype, self.fp8 = k, hidden, hidden_dtype, fp8_on
         self.finals: Optional[Tuple[frozenset, int]] = None  # (final kinds, first sample)
+        self.masked: Dict[int, int] = {}  # loss-masked counts the commit records give
 
     def tensors(self, sid: int, header: dict) -> List[Tuple[str, Optional[str], str, bool]]:
         """(name, safetensors dtype, role, required) for sample `sid`; role is one of
@@ -376,9 +384,9 @@ def _scan_keys(name: str, header: dict, samples: Dict[int, str], ex: _Expect,
         if owner == name:
             continue
         if owner is None:
-            r.problem(name, f"holds tensors of sample {sid}, which index.json does not list")
+            r.problem(name, f"holds tensors of sample {sid}, which the index does not list")
         else:
-            r.problem(name, f"holds tensors of sample {sid}, which index.json places in "
+            r.problem(name, f"holds tensors of sample {sid}, which the index places in "
                             f"{owner} (duplicate sample in two shards)")
 
 
@@ -398,7 +406,7 @@ def _check_samples(d: Path, name: str, header: dict, sids: List[int], ex: _Expec
         expect = ex.tensors(sid, header)
         absent = {key for key, _, _, required in expect if required and key not in header}
         if len(absent) == sum(1 for e in expect if e[3]):
-            r.problem(where, "absent from its shard: index.json lists it but the shard holds "
+            r.problem(where, "absent from its shard: the index lists it but the shard holds "
                              "none of its tensors")
             continue
         r.samples_checked += 1
@@ -463,6 +471,11 @@ def _check_samples(d: Path, name: str, header: dict, sids: List[int], ex: _Expec
                                                 f"(first at position {pos}: {val})")
                     ok = False
                 stored_mask = x.tolist() if fresh is not None else None
+                want = ex.masked.get(sid)
+                if want is not None and int(x.sum()) != want:
+                    r.problem(f"{name}: {key}", f"{int(x.sum())} loss-masked tokens, the "
+                                                f"commit record says {want}")
+                    ok = False
             elif x.is_floating_point():
                 if x.element_size() == 1:  # fp8: torch has no isfinite for it
                     x = x.float()
@@ -549,7 +562,7 @@ def _retokenize(m: dict, r: Report):
     return data, pos, skipped_reason
 
 
-def _note_unlisted(d: Path, shards: Dict[str, dict], r: Report) -> None:
+def _note_unlisted(d: Path, shards: Dict[str, dict], c: "commits.Commits", r: Report) -> None:
     for p in sorted(d.iterdir()):
         n = p.name
         if n in KNOWN_FILES or n in shards:
@@ -558,6 +571,37 @@ def _note_unlisted(d: Path, shards: Dict[str, dict], r: Report) -> None:
             r.note(n, UNLISTED)
         else:
             r.note(n, "not part of an hsdump dataset (ignored)")
+    top = d / SHARD_DIR
+    if top.is_dir():
+        for root, dirs, files in os.walk(top):
+            dirs.sort()
+            for f in sorted(files):
+                rel = os.path.relpath(os.path.join(root, f), d).replace(os.sep, "/")
+                if rel not in shards:
+                    r.note(rel, UNLISTED)
+    logs = d / LOG_DIR
+    if logs.is_dir():
+        for p in sorted(logs.iterdir()):
+            if not p.name.endswith(LOG_SUFFIX):
+                r.note(f"{LOG_DIR}/{p.name}", "not a commit log (ignored)")
+    for name, n in sorted(c.torn.items()):
+        r.note(f"{LOG_DIR}/{name}{LOG_SUFFIX}", f"a torn last record of {n} bytes (a crash "
+                                                f"during a commit; ignored, and cut when that "
+                                                f"writer resumes)")
+
+
+def _check_records(d: Path, m: dict, c: "commits.Commits", r: Report
+                   ) -> Tuple[Dict[str, dict], Dict[int, str]]:
+    """Version 2: (shards, samples) from the commit records; their problems reported."""
+    if (d / INDEX).exists():
+        idx = _load_json(d / INDEX, r) or {}
+        for key in ("format", "format_version"):
+            if idx.get(key) != m.get(key):
+                r.problem(INDEX, f"{key} is {idx.get(key)!r} but manifest.json says "
+                                 f"{m.get(key)!r}")
+    for where, what in c.problems:
+        r.problem(where, what)
+    return c.shards, c.samples
 
 
 # --------------------------------------------------------------------------- entry points
@@ -569,16 +613,27 @@ def verify(path, retokenize: bool = False, quick: bool = False) -> Report:
         r.problem(str(path), "is not a directory")
         return r
     m = _load_json(d / MANIFEST, r)
-    if m is not None and not (d / INDEX).exists():
-        r.problem(INDEX, "missing: no shard was ever committed to this dataset")
+    if m is None:
         return r
-    idx = _load_json(d / INDEX, r)
-    if m is None or idx is None:
+    try:
+        c = commits.load(d)
+    except (OSError, ValueError) as e:
+        r.problem(INDEX, str(e))
+        return r
+    if not c.shards and not c.skipped and not c.problems:
+        r.problem(INDEX, "no shard was ever committed to this dataset (no index.json, no "
+                         "commit record)")
         return r
     layers, hidden, st_dtype = _check_manifest(m, r)
-    shards, samples = _check_index(idx, m, r)
+    if c.version == 1:
+        idx = _load_json(d / INDEX, r)
+        if idx is None:
+            return r
+        shards, samples = _check_index(idx, m, r)
+    else:
+        shards, samples = _check_records(d, m, c, r)
     r.samples_listed = len(samples)
-    _note_unlisted(d, shards, r)
+    _note_unlisted(d, shards, c, r)
     fresh = _retokenize(m, r) if retokenize else None
 
     by_shard: Dict[str, List[int]] = {}
@@ -601,6 +656,12 @@ def verify(path, retokenize: bool = False, quick: bool = False) -> Report:
                             "are unchecked")
             continue
         _check_metadata(name, header, m, layers, r)
+        for sid, n in zip(meta.get("ids", ()), meta.get("lengths", ())):
+            got = (header.get(f"{sid}/input_ids") or {}).get("shape")
+            if got is not None and got != [n]:
+                r.problem(f"{name}: sample {sid}", f"commit record says {n} tokens, the shard "
+                                                   f"holds {got}")
+        ex.masked.update(zip(meta.get("ids", ()), meta.get("masked", ())))
         _scan_keys(name, header, samples, ex, r)
         if ex.k is not None:
             _check_samples(d, name, header, sids, ex, fresh, r)

@@ -33,7 +33,23 @@ def make(path, sizes=((0, 5), (3, 17), (7, 40), (8, 1), (9, 6)), manifest=MANIFE
     for sid, n in sizes:
         assert w.add(sid, *(data[sid] if data else sample(sid, n)))
     w.close()
-    return json.loads((path / "index.json").read_text())
+    return view(path)
+
+
+def view(path):
+    """The commit records as {"samples": {"sid": shard}, "shards": {shard: record}}."""
+    from hsdump import commits
+
+    c = commits.load(path)
+    return {"samples": {str(k): v for k, v in c.samples.items()},
+            "shards": {k: {**v, "samples": len(v["ids"])} for k, v in c.shards.items()}}
+
+
+def edit_index(path, fn):
+    """Apply `fn` to index.json (version 2: it covers the whole log after close)."""
+    index = json.loads((path / "index.json").read_text())
+    fn(index)
+    (path / "index.json").write_text(json.dumps(index))
 
 
 def tensor_at(path, key):
@@ -111,7 +127,7 @@ def test_truncated_shard_is_named(ds):
     p.write_bytes(p.read_bytes()[: p.stat().st_size // 2])
     r = verify(out)
     mine = [x.what for x in r.problems if x.where == name]
-    assert any("truncated" in w and f"index.json records {index['shards'][name]['bytes']}" in w
+    assert any("truncated" in w and f"the index records {index['shards'][name]['bytes']}" in w
                for w in mine)
     assert any("sha256 mismatch" in w for w in mine)
     assert any("header is unusable" in w or "cannot open" in w for w in mine)
@@ -124,7 +140,7 @@ def test_deleted_shard_is_named(ds):
     name = index["samples"]["0"]
     (out / name).unlink()
     r = verify(out)
-    assert f"{name}: missing: listed in index.json but not on disk" in lines(r)
+    assert f"{name}: missing: listed in the index but not on disk" in lines(r)
     assert any(p.where == name and "samples (0" in p.what and "cannot be read" in p.what
                for p in r.problems)
     assert main([str(out), "--quick"]) == 1
@@ -148,7 +164,8 @@ def test_loss_mask_and_wrong_shape_are_named(tmp_path):
     ids, mask, hs = sample(1, 4)
     make(out, sizes=[(1, 4)], data={1: (ids, [0, 2, 1, 1], hs)})
     assert lines(verify(out, quick=True)) == [
-        "shard-00000.safetensors: 1/loss_mask: values outside {0, 1} (first at position 1: 2)"]
+        "shards/main/0000/main-000000.safetensors: 1/loss_mask: values outside {0, 1} (first at "
+        "position 1: 2)"]
     out2 = tmp_path / "ds2"
     make(out2, sizes=[(1, 4)], manifest={**MANIFEST, "model": {"hidden_size": 16}})
     r = verify(out2, quick=True)
@@ -158,52 +175,115 @@ def test_loss_mask_and_wrong_shape_are_named(tmp_path):
 def test_index_entry_for_a_sample_absent_from_its_shard(ds):
     out, index = ds
     name = index["samples"]["0"]
-    index["samples"]["99"] = name
-    index["shards"][name]["samples"] += 1
-    (out / "index.json").write_text(json.dumps(index))
+
+    def add99(idx):
+        rec = idx["shards"][name]
+        rec["ids"].append(99), rec["lengths"].append(4), rec["masked"].append(2)
+    edit_index(out, add99)
     r = verify(out)
-    assert lines(r) == [f"{name}: sample 99: absent from its shard: index.json lists it but the "
+    assert lines(r) == [f"{name}: sample 99: absent from its shard: the index lists it but the "
                         "shard holds none of its tensors"]
     assert r.samples_listed == 6 and r.samples_checked == r.samples_ok == 5
 
 
-def test_index_sample_in_an_unlisted_shard(ds):
-    out, index = ds
-    index["samples"]["0"] = "shard-00042.safetensors"
-    (out / "index.json").write_text(json.dumps(index))
+def test_v1_index_sample_in_an_unlisted_shard(tmp_path):
+    out = tmp_path / "v1"
+    hand_built(out, {"shard-00000.safetensors": {
+        "0/input_ids": torch.zeros(2, dtype=torch.int64),
+        "0/loss_mask": torch.ones(2, dtype=torch.int64),
+        **{f"0/hidden_states/{j}": torch.zeros(2, H, dtype=torch.bfloat16) for j in range(3)}}},
+        MANIFEST)
+    assert verify(out).ok
+    idx = json.loads((out / "index.json").read_text())
+    idx["samples"]["0"] = "shard-00042.safetensors"
+    (out / "index.json").write_text(json.dumps(idx))
     problems = lines(verify(out, quick=True))
     assert any(p.startswith("sample 0: index.json places it in 'shard-00042.safetensors'")
                for p in problems)
+
+
+def test_record_outside_the_dataset_folder_is_refused(ds):
+    out, index = ds
+    with open(out / "commits" / "main.jsonl", "a") as f:
+        f.write(json.dumps({"shard": "../elsewhere.safetensors", "bytes": 1, "sha256": "0",
+                            "ids": [50]}) + "\n")
+    r = verify(out, quick=True)
+    assert [p.what for p in r.problems] == [
+        "shard path '../elsewhere.safetensors' is not a .safetensors path inside the dataset "
+        "folder"]
+    assert r.problems[0].where.startswith("commits/main.jsonl byte ")
 
 
 def test_duplicate_sample_in_two_shards(ds, tmp_path):
     out, index = ds
     other = tmp_path / "other"
     make(other, sizes=[(0, 5), (10, 3)])  # sample 0 again, plus a new sample 10
-    (src,) = json.loads((other / "index.json").read_text())["shards"]
-    dup = "shard-00042.safetensors"
+    (src,) = view(other)["shards"]
+    dup = "shards/extra/0000/extra-000000.safetensors"
+    (out / dup).parent.mkdir(parents=True)
     shutil.copy(other / src, out / dup)
     data = (out / dup).read_bytes()
-    index["shards"][dup] = {"bytes": len(data), "samples": 1,
-                            "sha256": hashlib.sha256(data).hexdigest()}
-    index["samples"]["10"] = dup
-    (out / "index.json").write_text(json.dumps(index))
+    with open(out / "commits" / "extra.jsonl", "w") as f:  # a second writer's log
+        f.write(json.dumps({"shard": dup, "bytes": len(data), "ids": [10], "lengths": [3],
+                            "sha256": hashlib.sha256(data).hexdigest()}) + "\n")
     r = verify(out)
-    assert lines(r) == [f"{dup}: holds tensors of sample 0, which index.json places in "
+    assert lines(r) == [f"{dup}: holds tensors of sample 0, which the index places in "
                         f"{index['samples']['0']} (duplicate sample in two shards)"]
     assert r.samples_ok == 6
+    # the same sample committed by two records
+    with open(out / "commits" / "extra.jsonl", "a") as f:
+        f.write(json.dumps({"shard": dup + "x.safetensors", "bytes": 1, "sha256": "0",
+                            "ids": [10]}) + "\n")
+    assert any(p.startswith(f"sample 10: committed in {dup} and again in ") and
+               "(duplicate sample)" in p for p in lines(verify(out, quick=True)))
+
+
+def test_torn_record_is_info_and_a_corrupt_one_a_problem(ds):
+    out, index = ds
+    log = out / "commits" / "main.jsonl"
+    with open(log, "ab") as f:
+        f.write(b'{"shard":"shards/main/0000/main-0000')  # a crash in the middle of a commit
+    r = verify(out)
+    assert r.ok and (f"commits/main.jsonl", "a torn last record of 36 bytes (a crash during a "
+                     "commit; ignored, and cut when that writer resumes)") in \
+        {(p.where, p.what) for p in r.info}
+    (out / "index.json").unlink()  # the log alone holds the dataset
+    text = log.read_bytes()
+    lines_ = text.split(b"\n")
+    lines_[1] = b"#" + lines_[1][1:]  # a damaged record in the middle
+    log.write_bytes(b"\n".join(lines_))
+    r = verify(out, quick=True)
+    assert any(p.where == "commits/main.jsonl" and "a record that does not parse at byte" in p.what
+               for p in r.problems)
+
+
+def test_record_lengths_and_masks_must_match_the_shard(ds):
+    out, index = ds
+    name = index["samples"]["7"]
+
+    def lie(idx):
+        rec = idx["shards"][name]
+        k = rec["ids"].index(7)
+        rec["lengths"][k] += 1
+        rec["masked"][k] -= 1
+    edit_index(out, lie)
+    got = lines(verify(out, quick=True))
+    assert f"{name}: sample 7: commit record says 41 tokens, the shard holds [40]" in got
+    assert f"{name}: 7/loss_mask: 20 loss-masked tokens, the commit record says 19" in got
 
 
 def test_unlisted_garbage_is_info_not_failure(ds, capsys):
     out, _ = ds
     (out / "shard-00077.safetensors").write_bytes(b"\x00" * 100)
-    (out / "shard-00078.safetensors.tmp.123").write_bytes(b"junk")
+    (out / "shards/main/0000/main-000077.safetensors").write_bytes(b"\x00" * 100)
+    (out / "shards/main/0000/main-000078.safetensors.tmp.h.1.2").write_bytes(b"junk")
     (out / "index.json.tmp.55").write_text("{")
     r = verify(out)
     assert r.ok
     assert {(p.where, p.what) for p in r.info} == {
-        ("shard-00077.safetensors", UNLISTED), ("shard-00078.safetensors.tmp.123", UNLISTED),
-        ("index.json.tmp.55", UNLISTED)}
+        ("shard-00077.safetensors", UNLISTED), ("index.json.tmp.55", UNLISTED),
+        ("shards/main/0000/main-000077.safetensors", UNLISTED),
+        ("shards/main/0000/main-000078.safetensors.tmp.h.1.2", UNLISTED)}
     assert main([str(out)]) == 0
     assert f"info    shard-00077.safetensors: {UNLISTED}" in capsys.readouterr().out
 
@@ -309,7 +389,7 @@ def test_retokenize(tmp_path, tiny_llama, monkeypatch):
     assert r.ok, lines(r)
     assert r.samples_retokenized == 3
 
-    index = json.loads((out / "index.json").read_text())
+    index = view(out)
     name = index["samples"]["1"]
     off, _ = tensor_at(out / name, "1/input_ids")
     stored = t.input_ids[1][3]
