@@ -2,9 +2,10 @@
 
 Prints samples, tokens, loss-masked tokens, bytes, layers, model, storage dtype and skipped
 rows (both kinds: rows the tokenizer's length policy left out, from
-manifest["dataset"]["skipped_rows"], and samples the writer refused, from index.json
-"skipped"), and draws a PNG with histograms of sequence lengths and of the loss-masked
-fraction per sample (pillow only). Reads ids and masks, never hidden states.
+manifest["dataset"]["skipped_rows"], and samples the writer refused, from the commit
+records), and draws a PNG with histograms of sequence lengths and of the loss-masked
+fraction per sample (pillow only). Reads the commit records (version 2 records carry each
+sample's length and loss-masked count; version 1 masks are read), never hidden states.
 """
 
 from __future__ import annotations
@@ -24,24 +25,22 @@ from .reader import HsdumpDataset
 def gather(path: str, progress: bool = False) -> Tuple[dict, List[int], List[float]]:
     """(facts, per-sample lengths, per-sample loss-masked fractions)."""
     ds = HsdumpDataset(path)
-    m, idx = ds.manifest, ds.index
+    m = ds.manifest
     lengths = ds.lengths
-    masked: List[int] = []
     ids = ds.ids
-    if progress and len(ids) > 2000:
+    if ds._masked_of is None and progress and len(ids) > 2000:  # version 1: read the masks
         from tqdm import tqdm
         ids = tqdm(ids, unit="sample", desc="reading loss masks", file=sys.stderr)
-    for sid in ids:
-        masked.append(int(ds.get(sid, hidden=False)["loss_mask"].sum()))
+    masked: List[int] = [ds.masked_count(sid) for sid in ids]
     fracs = [k / n if n else 0.0 for k, n in zip(masked, lengths)]
-    shard_bytes = sum(int(s.get("bytes", 0)) for s in idx.get("shards", {}).values())
+    shard_bytes = sum(int(s.get("bytes", 0)) for s in ds.shards.values())
     model = m.get("model") or {}
     data = m.get("dataset") or {}
-    refused = Counter(str(r) for r in (idx.get("skipped") or {}).values())
+    refused = Counter(str(r) for r in ds.skipped.values())
     tokens = sum(lengths)
     facts = {
         "path": str(Path(path).resolve()),
-        "format": f"{idx.get('format')} v{idx.get('format_version')}",
+        "format": f"{m.get('format')} v{ds.version}",
         "hsdump_version": m.get("hsdump_version"),
         "model": model.get("path"), "architecture": model.get("architecture"),
         "hidden_size": model.get("hidden_size"),
@@ -54,7 +53,7 @@ def gather(path: str, progress: bool = False) -> Tuple[dict, List[int], List[flo
         "loss_masked_fraction": (sum(masked) / tokens) if tokens else 0.0,
         "seq_len": ({"min": min(lengths), "median": statistics.median(lengths),
                      "mean": tokens / len(lengths), "max": max(lengths)} if lengths else {}),
-        "bytes": shard_bytes, "shards": len(idx.get("shards", {})),
+        "bytes": shard_bytes, "shards": len(ds.shards),
         "bytes_per_sample": shard_bytes / len(lengths) if lengths else 0,
         "bytes_per_token": shard_bytes / tokens if tokens else 0,
         "source": {k: data.get(k) for k in ("path", "name", "split", "rows") if k in data},

@@ -216,7 +216,8 @@ class DatasetWriter:
             raise ValueError(f"output.dir={d} is not empty and holds no hsdump dataset "
                              f"({', '.join(sorted(stray)[:5])}); choose an empty or new folder")
         # a valid, empty dataset from the first instant: no index.json yet, no log
-        write_json(mpath, {**manifest, "format_version": FORMAT_VERSION, "resume_key": compat})
+        write_json(mpath, {**manifest, "format": FORMAT, "format_version": FORMAT_VERSION,
+                           "resume_key": compat})
 
     def done_ids(self) -> set:
         """Sample ids this dataset already holds or refused (committed or recorded as
@@ -241,7 +242,11 @@ class DatasetWriter:
             self.timing["add_s"] += time.perf_counter() - t0
 
     def _add(self, sid, input_ids, loss_mask, hidden_states, final, nonfinite) -> bool:
-        self._raise_if_failed()
+        if self._error is not None:
+            self.close(commit=False)  # a failed writer is finished: threads and log released
+            self._raise_if_failed()
+        if self._closed:
+            raise RuntimeError(f"the writer of {self.dir} is closed")
         # stored from contiguous memory (CaptureEngine's rows already are: no copy then);
         # converted only if the storage dtype differs
         hidden_states = [h.contiguous() for h in hidden_states]

@@ -154,5 +154,7 @@ def test_nonfinite_rows_are_flagged_per_request(tiny_llama, tmp_path):
         hs, bad = got[sid]
         writer.add(sid, ids, [1] * len(ids), hs[:2], {"post_norm": hs[2]}, nonfinite=bad)
     writer.close()
-    assert writer.index["skipped"] == {"1": "nonfinite in hidden_states[0]"}
-    assert sorted(writer.index["samples"]) == ["0", "2", "3"]
+    from helpers import committed, skipped
+
+    assert skipped(tmp_path / "ds") == {1: "nonfinite in hidden_states[0]"}
+    assert sorted(committed(tmp_path / "ds")) == [0, 2, 3]

@@ -14,7 +14,9 @@ import psutil
 import pytest
 import torch
 
+import helpers
 from hsdump.reader import HsdumpDataset
+from hsdump.verify import verify
 from hsdump.writer import DatasetWriter, WriteError
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -37,8 +39,7 @@ def extract(out, *extra, fault=None, wait=True):
 
 
 def committed(out):
-    f = Path(out) / "index.json"
-    return json.loads(f.read_text())["samples"] if f.exists() else {}
+    return helpers.committed(out)
 
 
 def same_dataset(a, b):
@@ -53,8 +54,7 @@ def same_dataset(a, b):
 
 
 def shard_stamps(out):
-    return {n: (Path(out) / n).stat().st_mtime_ns
-            for n in json.loads((Path(out) / "index.json").read_text())["shards"]}
+    return {n: (Path(out) / n).stat().st_mtime_ns for n in helpers.shards(out)}
 
 
 @pytest.mark.engine
@@ -73,8 +73,9 @@ def test_kill_9_at_every_stage_then_resume(tmp_path, tiny_llama):
     assert committed(out) == {}
 
     # 2. mid-run, after the 5th captured sample; 3. a shard written but not renamed;
-    # 4. renamed but not yet in index.json
-    for fault in ("sample@5", "before_rename@2", "before_index@2"):
+    # 4. renamed but its commit record not yet appended; 5. a commit record half written
+    # (torn: ignored by readers, cut by the resumed writer)
+    for fault in ("sample@5", "before_rename@2", "before_record@2", "mid_record@2"):
         before = committed(out)
         stamps = shard_stamps(out) if before else {}
         rc, log = extract(out, fault=fault)
@@ -83,12 +84,30 @@ def test_kill_9_at_every_stage_then_resume(tmp_path, tiny_llama):
         assert set(before) <= set(after), fault  # nothing committed is ever lost
         assert all(shard_stamps(out)[n] == t for n, t in stamps.items())  # nor rewritten
         HsdumpDataset(str(out))  # always readable
+
+        if fault == "mid_record@2":
+            assert (Path(out) / "commits/main.jsonl").read_bytes()[-1:] != b"\n"  # torn
     assert len(after) < len(committed(ref))
 
     rc, log = extract(out)
     assert rc == 0, log[-3000:]
     assert f"already committed before this run: {len(after)}" in log
+    assert (Path(out) / "commits/main.jsonl").read_bytes()[-1:] == b"\n"  # the tear was cut
     same_dataset(ref, out)
+    assert verify(str(out)).ok
+
+    # 6. killed while compacting index.json at the end: every sample is committed (the logs
+    # hold them), the old index (or none) stays valid, and the re-run has nothing to do
+    out2 = tmp_path / "out2"
+    rc, log = extract(out2, fault="before_compact@1")
+    assert rc == -signal.SIGKILL, log[-2000:]
+    assert not (out2 / "index.json").exists()
+    assert committed(out2).keys() == committed(ref).keys()
+    same_dataset(ref, out2)
+    rc, log = extract(out2)
+    assert rc == 0 and "nothing to do" in log, log[-2000:]
+    assert json.loads((out2 / "index.json").read_text())["format_version"] == 2
+    assert verify(str(out2)).ok
 
 
 @pytest.mark.engine
@@ -162,7 +181,7 @@ def test_disk_full_leaves_a_valid_resumable_dataset(tmp_path, monkeypatch):
         assert "run the same command again to resume" in str(e.value)
         ds = HsdumpDataset(str(mnt / "ds"))  # what was committed is intact and readable
         assert 0 < len(ds) < 40
-        assert not [p for p in (mnt / "ds").iterdir() if ".tmp." in p.name]
+        assert not [p for p in (mnt / "ds").rglob("*") if ".tmp." in p.name]
         n = len(ds)
         if real:
             subprocess.run(["mount", "-o", "remount,size=20m", str(mnt)], check=True)

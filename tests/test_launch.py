@@ -10,6 +10,8 @@ import sys
 from pathlib import Path
 
 import pytest
+
+from helpers import committed, shards, skipped
 import torch
 from hydra import compose, initialize_config_dir
 
@@ -119,7 +121,7 @@ def test_slurm_sweep_submits_one_array_task_per_job(tmp_path):
 
 # ----------------------------------------------------------------------------- real jobs
 def shards_of(out):
-    return json.loads((Path(out) / "index.json").read_text())["shards"]
+    return shards(out)
 
 
 def stamps(out, names):
@@ -130,28 +132,29 @@ def stamps(out, names):
 def test_two_local_jobs_write_one_dataset_one_killed_and_rerun_alone(tmp_path, tiny_llama):
     ref, out = tmp_path / "ref", tmp_path / "out"
     # Two jobs through submitit's local executor, both writing `out`. Job 0 is SIGKILLed when
-    # its 2nd shard is on disk but not yet in index.json: HSDUMP_FAULT is before_index@02 for
-    # hydra job 0 and before_index@12 for job 1, which commits fewer than 12 shards.
+    # its 2nd shard is on disk but not yet in its commit log: HSDUMP_FAULT is before_record@02
+    # for hydra job 0 and before_record@12 for job 1, which commits fewer than 12 shards.
     sweep = tmp_path / "sweep1"
     rc, log = extract("-m", "hydra/launcher=local_jobs", "dist.num_jobs=2",
                       "dist.job_index=range(2)", *ARGS, f"output.dir={out}",
                       f"hydra.sweep.dir={sweep}",
-                      "+hydra.job.env_set.HSDUMP_FAULT=before_index@${hydra.job.num}2")
+                      "+hydra.job.env_set.HSDUMP_FAULT=before_record@${hydra.job.num}2")
     jobs_log = job_logs(sweep)
     assert rc != 0, log[-3000:]  # the sweep reports the killed job
     assert "samples written:" in jobs_log, (log[-2000:], jobs_log[-3000:])  # job 1 finished
-    index = json.loads((out / "index.json").read_text())
+    samples = committed(out)
     by_job = {0: [], 1: []}
-    for sid, shard in index["samples"].items():
-        job = int(re.match(r"shard-j000(\d)of0002-\d{5}\.safetensors$", shard).group(1))
+    for sid, shard in samples.items():
+        job = int(re.match(r"shards/j000(\d)of0002/0000/j000\dof0002-\d{6}\.safetensors$",
+                           shard).group(1))
         assert int(sid) % 2 == job  # each job wrote only its own samples
         by_job[job].append(int(sid))
     assert len(by_job[1]) >= 3
-    job0_shards = sorted(s for s in index["shards"] if s.startswith("shard-j0000of0002-"))
-    assert job0_shards == ["shard-j0000of0002-00000.safetensors"]  # its 1st shard only
-    assert (out / "shard-j0000of0002-00001.safetensors").exists()  # renamed, never listed
-    assert len(HsdumpDataset(str(out))) == len(index["samples"])  # readable meanwhile
-    before = stamps(out, index["shards"])
+    job0_shards = sorted(s for s in shards(out) if s.startswith("shards/j0000of0002/"))
+    assert job0_shards == ["shards/j0000of0002/0000/j0000of0002-000000.safetensors"]  # 1st only
+    assert (out / "shards/j0000of0002/0000/j0000of0002-000001.safetensors").exists()  # unlisted
+    assert len(HsdumpDataset(str(out))) == len(samples)  # readable meanwhile
+    before = stamps(out, shards(out))
     committed_0 = len(by_job[0])
 
     # the killed job, re-run alone through the same launcher: it resumes. Its engine now uses
@@ -180,10 +183,10 @@ def test_two_local_jobs_write_one_dataset_one_killed_and_rerun_alone(tmp_path, t
     assert stamps(out, before) == before  # nothing committed was rewritten
 
     # one dataset, every sample exactly once, equal to the single-job run
-    index = json.loads((out / "index.json").read_text())
-    listed = sum(s["samples"] for s in index["shards"].values())
-    assert listed == len(index["samples"])  # no sample in two listed shards
-    assert all(re.match(r"shard-j000[01]of0002-\d{5}\.safetensors$", s) for s in index["shards"])
+    listed = sum(len(s["ids"]) for s in shards(out).values())
+    assert listed == len(committed(out))  # no sample in two listed shards
+    assert all(re.match(r"shards/j000[01]of0002/0000/j000[01]of0002-\d{6}\.safetensors$", s)
+               for s in shards(out))
     da, db = HsdumpDataset(str(out)), HsdumpDataset(str(ref))
     assert da.ids == db.ids and len(da) >= 8
     assert da.layers == db.layers == [2, 4, 5]
@@ -193,8 +196,7 @@ def test_two_local_jobs_write_one_dataset_one_killed_and_rerun_alone(tmp_path, t
         assert torch.equal(ra["loss_mask"], rb["loss_mask"])
         for x, y in zip(ra["hidden_states"], rb["hidden_states"]):
             assert float((x.float() - y.float()).norm() / y.float().norm()) < 0.01, sid
-    assert json.loads((out / "index.json").read_text())["skipped"] == \
-        json.loads((ref / "index.json").read_text())["skipped"]
+    assert skipped(out) == skipped(ref)
     try:
         from hsdump.verify import verify
     except ImportError:  # verify lands separately
