@@ -2,10 +2,10 @@
 
 A job is one hsdump process with its own SGLang engine: a SLURM job on a node, a Ray task,
 or one of several engines on one node. `dist.num_jobs` and `dist.job_index` say which part is
-this job's; every job writes into the same output directory (spec/format.md, multi-writer
-rule): each owns a disjoint set of sample ids (`owns`) and names its shards with its own
-prefix (`writer_tag`), and `index.json` is updated under a lock, so when all jobs are done the
-reader sees one dataset. Sample ids stay the input row numbers, whatever the split.
+this job's; every job writes into the same output directory (docs/format.md): each owns a
+disjoint set of sample ids (`owns`), and writes its shards and its commit log under its own
+name (`writer_tag`), so jobs never share a file and the reader sees one dataset, the union of
+the logs. Sample ids stay the input row numbers, whatever the split.
 
 Nothing here depends on how the jobs are launched; see conf/hydra/launcher/ for the presets.
 """
@@ -51,12 +51,12 @@ def split(ids: Iterable[int], num_jobs: int) -> Dict[int, List[int]]:
 
 
 def writer_tag(num_jobs: int, job_index: int) -> str:
-    """Shard-name prefix of a job: '' for a single job (shard-00000.safetensors), else
-    'j0001of0004' (shard-j0001of0004-00000.safetensors).
+    """A job's writer name: '' for a single job (written as `main`: commits/main.jsonl,
+    shards/main/...), else 'j0001of0004' (commits/j0001of0004.jsonl, shards/j0001of0004/...).
 
     The tag names both numbers, so jobs of two different splits of one directory (a run
-    re-split from 4 jobs into 8, say) never write the same file name; a re-run of the same
-    job continues its own numbering after the shards that `index.json` lists for it."""
+    re-split from 4 jobs into 8, say) never write the same file; a re-run of the same job
+    resumes its own log and continues its numbering after the shards that log commits."""
     check(num_jobs, job_index)
     if num_jobs == 1:
         return ""
