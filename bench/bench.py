@@ -478,7 +478,7 @@ def mode_hsdump(model_path, ec, loads: List[Workload], layers, info, out_dir, mo
                 details.append({"run_s": t_run, "sink_add_s": writer.timing["add_s"],
                                 "final_close_s": close_s, "bytes_written": writer.bytes_written,
                                 "writer_timing": dict(writer.timing),
-                                "shards": len(writer.index["shards"])})
+                                "shards": writer.shards_written})
                 shutil.rmtree(ds_dir, ignore_errors=True)
             wall = _median(walls)
             n_bytes = details[0]["bytes_written"]

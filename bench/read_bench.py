@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import hashlib
 import json
 import os
 import random
@@ -41,7 +42,7 @@ from hsdump.writer import DatasetWriter  # noqa: E402
 
 
 def make(path: Path, samples: int, seq: int, hidden: int, k: int) -> None:
-    if (path / "index.json").exists():
+    if (path / "manifest.json").exists():
         ds = HsdumpDataset(str(path))
         if len(ds) == samples and ds.hidden_size == hidden and len(ds.layers) == k:
             return
@@ -70,21 +71,27 @@ def make_fp8(src: Path, dst: Path) -> None:
     from safetensors import safe_open
     from safetensors.torch import save_file
 
+    from hsdump import commits
+
     dst.mkdir(parents=True, exist_ok=True)
-    index = json.loads((src / "index.json").read_text())
-    for name, meta in index["shards"].items():
+    c = commits.load(src)
+    for name, meta in c.shards.items():
         out = {}
         with safe_open(str(src / name), framework="pt") as f:
             shard_meta = f.metadata()
             for key in f.keys():
                 t = f.get_tensor(key)
                 out.update(fp8.encode(key, t) if "/hidden_states/" in key else {key: t})
+        (dst / name).parent.mkdir(parents=True, exist_ok=True)
         save_file(out, str(dst / name), metadata={**shard_meta, **fp8.shard_metadata()})
         meta["bytes"] = (dst / name).stat().st_size
+        meta["sha256"] = hashlib.sha256((dst / name).read_bytes()).hexdigest()
     m = json.loads((src / "manifest.json").read_text())
     m["storage_dtype"] = fp8.STORAGE_NAME
     (dst / "manifest.json").write_text(json.dumps(m))
-    (dst / "index.json").write_text(json.dumps(index))
+    c.covers = {}  # the copy has no logs: its index.json holds every record
+    commits.write_index(dst, c)
+    index = {"shards": c.shards}
     os.sync()
     print(f"made {dst}: {sum(s['bytes'] for s in index['shards'].values()) / 1e9:.2f} GB",
           flush=True)
