@@ -5,6 +5,7 @@ the reader's open time and RSS, `verify --quick`, resume and `inspect` at each m
     python bench/scale.py write --samples 1000000 --out /tmp/scale          # the table
     python bench/scale.py write --samples 20000 --old                        # + version 1 path
     python bench/scale.py jobs --jobs 64 --samples 64000 --out /tmp/scale64  # many writers
+    python bench/scale.py dirs --files 200000      # one folder of 200K files vs 1,000 per folder
     python bench/scale.py worker OUT NUM_JOBS JOB_INDEX SAMPLES              # one job (tests)
 
 Each figure after the write is measured in a fresh process (RSS is that process's peak).
@@ -170,6 +171,46 @@ def jobs(args) -> dict:
     return row
 
 
+def dirs(args) -> dict:
+    """One folder of N shard files against hsdump's 1,000 per folder: time to create them
+    (write 4 KiB under a temporary name, rename: what a commit does to the folder; no fsync, so
+    the folder's cost is what is timed), to open each by name in random order, and to list
+    them, in the same run."""
+    import random
+
+    out, res = Path(args.out), {"files": args.files}
+    for layout in ("flat", "nested"):
+        d = out / layout
+        shutil.rmtree(d, ignore_errors=True)
+        d.mkdir(parents=True)
+        names = [f"{i // 1000:04d}/s-{i:06d}" if layout == "nested" else f"s-{i:06d}"
+                 for i in range(args.files)]
+        t = time.perf_counter()
+        for n in names:
+            p = d / n
+            if layout == "nested" and n.endswith("000"):
+                p.parent.mkdir(exist_ok=True)
+            tmp = p.with_name(p.name + ".tmp")
+            with open(tmp, "wb") as f:
+                f.write(b"x" * 4096)
+            os.replace(tmp, p)
+        create = time.perf_counter() - t
+        os.sync()
+        random.Random(0).shuffle(names)
+        t = time.perf_counter()
+        for n in names:
+            with open(d / n, "rb") as f:
+                f.read(8)
+        opened = time.perf_counter() - t
+        t = time.perf_counter()
+        listed = sum(len(fs) for _, _, fs in os.walk(d))
+        walk = time.perf_counter() - t
+        res[layout] = {"create_s": create, "open_s": opened, "walk_s": walk, "listed": listed}
+        shutil.rmtree(d, ignore_errors=True)
+        print(json.dumps({layout: res[layout]}), flush=True)
+    return res
+
+
 def table(res: dict) -> str:
     lines = ["| variant | samples | s per 1,000 (first 10K) | s per 1,000 (last 10K) | ratio | "
              "reader open s / RSS MB | resume s | dist 64 s | verify --quick s / RSS MB | "
@@ -205,13 +246,17 @@ def main(argv=None) -> int:
     j.add_argument("--samples", type=int, default=64_000)
     j.add_argument("--out", default="/tmp/hsdump-scale-jobs")
     j.add_argument("--json")
+    dd = sub.add_parser("dirs")
+    dd.add_argument("--files", type=int, default=200_000)
+    dd.add_argument("--out", default="/tmp/hsdump-scale-dirs")
+    dd.add_argument("--json")
     k = sub.add_parser("worker")
     for a in ("out", "num_jobs", "job", "samples"):
         k.add_argument(a)
     args = ap.parse_args(argv)
     if args.cmd == "worker":
         return worker(args.out, int(args.num_jobs), int(args.job), int(args.samples))
-    res = write(args) if args.cmd == "write" else jobs(args)
+    res = {"write": write, "jobs": jobs, "dirs": dirs}[args.cmd](args)
     if args.cmd == "write":
         print(table(res))
     if args.json:

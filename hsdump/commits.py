@@ -172,7 +172,10 @@ class Commits:
 
 
 def _ints(x) -> bool:
-    return isinstance(x, list) and all(type(v) is int for v in x)
+    return type(x) is list and set(map(type, x)) <= _INT  # C loops: ~3x a generator's speed
+
+
+_INT = {int}
 
 
 # ---------------------------------------------------------------------- reading
@@ -324,6 +327,39 @@ def compact(d: Path) -> Commits:
     if c.version == VERSION:
         write_index(d, c)
     return c
+
+
+def compact_locked(d: Path) -> Commits:
+    """`compact` under the dataset's lock (waits for a compaction in progress)."""
+    with open(Path(d) / ".lock", "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            return compact(d)
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def main(argv=None) -> int:
+    """`python -m hsdump compact OUT`: rewrite OUT/index.json from every commit log, e.g.
+    once all jobs of a multi-job run are done (each job compacts when it ends, unless another
+    is compacting at that moment). Never needed for correctness: readers read the logs."""
+    import argparse
+    import sys
+
+    ap = argparse.ArgumentParser(prog="python -m hsdump compact", description=main.__doc__)
+    ap.add_argument("out", metavar="OUT", help="dataset directory")
+    args = ap.parse_args(argv)
+    try:
+        if version_of(Path(args.out)) != VERSION:
+            print(f"{args.out}: format version 1 has no commit logs; nothing to compact")
+            return 0
+        c = compact_locked(Path(args.out))
+    except (OSError, ValueError) as e:
+        print(f"python -m hsdump compact: {e}", file=sys.stderr)
+        return 2
+    print(f"{args.out}/index.json: {len(c.samples)} samples in {len(c.shards)} shards, "
+          f"{len(c.covers)} commit logs")
+    return 0
 
 
 class LogBusy(RuntimeError):

@@ -194,6 +194,22 @@ class DatasetWriter:
             finally:
                 fcntl.flock(f, fcntl.LOCK_UN)
 
+    def _compact(self) -> None:
+        """Rewrite index.json unless another job is doing so right now (then its index, or
+        a later job's, covers what it read; readers read the logs' tails past that anyway, and
+        `python -m hsdump compact OUT` compacts once all jobs are done). Many jobs ending
+        together so never queue behind each other's compaction."""
+        with open(self.dir / ".lock", "a") as f:
+            try:
+                fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                log.info("another job is compacting %s/index.json; skipped", self.dir)
+                return
+            try:
+                commits.compact(self.dir)
+            finally:
+                fcntl.flock(f, fcntl.LOCK_UN)
+
     def _open(self, manifest: dict, compat: dict, overwrite: bool) -> None:
         d = self.dir
         if overwrite:
@@ -355,8 +371,7 @@ class DatasetWriter:
             if self._error is None:
                 self.log.sync()  # skipped records appended since the last commit
             if commit and self._error is None:
-                with self._locked():
-                    commits.compact(self.dir)
+                self._compact()
         finally:
             self.log.close()
         self._raise_if_failed()

@@ -188,3 +188,76 @@ def test_streamed_shards_load_with_the_reference_implementation(tmp_path):
                                                         v.view(torch.uint8))
     with safe_open(str(path), framework="pt") as f:
         assert f.metadata() == {"format": "f"}
+
+
+def test_index_is_a_cache_of_the_logs_and_compacts_on_demand(tmp_path, capsys):
+    import fcntl
+
+    from hsdump import commits
+
+    a = writer(tmp_path, writer_tag="j0of2")
+    a.add(0, *sample(0, 5))
+    a.close()  # compacts: index.json covers a's log
+    b = writer(tmp_path, writer_tag="j1of2")
+    b.add(1, *sample(1, 6))
+    with open(tmp_path / ".lock", "a") as f:  # another job compacting right now
+        fcntl.flock(f, fcntl.LOCK_EX)
+        b.close()  # skips its compaction instead of queueing behind it
+    index = json.loads((tmp_path / "index.json").read_text())
+    assert list(index["covers"]) == ["j0of2"] and len(index["shards"]) == 1
+    ds = HsdumpDataset(str(tmp_path))  # the index plus b's log: both samples
+    assert ds.ids == [0, 1] and ds.lengths == [5, 6]
+    assert commits.main([str(tmp_path)]) == 0
+    assert "2 samples in 2 shards, 2 commit logs" in capsys.readouterr().out
+    index = json.loads((tmp_path / "index.json").read_text())
+    assert sorted(index["covers"]) == ["j0of2", "j1of2"] and len(index["shards"]) == 2
+    (tmp_path / "index.json").unlink()  # the logs alone are the dataset
+    assert HsdumpDataset(str(tmp_path)).ids == [0, 1]
+
+
+def test_one_log_one_writer(tmp_path):
+    from hsdump.commits import LogBusy
+
+    a = writer(tmp_path, writer_tag="j0of2")
+    with pytest.raises(LogBusy, match="same dist.job_index and dist.num_jobs"):
+        writer(tmp_path, writer_tag="j0of2")
+    a.close()
+    writer(tmp_path, writer_tag="j0of2").close()  # free again once closed
+
+
+def test_a_version_1_dataset_is_read_and_resumed_as_version_2(tmp_path):
+    # a version 1 dataset as the previous writer left it (bcc40b1's layout)
+    from safetensors.torch import save
+
+    import hashlib
+
+    d = tmp_path / "v1"
+    d.mkdir()
+    ids, mask, hs = sample(0, 5)
+    tensors = {"0/input_ids": torch.tensor(ids), "0/loss_mask": torch.tensor(mask),
+               **{f"0/hidden_states/{j}": h.to(torch.bfloat16) for j, h in enumerate(hs)}}
+    data = save(tensors, metadata={"format": "hsdump/speculators-v1", "format_version": "1",
+                                   "layers": json.dumps(LAYERS)})
+    (d / "shard-00000.safetensors").write_bytes(data)
+    (d / "index.json").write_text(json.dumps({
+        "format": "hsdump/speculators-v1", "format_version": 1,
+        "samples": {"0": "shard-00000.safetensors"}, "skipped": {"4": "nonfinite in x"},
+        "shards": {"shard-00000.safetensors": {"bytes": len(data), "samples": 1,
+                                               "sha256": hashlib.sha256(data).hexdigest()}}}))
+    (d / "manifest.json").write_text(json.dumps({
+        "format": "hsdump/speculators-v1", "format_version": 1, "layers": LAYERS,
+        "storage_dtype": "bfloat16", "resume_key": COMPAT,
+        "model": {"hidden_size": H, "num_hidden_layers": 8}}))
+    ds = HsdumpDataset(str(d))
+    assert ds.version == 1 and ds.ids == [0] and ds.lengths == [5] and ds.skipped == {4: "nonfinite in x"}
+    w = writer(d)  # resume: upgraded to version 2, then goes on
+    assert w.done_ids() == {0, 4}
+    w.add(1, *sample(1, 7))
+    w.close()
+    ds = HsdumpDataset(str(d))
+    assert ds.version == 2 and ds.ids == [0, 1] and ds.lengths == [5, 7]
+    assert json.loads((d / "manifest.json").read_text())["format_version"] == 2
+    assert torch.equal(ds.get(0)["hidden_states"][1], hs[1].to(torch.bfloat16))
+    from hsdump.verify import verify
+    r = verify(str(d))
+    assert r.ok, r.lines()
