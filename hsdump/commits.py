@@ -362,8 +362,8 @@ def main(argv=None) -> int:
     return 0
 
 
-class LogBusy(RuntimeError):
-    """Another live process holds this writer's commit log."""
+class LogBusy(ValueError):
+    """Another live process holds this writer's commit log (a bad launch: exit status 2)."""
 
 
 class CommitLog:
