@@ -8,9 +8,12 @@
 2. wraps `LogitsProcessor.forward`: on the device, inside the forward, it packs the captured
    rows (and the final states, if asked) slot-major as `[S, tokens, H]` plus per-row NaN/Inf
    flags into one buffer, which SGLang's overlap scheduler then copies to the host in one
-   non-blocking transfer (`rows.pack_rows`);
+   non-blocking transfer (`rows.pack_rows`). Idle forwards (a DP-attention rank with no
+   request in this step, 0 tokens or padded to the other ranks' length) pass through
+   untouched;
 3. wraps `SchedulerBatchResultProcessor.process_batch_result_prefill`: on attention-TP rank 0
-   only, it slices that host buffer per request by the batch's extend lengths and sends each
+   only (with DP attention: rank 0 of each DP group, which alone ran its requests), it
+   slices that host buffer per request by the batch's extend lengths and sends each
    slice as S raw frames (each one contiguous) with (rid, start position, flagged slots) over
    a ZMQ PUSH socket of its own, and clears `logits_output.hidden_states` so SGLang's
    `.tolist()` path never runs. Every prefill chunk is sent, so chunked prefill loses nothing.
@@ -97,11 +100,47 @@ def _prepare_process(device: str) -> None:
 
 
 # --------------------------------------------------------------------------- scheduler side
-def _is_writer_rank() -> bool:
+def _rank(name: str) -> Optional[int]:
+    """This scheduler process's `name` rank (attn_tp_rank, attn_dp_rank, tp_rank, ...), or
+    None where this SGLang build or process does not define it."""
     from sglang.srt.runtime_context import get_parallel
 
-    ps = get_parallel()
-    return getattr(ps, "attn_tp_rank", 0) == 0 and getattr(ps, "pp_rank", 0) == 0
+    try:
+        value = getattr(get_parallel(), name)
+    except Exception:  # not published in this process, or no such rank in this version
+        return None
+    return value if isinstance(value, int) else None
+
+
+def _is_writer_rank() -> bool:
+    """Attention-TP rank 0 sends. Without DP attention that is TP rank 0 of each replica;
+    with `enable_dp_attention` every DP group (tp_size // dp_size ranks) runs its own
+    requests and its attention-TP rank 0 sends them (dp_size == tp_size: every rank)."""
+    attn_tp = _rank("attn_tp_rank")
+    if attn_tp is None:
+        attn_tp = _rank("tp_rank") or 0
+    return attn_tp == 0 and (_rank("pp_rank") or 0) == 0
+
+
+def _source() -> str:
+    """The sending process, named in every row header (rows.Receiver checks that each
+    request's rows come from one process)."""
+    ranks = [f"{short}{_rank(name)}" for short, name in
+             (("dp", "attn_dp_rank"), ("tp", "tp_rank")) if _rank(name) is not None]
+    return "-".join(ranks + [f"pid{os.getpid()}"])
+
+
+def _is_idle(meta) -> bool:
+    """An idle forward: under DP attention a rank with no request in this step still runs
+    the model with the others (their MoE/MLP collectives need it). It has 0 tokens, or a
+    dummy request padded to the others' length (`prepare_mlp_sync_batch` relabels it EXTEND
+    and keeps the real mode in `_original_forward_mode`). It holds no request's rows, and
+    SGLang discards its output (`process_batch_result_idle`)."""
+    for attr in ("forward_mode", "_original_forward_mode"):
+        mode = getattr(meta, attr, None)
+        if mode is not None and getattr(mode, "is_idle", lambda: False)():
+            return True
+    return False
 
 
 FINAL_KINDS = ("pre_norm", "post_norm")
@@ -152,8 +191,9 @@ def _install_patch(spec: dict) -> None:
         pre = _STASH.pop("pre_norm", None)
         aux = getattr(out, "hidden_states", None)
         t = hidden_states.shape[0]
-        if aux is None:
-            return out
+        meta = kwargs.get("logits_metadata", args[1] if len(args) > 1 else None)
+        if aux is None or t == 0 or _is_idle(meta):
+            return out  # an idle DP-attention rank: no request's rows, passed through untouched
         parts = list(aux) if isinstance(aux, (list, tuple)) else [aux]
         if any(p.shape[0] != t for p in parts):
             return out  # not a full-capture extend forward
@@ -166,8 +206,8 @@ def _install_patch(spec: dict) -> None:
             # leave the rows unpacked, so a replay that returns them fails loudly in _emit_rows
             return out
         # a prefill CUDA graph pads the batch to a bucket (SGLang 0.5.17's breakable graph
-        # runs this tail on the padded batch, then keeps [:real] rows): pack the real rows only
-        meta = kwargs.get("logits_metadata", args[1] if len(args) > 1 else None)
+        # runs this tail on the padded batch, then keeps [:real] rows), and so does DP
+        # attention's MAX_LEN padding (every rank padded to the longest): pack the real rows only
         lens = getattr(meta, "extend_seq_lens_cpu", None)
         mode = getattr(meta, "forward_mode", None)
         n = int(sum(lens)) if lens is not None and mode is not None and mode.is_extend() else t
@@ -184,7 +224,7 @@ def _install_patch(spec: dict) -> None:
         if batch.return_hidden_states:
             if _is_writer_rank():
                 if "s" not in sender:
-                    sender["s"] = Sender(spec["endpoint"])
+                    sender["s"] = Sender(spec["endpoint"], _source())
                 _emit_rows(sender["s"], batch, result, spec["slots"], spec["hidden"])
             else:  # the other TP ranks hold the same rows: drop them, never .tolist() them
                 out = getattr(result, "logits_output", None)
@@ -297,6 +337,7 @@ def check_supported(info: ModelInfo, engine_cfg: "EngineConfig", model_cfg: "Mod
     for key in ("speculative_algorithm", "speculative_draft_model_path", "enable_mixed_chunk"):
         if extra.get(key):
             raise ValueError(f"engine.extra.{key} is not supported by hsdump's capture; remove it")
+    check_layout(extra)
     _prepare_process(engine_cfg.device)
     from sglang.srt.models.registry import ModelRegistry
 
@@ -309,6 +350,39 @@ def check_supported(info: ModelInfo, engine_cfg: "EngineConfig", model_cfg: "Mod
                          f"sglang {version}; hsdump cannot capture its layers. Supported "
                          "families include Llama, Qwen2/3, Qwen3-MoE, DeepSeek-V2/V3/Kimi.")
     return version
+
+
+# Parallel layouts whose rows were checked against transformers through extract.py on two
+# H200s (SGLang 0.5.17, DeepSeek-V3 architecture; README "Serving layouts"): model.tp_size=N
+# alone; with +engine.extra.dp_size=N +engine.extra.enable_dp_attention=true; with
+# +engine.extra.ep_size=N (default moe_a2a_backend=none). dp_size without DP attention
+# (replicas) was checked on Llama.
+WORKING_LAYOUTS = ("model.tp_size=N +engine.extra.dp_size=N "
+                   "+engine.extra.enable_dp_attention=true (DP attention), or model.tp_size=N "
+                   "+engine.extra.ep_size=N (expert parallelism with the default "
+                   "moe_a2a_backend=none), or model.tp_size=N alone")
+
+
+def check_layout(extra: dict) -> None:
+    """Refuse, before the engine starts, parallel layouts whose rows hsdump cannot deliver
+    exactly or has not verified; each message names layouts that work."""
+    a2a = extra.get("moe_a2a_backend")
+    if a2a not in (None, "none"):
+        raise ValueError(
+            f"engine.extra.moe_a2a_backend={a2a}: hsdump's capture is not verified with an MoE "
+            "all-to-all backend (deepep, mooncake, nixl, mori, pplx, flashinfer, ... need "
+            "packages or an NVLink fabric that hsdump's test machines lack). Remove it: expert "
+            "parallelism works with the default backend. Use " + WORKING_LAYOUTS)
+    if extra.get("enable_two_batch_overlap"):
+        raise ValueError(
+            "engine.extra.enable_two_batch_overlap=true: SGLang runs the overlapped layers "
+            "outside the loop that captures EAGLE-3 aux states, so captured layers go missing. "
+            "Remove it; use " + WORKING_LAYOUTS)
+    if int(extra.get("attn_cp_size") or 1) != 1:
+        raise ValueError(
+            f"engine.extra.attn_cp_size={extra['attn_cp_size']}: context parallelism splits "
+            "each request's tokens across ranks, and SGLang does not gather the captured aux "
+            "states back. Remove it; use " + WORKING_LAYOUTS)
 
 
 class CaptureEngine:
@@ -521,6 +595,12 @@ class CaptureEngine:
                 task.cancel()
             if inflight:
                 await asyncio.gather(*inflight, return_exceptions=True)
+
+    def sources(self) -> Dict[str, Dict[str, int]]:
+        """Rows received per sending scheduler process ({"dp0-tp0-pid..": {"messages",
+        "rows"}}): one entry per DP group's attention-TP rank 0 (or per replica)."""
+        with self._rx.cond:
+            return {k: dict(v) for k, v in self._rx.sources.items()}
 
     def close(self) -> None:
         self._died = self._died or "closed"  # stops the watchdog

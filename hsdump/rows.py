@@ -10,11 +10,15 @@ tensor per slot. A slot is one captured layer or final state.
 from __future__ import annotations
 
 import json
+import logging
 import threading
 import warnings
+from collections import OrderedDict
 from typing import Dict, List, Optional, Tuple
 
 import torch
+
+log = logging.getLogger(__name__)
 
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 
@@ -34,9 +38,16 @@ def pack_rows(parts: List[torch.Tensor], t: int, hidden: int) -> torch.Tensor:
 
     `t` must be the batch's real token count: a prefill CUDA graph pads the forward to a
     bucket and SGLang then keeps `[:real]` rows of the buffer, which on a slot-major buffer
-    padded to T' would cut through the slots (see `flags_valid`)."""
+    padded to T' would cut through the slots (see `flags_valid`).
+
+    `t == 0` (a data-parallel-attention rank with no request in this step runs an idle forward
+    of 0 tokens) gives an empty [0, S * H + S] buffer; the capture hook passes idle forwards
+    through before it gets here, so this only keeps the layout total."""
     dtype = parts[0].dtype
-    views = [p[:t].reshape(t, -1, hidden) for p in parts]
+    if any(p.shape[-1] % hidden for p in parts):
+        raise ValueError(f"captured widths {[p.shape[-1] for p in parts]} are not multiples of "
+                         f"the hidden size {hidden}")
+    views = [p[:t].reshape(t, p.shape[-1] // hidden, hidden) for p in parts]
     s = sum(v.shape[1] for v in views)
     buf = torch.empty(t * (s * hidden + s), dtype=dtype, device=parts[0].device)
     rows = buf[: s * t * hidden].view(s, t, hidden)
@@ -71,11 +82,14 @@ def bad_slots(flags: torch.Tensor) -> List[int]:
 
 # --------------------------------------------------------------------------- transport
 class Sender:
-    """Per scheduler process: a PUSH socket carrying (header, one frame per slot) messages."""
+    """Per scheduler process: a PUSH socket carrying (header, one frame per slot) messages.
+    `source` names the process (its parallel ranks) in every header, so the receiver can
+    check that each request's rows come from one process only."""
 
-    def __init__(self, endpoint: str):
+    def __init__(self, endpoint: str, source: str = "?"):
         import zmq
 
+        self.source = source
         self.sock = zmq.Context.instance().socket(zmq.PUSH)
         self.sock.setsockopt(zmq.LINGER, 10_000)
         self.sock.connect(endpoint)
@@ -84,7 +98,7 @@ class Sender:
         # slots: [S, n, H] on the CPU, each slots[s] contiguous: one frame per slot
         header = {"rid": rid, "start": int(start), "n": int(slots.shape[1]),
                   "hidden": int(slots.shape[2]), "dtype": str(slots.dtype).split(".")[-1],
-                  "nonfinite": nonfinite}
+                  "nonfinite": nonfinite, "src": self.source}
         frames = [x.view(torch.uint8).numpy() if x.numel() else b"" for x in slots.unbind(0)]
         self.sock.send_multipart([json.dumps(header).encode()] + frames, copy=False)
 
@@ -104,7 +118,14 @@ def frame_tensor(h: dict, body) -> torch.Tensor:
 
 
 class Receiver(threading.Thread):
-    """Pulls row messages and stitches them per request id."""
+    """Pulls row messages and stitches them per request id.
+
+    Any number of scheduler processes may send (one per data-parallel group under DP
+    attention, one per replica with dp_size). Every request must be sent by exactly one of
+    them, once: chunks of one request from two processes, rows that overlap, or rows that
+    arrive for a request already handed over are errors, never silently merged."""
+
+    CLOSED_KEEP = 1 << 16  # recently completed request ids remembered to catch late repeats
 
     def __init__(self, endpoint: str):
         super().__init__(name="hsdump-rows", daemon=True)
@@ -114,9 +135,19 @@ class Receiver(threading.Thread):
         self.sock = zmq.Context.instance().socket(zmq.PULL)
         self.sock.bind(endpoint)
         self.cond = threading.Condition()
-        self.parts: Dict[str, List[Tuple[int, List[torch.Tensor], List[int]]]] = {}
+        # rid -> [(start, one [n, H] tensor per slot, nonfinite slots, source)]
+        self.parts: Dict[str, List[Tuple[int, List[torch.Tensor], List[int], str]]] = {}
         self.error: Optional[str] = None
+        # rows received per sending process: {source: {"messages": m, "rows": r}}
+        self.sources: Dict[str, Dict[str, int]] = {}
+        # rid -> the source that completed it, or None if the caller discarded it
+        self._closed: "OrderedDict[str, Optional[str]]" = OrderedDict()
         self._stop_evt = threading.Event()
+
+    def _close(self, rid: str, source: Optional[str]) -> None:
+        self._closed[rid] = source
+        while len(self._closed) > self.CLOSED_KEEP:
+            self._closed.popitem(last=False)
 
     def run(self) -> None:
         poller = self._zmq.Poller()
@@ -130,9 +161,25 @@ class Receiver(threading.Thread):
                 if "error" in h:
                     self.error = h["error"]
                 else:
-                    self.parts.setdefault(h["rid"], []).append(
-                        (h["start"], [frame_tensor(h, f) for f in frames], h["nonfinite"]))
+                    self._add(h, frames)
                 self.cond.notify_all()
+
+    def _add(self, h: dict, frames) -> None:
+        rid, src = h["rid"], h.get("src", "?")
+        stat = self.sources.setdefault(src, {"messages": 0, "rows": 0})
+        stat["messages"] += 1
+        stat["rows"] += h["n"]
+        if rid in self._closed:
+            first = self._closed[rid]
+            if first is None:  # the caller gave this request up: late rows are dropped
+                return
+            self.error = self.error or (
+                f"request {rid}: rows {h['start']}..{h['start'] + h['n']} arrived from {src} "
+                f"after the sample was complete (sent by {first}): two scheduler processes "
+                "sent the same request, a parallel layout hsdump's capture does not handle")
+            return
+        self.parts.setdefault(rid, []).append(
+            (h["start"], [frame_tensor(h, f) for f in frames], h["nonfinite"], src))
 
     def take(self, rid: str, n: int, timeout: float) -> Tuple[List[torch.Tensor], List[int]]:
         """Rows 0..n-1 of request `rid`: one contiguous [n, H] tensor per slot, and the slots
@@ -145,15 +192,24 @@ class Receiver(threading.Thread):
             if self.error is not None:
                 raise CaptureError(self.error)
             parts = sorted(self.parts.pop(rid, []), key=lambda p: p[0])
+            srcs = sorted({p[3] for p in parts})
+            self._close(rid, srcs[0] if ok and len(srcs) == 1 else None)
         if not ok:
             raise CaptureError(f"request {rid}: {sum(p[1][0].shape[0] for p in parts)} of {n} "
                                f"captured rows arrived within {timeout:.0f} s")
+        if len(srcs) > 1:
+            raise CaptureError(f"request {rid}: rows came from {len(srcs)} scheduler processes "
+                               f"({', '.join(srcs)}); each request must be sent once, by the "
+                               "attention-TP rank 0 of the group that ran it")
         pos = 0
-        for start, t, _ in parts:
+        for start, t, _, _ in parts:
             if start != pos:
                 raise CaptureError(f"request {rid}: rows from {start} arrived where {pos} was "
                                    "expected; chunks were lost or repeated")
             pos += t[0].shape[0]
+        if pos != n:
+            raise CaptureError(f"request {rid}: {pos} captured rows arrived for a sample of {n} "
+                               "tokens; chunks were repeated")
         bad = sorted({s for p in parts for s in p[2]})
         if len(parts) == 1:
             return [x[:n] for x in parts[0][1]], bad
@@ -163,11 +219,17 @@ class Receiver(threading.Thread):
     def discard(self, rid: str) -> None:
         with self.cond:
             self.parts.pop(rid, None)
+            if self._closed.get(rid) is None:  # rows still on their way are dropped
+                self._close(rid, None)
 
     def stop(self) -> None:
         with self.cond:
             self.error = self.error or "the row receiver was stopped"
             self.cond.notify_all()
+            if self.sources:
+                log.info("captured rows came from %d scheduler process(es): %s",
+                         len(self.sources), ", ".join(f"{k} {v['rows']} rows" for k, v in
+                                                      sorted(self.sources.items())))
         self._stop_evt.set()
         self.join(timeout=5)
         self.sock.close(linger=0)
