@@ -330,6 +330,19 @@ def _check_metadata(name: str, header: dict, m: dict, layers, r: Report) -> None
             (m.get("storage_dtype") in FP8_ALIASES):
         r.problem(name, f"__metadata__ storage_dtype is {md['storage_dtype']!r}, manifest.json "
                         f"says {m.get('storage_dtype')!r}")
+    if "conversations" in md:
+        try:
+            convs = json.loads(md["conversations"])
+            if not isinstance(convs, dict) or not all(
+                    isinstance(v, list) and all(isinstance(x, dict) for x in v)
+                    for v in convs.values()):
+                raise ValueError("not an object of message lists")
+            strays = sorted(k for k in convs if f"{k}/input_ids" not in header)
+            if strays:
+                r.problem(name, f"__metadata__ conversations name samples {strays[:5]} that "
+                                "the shard does not hold")
+        except ValueError as e:
+            r.problem(name, f"__metadata__ conversations is unusable: {e}")
     if "convention" in md and "convention" in m and md["convention"] != m["convention"]:
         r.problem(name, f"__metadata__ convention is {md['convention']!r}, manifest.json says "
                         f"{m['convention']!r}")

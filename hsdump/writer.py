@@ -164,6 +164,7 @@ class DatasetWriter:
         self._pending_ids: List[int] = []
         self._pending_lens: List[int] = []
         self._pending_masked: List[int] = []
+        self._pending_convs: Dict[str, list] = {}
         self._pending_bytes = 0
         self._lock = threading.Lock()  # guards the log, self.committed and the stats
         self.bytes_written = 0
@@ -245,19 +246,24 @@ class DatasetWriter:
     def add(self, sid: int, input_ids: Sequence[int], loss_mask: Sequence[int],
             hidden_states: Sequence[torch.Tensor],
             final: Optional[Dict[str, torch.Tensor]] = None,
-            nonfinite: Optional[Sequence[int]] = None) -> bool:
+            nonfinite: Optional[Sequence[int]] = None,
+            conversation: Optional[list] = None) -> bool:
         """Validate and stage one sample; returns False if it was skipped (NaN/Inf, skip policy).
         `final` maps each configured final-state kind to its [seq, H] tensor. `nonfinite`: the
         indices into hidden_states + final (in the writer's `final` order) that the producer
         found to hold NaN/Inf, e.g. CaptureEngine's device-side check; None scans the values
-        here (one reduction per tensor on the CPU)."""
+        here (one reduction per tensor on the CPU). `conversation`: the messages the sample was
+        made from when the target model regenerated its answers; stored in the shard's metadata
+        (`conversations`), so it is committed with the sample."""
         t0 = time.perf_counter()
         try:
-            return self._add(sid, input_ids, loss_mask, hidden_states, final, nonfinite)
+            return self._add(sid, input_ids, loss_mask, hidden_states, final, nonfinite,
+                             conversation)
         finally:
             self.timing["add_s"] += time.perf_counter() - t0
 
-    def _add(self, sid, input_ids, loss_mask, hidden_states, final, nonfinite) -> bool:
+    def _add(self, sid, input_ids, loss_mask, hidden_states, final, nonfinite,
+             conversation=None) -> bool:
         if self._error is not None:
             self.close(commit=False)  # a failed writer is finished: threads and log released
             self._raise_if_failed()
@@ -291,6 +297,8 @@ class DatasetWriter:
                 t[name] = h.to(self.dtype)  # no copy when the dtype already matches
         self._pending.update(t)
         self._pending_ids.append(sid)
+        if conversation is not None:
+            self._pending_convs[str(sid)] = conversation
         self._pending_lens.append(len(input_ids))
         self._pending_masked.append(int(t[f"{sid}/loss_mask"].sum()))
         self._pending_bytes += sum(x.numel() * x.element_size() for x in t.values())
@@ -305,10 +313,10 @@ class DatasetWriter:
         self._next += 1
         t0 = time.perf_counter()
         self._q.put((name, self._pending, self._pending_ids, self._pending_lens,
-                     self._pending_masked))
+                     self._pending_masked, self._pending_convs))
         self.timing["queue_wait_s"] += time.perf_counter() - t0
         self._pending, self._pending_ids, self._pending_bytes = {}, [], 0
-        self._pending_lens, self._pending_masked = [], []
+        self._pending_lens, self._pending_masked, self._pending_convs = [], [], {}
 
     def _loop(self) -> None:
         while True:
@@ -327,13 +335,15 @@ class DatasetWriter:
             self._q.task_done()
 
     def _commit(self, name: str, tensors: Dict[str, torch.Tensor], ids: List[int],
-                lengths: List[int], masked: List[int]) -> None:
+                lengths: List[int], masked: List[int], convs: Dict[str, list]) -> None:
         meta = {"format": FORMAT, "format_version": str(FORMAT_VERSION),
                 "layers": json.dumps(self.layers), "convention": "hf_hidden_states_index",
                 "final": json.dumps(self.final), "hsdump_version": __version__,
                 "storage_dtype": str(self.dtype).split(".")[-1]}
         if self.fp8:
             meta.update(fp8.shard_metadata())
+        if convs:
+            meta["conversations"] = json.dumps(convs, ensure_ascii=False)
         path = self.dir / name
         make_dirs(path.parent)
         nbytes, digest = write_safetensors(path, tensors, meta, fault_point="before_rename")

@@ -400,3 +400,18 @@ def test_retokenize(tmp_path, tiny_llama, monkeypatch):
     assert r.samples_retokenized == 2
     assert verify(out, quick=True).ok  # only re-tokenizing can see this one
     assert len(loaded) == 1  # verify asked for the very tokenizer the data was made with
+
+
+def test_regenerated_conversations_are_checked(tmp_path):
+    out = tmp_path / "ds"
+    w = DatasetWriter(str(out), MANIFEST, COMPAT, layers=LAYERS, hidden_size=H)
+    w.add(0, *sample(0, 5), conversation=[{"role": "user", "content": "x"}])
+    w.close()
+    assert verify(out).ok
+    (name,) = view(out)["shards"]
+    data = (out / name).read_bytes()
+    bad = data.replace(b'"{\\"0\\"', b'"{\\"7\\"')  # the record now names sample 7
+    assert bad != data
+    (out / name).write_bytes(bad)
+    assert lines(verify(out, quick=True)) == [
+        f"{name}: __metadata__ conversations name samples ['7'] that the shard does not hold"]

@@ -261,3 +261,13 @@ def test_a_version_1_dataset_is_read_and_resumed_as_version_2(tmp_path):
     from hsdump.verify import verify
     r = verify(str(d))
     assert r.ok, r.lines()
+
+
+def test_regenerated_conversations_are_committed_with_their_samples(tmp_path):
+    w = writer(tmp_path)
+    conv = [{"role": "user", "content": "hi ✓"}, {"role": "assistant", "content": "hello"}]
+    w.add(0, *sample(0, 5), conversation=conv)
+    w.add(1, *sample(1, 4))
+    w.close()
+    ds = HsdumpDataset(str(tmp_path))
+    assert ds.conversation(0) == conv and ds.conversation(1) is None
