@@ -533,6 +533,7 @@ class CaptureEngine:
         `abort()`, EngineDied if SGLang died."""
         loop = self._engine.loop
         self._loop = loop
+        self._tag = uuid.uuid4().hex[:8]  # request ids unique per run: a sample id may recur
         old_sigint = self._install_signal_handlers(on_stop_signal)
         try:
             return loop.run_until_complete(self._drive(iter(samples), sink))

@@ -173,10 +173,12 @@ class Receiver(threading.Thread):
             first = self._closed[rid]
             if first is None:  # the caller gave this request up: late rows are dropped
                 return
+            who = ("were sent twice by it" if src == first else
+                   f"were first sent by {first}: two scheduler processes sent the same request, "
+                   "a parallel layout hsdump's capture does not handle")
             self.error = self.error or (
                 f"request {rid}: rows {h['start']}..{h['start'] + h['n']} arrived from {src} "
-                f"after the sample was complete (sent by {first}): two scheduler processes "
-                "sent the same request, a parallel layout hsdump's capture does not handle")
+                f"after the sample was complete; they {who}")
             return
         self.parts.setdefault(rid, []).append(
             (h["start"], [frame_tensor(h, f) for f in frames], h["nonfinite"], src))

@@ -211,7 +211,8 @@ def test_rows_sent_again_after_the_sample_was_taken_fail_the_run(sgl, tmp_path, 
     receiver.take("y", 4, 10)
     r1.send([("y", 0, 4)], r1.step(extend_meta(sgl, [4]), aux))  # a second rank repeats y
     r1.send([("z", 0, 4)], r1.step(extend_meta(sgl, [4]), aux))  # (one socket: in order)
-    with pytest.raises(CaptureError, match="after the sample was complete"):
+    with pytest.raises(CaptureError, match="after the sample was complete.*first sent by "
+                                           "dp0-tp0: two scheduler processes"):
         receiver.take("z", 4, 10)
 
 

@@ -1,0 +1,343 @@
+"""Serving layouts of a DeepSeek-V3-architecture model through extract.py, on 2 GPUs.
+
+For each layout, one `extract.py` run writes the embedded 100 conversations (99 samples,
+DeepSeek tokenizer, `dataset.max_seq_len=256`) captured at layers [1, 3, 4] of a random
+DeepSeek-V3-config model (real MLA dims, 8 experts top-2, hidden 512, 6 layers; built here),
+with 128-token chunked prefill (64 per rank under DP attention) so requests span chunks and
+DP ranks sit idle while others prefill. Each dataset is checked with `python -m hsdump
+verify` and every stored tensor is compared with transformers (float32, the project's
+tolerance rule of bench/gpu_check.py, against transformers' own bf16 error) and with the
+TP 1 dataset (same rule, TP 1 in place of the float32 reference).
+
+Layouts: tp1 (reference), tp2 (`model.tp_size=2`), tp2-dpattn (+ `dp_size=2
+enable_dp_attention=true`), tp2-ep2 (+ `ep_size=2`, default moe_a2a_backend=none).
+
+Throughput (`--throughput`): per layout, CaptureEngine with the GPU preset (16,384-token
+chunks), 2,048-token random prompts, rows dropped by the sink (capture only: the small MoE's
+rows outrun the disk, which would hide the layouts' differences); one warm-up pass, then
+timed passes.
+
+    source .gpu/part1/install.sh || exit 1; python3 -m pip install -q --no-index --no-deps \
+        --target /tmp/site .whl/*.whl; export PYTHONPATH=.:/tmp/site
+    python3 bench/gpu_layouts.py --out results.json                      # everything
+    python3 bench/gpu_layouts.py --layouts tp1,tp2-dpattn --throughput ""  # a subset
+
+tests/test_gpu_layouts.py runs the same through pytest (marked gpu; needs 2 GPUs).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+from pathlib import Path
+from typing import Dict, List, Optional
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+for p in (str(ROOT), str(HERE)):
+    if p not in sys.path:
+        sys.path.insert(0, p)
+
+import torch  # noqa: E402
+
+import gpu_check as gc  # noqa: E402  (bench/gpu_check.py: model config, references, tolerance)
+
+LAYERS = [1, 3, 4]  # Kimi-K2.5's preset [3, 31, 59] of L = 61 scaled to L = 6
+CHUNK = 128
+# common to every layout: engine start without FlashInfer's all-reduce fusion JIT (about 3
+# minutes per fresh machine at TP 2, see shared/notes/sglang.md)
+COMMON = ["engine=gpu", "engine.mem_fraction_static=0.5", f"engine.chunked_prefill_size={CHUNK}",
+          f"capture.layers=[{','.join(map(str, LAYERS))}]", "output.overwrite=true",
+          "progress=false", "+engine.extra.enforce_disable_flashinfer_allreduce_fusion=true"]
+LAYOUTS: Dict[str, Dict] = {
+    "tp1": {"tp": 1, "extra": {}},
+    "tp2": {"tp": 2, "extra": {}},
+    "tp2-dpattn": {"tp": 2, "extra": {"dp_size": 2, "enable_dp_attention": True}},
+    "tp2-ep2": {"tp": 2, "extra": {"ep_size": 2}},
+}
+REFERENCE = "tp1"
+LAST_REPORT: dict = {}  # main()'s report, for tests/test_gpu_layouts.py
+DEVICE = {"name": "cuda"}  # --device cpu: a debug run of this script (tiny Llama, SGLang's CPU engine)
+
+
+def overrides(name: str) -> List[str]:
+    lay = LAYOUTS[name]
+    out = [f"model.tp_size={lay['tp']}"]
+    for k, v in lay["extra"].items():
+        out.append(f"+engine.extra.{k}={str(v).lower() if isinstance(v, bool) else v}")
+    return out
+
+
+# --------------------------------------------------------------------------- model
+def build_model(dest: str, seed: int = 0) -> str:
+    """gpu_check's DeepSeek-V3 config with the DeepSeek tokenizer's vocabulary (129,280),
+    saved with that tokenizer and hsdump's DeepSeek-V3 chat template."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from hsdump.tiny import save_tokenizer
+
+    if (Path(dest) / "config.json").exists():
+        return dest
+    tmp = dest + ".tmp"
+    shutil.rmtree(tmp, ignore_errors=True)
+    save_tokenizer(Path(tmp))
+    cfg = gc.deepseek_v3_config()
+    cfg.vocab_size = len(AutoTokenizer.from_pretrained(tmp))
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16)
+    model.save_pretrained(tmp)
+    os.replace(tmp, dest)
+    return dest
+
+
+# --------------------------------------------------------------------------- extract.py
+def run_extract(name: str, model: str, workdir: str, timeout_s: float) -> dict:
+    out_dir = os.path.join(workdir, f"ds-{name}")
+    common = COMMON if DEVICE["name"] == "cuda" else (
+        ["engine=cpu", f"engine.chunked_prefill_size={CHUNK}"] + COMMON[3:-1])
+    cmd = [sys.executable, str(ROOT / "extract.py"), f"model.path={model}",
+           "model.name=dsv3-small", f"output.dir={out_dir}",
+           f"hydra.run.dir={workdir}/hydra-{name}"] + common + overrides(name)
+    log_path = os.path.join(workdir, f"extract-{name}.log")
+    t0 = time.time()
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen(cmd, cwd=str(ROOT), stdout=log, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+        try:
+            rc = proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)  # SGLang's children too
+            proc.wait()
+            rc = "timeout"
+    wall = time.time() - t0
+    text = Path(log_path).read_text(errors="replace")
+    res = {"command": "python3 extract.py " + " ".join(cmd[2:]), "rc": rc,
+           "wall_s": round(wall, 1), "out_dir": out_dir}
+    m = re.search(r"samples written: (\d+)", text)
+    res["samples_written"] = int(m.group(1)) if m else None
+    m = re.search(r"wall time: ([\d.]+) s \(engine start ([\d.]+) s\)", text)
+    if m:
+        res["run_wall_s"], res["engine_start_s"] = float(m.group(1)), float(m.group(2))
+    m = re.search(r"captured rows came from (\d+) scheduler process\(es\): (.*)", text)
+    res["row_sources"] = m.group(2).strip() if m else None
+    res["n_row_sources"] = int(m.group(1)) if m else None
+    if rc != 0:
+        res["log_tail"] = text[-6000:]
+    return res
+
+
+def verify(out_dir: str) -> dict:
+    p = subprocess.run([sys.executable, "-m", "hsdump", "verify", out_dir], cwd=str(ROOT),
+                       capture_output=True, text=True, timeout=300)
+    return {"rc": p.returncode, "tail": (p.stdout + p.stderr)[-1500:]}
+
+
+def read_dataset(out_dir: str) -> Dict[int, dict]:
+    from hsdump.reader import HsdumpDataset
+
+    ds = HsdumpDataset(out_dir)
+    assert list(ds.layers) == LAYERS, (ds.layers, LAYERS)
+    return {sid: {"input_ids": ds.get(sid)["input_ids"].clone(),
+                  "hidden_states": [h.clone() for h in ds.get(sid)["hidden_states"]]}
+            for sid in ds.ids}
+
+
+def compare_records(recs: Dict[int, dict], ids: List[int], prompts, ref32, ref16) -> dict:
+    """gc.compare over the samples `ids` (records keyed by sample id; `prompts` and the
+    references in the order of `ids`)."""
+    by_pos = {i: recs[sid] for i, sid in enumerate(ids) if sid in recs}
+    res = gc.compare(by_pos, prompts, LAYERS, ref32, ref16)
+    extra = sorted(set(recs) - set(ids))
+    if extra:
+        res["problems"].append(f"samples {extra[:10]} are not in the reference layout")
+    res["tolerance_failures"] = gc.tolerance_failures(res)
+    res["summary"] = gc.summarize(res)
+    return res
+
+
+def compare_with(recs: Dict[int, dict], base: Dict[int, dict], ids: List[int], ref16_err) -> dict:
+    """Each tensor against the reference layout's, judged by the same rule (the reference
+    layout in place of transformers float32; the scale is still transformers' bf16 error)."""
+    res = {"layers": LAYERS, "prompt_lens": [], "sglang_vs_hf_fp32": {},
+           "hf_bf16_vs_hf_fp32": ref16_err, "problems": []}
+    for sid in ids:
+        a, b = recs.get(sid), base.get(sid)
+        if a is None or b is None:
+            res["problems"].append(f"sample {sid} missing")
+            continue
+        res["prompt_lens"].append(len(a["input_ids"]))
+        if not torch.equal(a["input_ids"], b["input_ids"]):
+            res["problems"].append(f"sample {sid}: input_ids differ from the reference layout")
+        for j, k in enumerate(LAYERS):
+            res["sglang_vs_hf_fp32"].setdefault(str(k), []).append(
+                gc.rel_err(a["hidden_states"][j], b["hidden_states"][j]))
+    fails = gc.tolerance_failures(res)
+    return {"summary": {k: {"max": max(v), "mean": sum(v) / len(v)}
+                        for k, v in res["sglang_vs_hf_fp32"].items()},
+            "tolerance_failures": fails}
+
+
+def fidelity(names: List[str], workdir: str, model: str, timeout_s: float,
+             report: dict, save) -> None:
+    runs: Dict[str, dict] = report.setdefault("layouts", {})
+    records: Dict[str, Dict[int, dict]] = {}
+    for name in names:
+        print(f"\n== extract.py, layout {name}: {' '.join(overrides(name))}", flush=True)
+        res = run_extract(name, model, workdir, timeout_s)
+        runs[name] = res
+        if res["rc"] == 0:
+            res["verify"] = verify(res["out_dir"])
+            records[name] = read_dataset(res["out_dir"])
+            res["samples_in_dataset"] = len(records[name])
+        print(json.dumps({k: v for k, v in res.items() if k != "log_tail"}, indent=1))
+        if "log_tail" in res:
+            print(res["log_tail"][-3000:])
+        save()
+    if not records:
+        return
+    first = records[REFERENCE] if REFERENCE in records else next(iter(records.values()))
+    ids = sorted(first)
+    prompts = [first[sid]["input_ids"].tolist() for sid in ids]
+    t0 = time.time()
+    ref32 = gc.hf_hidden_states(model, prompts, LAYERS, torch.float32, DEVICE["name"])
+    ref16 = gc.hf_hidden_states(model, prompts, LAYERS, torch.bfloat16, DEVICE["name"])
+    report["reference_s"] = round(time.time() - t0, 1)
+    for name, recs in records.items():
+        res = compare_records(recs, ids, prompts, ref32, ref16)
+        runs[name]["vs_transformers"] = {"summary": res["summary"],
+                                         "tolerance_failures": res["tolerance_failures"],
+                                         "problems": res["problems"]}
+        if name != REFERENCE and REFERENCE in records:
+            runs[name]["vs_" + REFERENCE] = compare_with(
+                recs, records[REFERENCE], ids, res["hf_bf16_vs_hf_fp32"])
+        s = res["summary"]
+        print(f"{name}: worst vs transformers fp32 "
+              f"{max(v['sglang_max'] for v in s.values()):.4f} (HF bf16 worst "
+              f"{max(v['hf_bf16_max'] for v in s.values()):.4f}); tolerance failures "
+              f"{len(res['tolerance_failures'])}; vs {REFERENCE}: "
+              f"{runs[name].get('vs_' + REFERENCE, {}).get('summary')}", flush=True)
+    save()
+
+
+# --------------------------------------------------------------------------- throughput
+def throughput(name: str, model: str, n: int, length: int, repeat: int) -> dict:
+    from hsdump.config import ModelConfig
+    from hsdump.engine import CaptureEngine
+    from hsdump.layers import read_model_info
+
+    lay = LAYOUTS[name]
+    extra = dict(lay["extra"], enforce_disable_flashinfer_allreduce_fusion=True)
+    ecfg = gc.engine_config(DEVICE["name"], 16384, extra=extra)
+    info = read_model_info(model)
+    prompts = gc.make_prompts([length] * n, seed=1, vocab=info.vocab_size)
+    t0 = time.time()
+    eng = CaptureEngine(model, ModelConfig(path=model, tp_size=lay["tp"]), ecfg, LAYERS, info)
+    res = {"engine_start_s": round(time.time() - t0, 1), "prompts": n, "length": length,
+           "chunked_prefill_size": 16384, "runs_tokens_per_s": []}
+    try:
+        count = {"n": 0}
+
+        def sink(sid, ids, hs, bad):  # capture only: the rows are dropped
+            count["n"] += 1
+
+        t = time.time()
+        eng.run(list(enumerate(prompts[: max(n // 8, 8)])), sink)  # warm-up (kernel JIT)
+        res["warmup_s"] = round(time.time() - t, 1)
+        for _ in range(repeat):
+            count["n"] = 0
+            t = time.time()
+            eng.run(list(enumerate(prompts)), sink)
+            dt = time.time() - t
+            assert count["n"] == n, (count["n"], n)
+            res["runs_tokens_per_s"].append(round(n * length / dt))
+        res["row_sources"] = eng.sources()
+    finally:
+        eng.close()
+    res["tokens_per_s"] = max(res["runs_tokens_per_s"])
+    return res
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--device", default="cuda", choices=["cuda", "cpu"],
+                    help="cpu: debug this script with the tiny Llama on SGLang's CPU engine")
+    ap.add_argument("--layouts", default=",".join(LAYOUTS))
+    ap.add_argument("--throughput", default="tp2-dpattn,tp2,tp2-ep2")
+    ap.add_argument("--workdir", default=None)
+    ap.add_argument("--out", default=None, help="results JSON")
+    ap.add_argument("--extract-timeout-s", type=float, default=300)
+    ap.add_argument("--prompts", type=int, default=512)
+    ap.add_argument("--length", type=int, default=2048)
+    ap.add_argument("--repeat", type=int, default=2)
+    ap.add_argument("--deadline-s", type=float, default=0,
+                    help="skip throughput layouts once this much time has passed")
+    ap.add_argument("--est-throughput-s", type=float, default=75,
+                    help="time one throughput layout is expected to take (for the deadline)")
+    args = ap.parse_args(argv)
+    t_start = time.time()
+    gc.enable_child_tracebacks()
+    workdir = args.workdir or tempfile.mkdtemp(prefix="hsdump-layouts-")
+    os.makedirs(workdir, exist_ok=True)
+    report = LAST_REPORT
+    report.clear()
+    report.update({"env": gc.environment(), "gpus": torch.cuda.device_count(), "layers": LAYERS,
+              "chunked_prefill_size": CHUNK, "common_overrides": COMMON,
+              "tolerance": {"mean_factor": gc.TOL_MEAN_FACTOR, "factor": gc.TOL_FACTOR,
+                            "eps": gc.TOL_EPS}})
+
+    def save():
+        report["elapsed_s"] = round(time.time() - t_start, 1)
+        if args.out:
+            Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+            Path(args.out).write_text(json.dumps(report, indent=1))
+
+    t = time.time()
+    DEVICE["name"] = args.device
+    if args.device == "cpu":
+        from hsdump.tiny import resolve_model_path
+
+        model = resolve_model_path("tiny:llama")
+    else:
+        model = build_model(os.path.join(workdir, "model-dsv3-small"))
+    report["model_build_s"] = round(time.time() - t, 1)
+    names = [x for x in args.layouts.split(",") if x]
+    if names:
+        fidelity(names, workdir, model, args.extract_timeout_s, report, save)
+    tp = report.setdefault("throughput", {})
+    for name in [x for x in args.throughput.split(",") if x]:
+        left = args.deadline_s - (time.time() - t_start)
+        if args.deadline_s and left < args.est_throughput_s:
+            tp[name] = {"skipped": f"deadline ({left:.0f} s left)"}
+            print(f"\n== throughput {name}: skipped (deadline)", flush=True)
+            save()
+            continue
+        print(f"\n== throughput {name}", flush=True)
+        try:
+            with gc.Watchdog(240, f"throughput {name}"):
+                tp[name] = throughput(name, model, args.prompts, args.length, args.repeat)
+        except Exception as e:
+            tp[name] = {"error": f"{type(e).__name__}: {e}",
+                        "traceback": traceback.format_exc()[-3000:]}
+        print(json.dumps(tp[name], indent=1), flush=True)
+        save()
+    ok = all(r.get("rc") == 0 and r.get("verify", {}).get("rc") == 0
+             and not r.get("vs_transformers", {}).get("tolerance_failures", ["missing"])
+             and not r.get("vs_" + REFERENCE, {}).get("tolerance_failures")
+             for r in report.get("layouts", {}).values())
+    report["all_ok"] = ok
+    save()
+    print(f"\nall_ok={ok} elapsed {time.time() - t_start:.0f} s", flush=True)
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,79 @@
+"""Serving layouts on two GPUs: DeepSeek-V3 architecture through extract.py (bench/gpu_layouts.py).
+
+TP 1 (reference), TP 2, TP 2 + DP attention (dp_size=2, enable_dp_attention) and TP 2 + EP 2
+each write the embedded 100 conversations (99 samples) with 128-token chunked prefill; every
+stored tensor must match transformers float32 by the project's tolerance rule
+(bench/gpu_check.py) and the TP 1 dataset by the same rule, `python -m hsdump verify` must be
+clean, and the rows must come from the processes the layout says: one (attention-TP rank 0)
+under TP, one per DP group under DP attention.
+
+Run on the 2-GPU machine (SGLang 0.5.17 bundle and the extract.py wheels, see
+bench/gpu_layouts.sh): python3 -m pytest -q -s tests/test_gpu_layouts.py
+HSDUMP_GPU_LAYOUTS_JSON=path writes the results; HSDUMP_GPU_LAYOUTS_THROUGHPUT=1 adds the
+capture-throughput comparison of the three TP 2 layouts.
+"""
+
+import importlib.util
+import json
+import os
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.engine,
+    pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 NVIDIA GPUs (CUDA)"),
+]
+
+_PATH = Path(__file__).resolve().parents[1] / "bench" / "gpu_layouts.py"
+
+
+def _load():
+    sys.path.insert(0, str(_PATH.parent))
+    spec = importlib.util.spec_from_file_location("hsdump_bench_gpu_layouts", _PATH)
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
+gl = _load()
+LAYOUTS = list(gl.LAYOUTS)
+
+
+@pytest.fixture(scope="module")
+def report(tmp_path_factory):
+    argv = ["--workdir", str(tmp_path_factory.mktemp("layouts")), "--throughput",
+            "tp2-dpattn,tp2,tp2-ep2" if os.environ.get("HSDUMP_GPU_LAYOUTS_THROUGHPUT") else ""]
+    if os.environ.get("HSDUMP_GPU_LAYOUTS_DEADLINE_S"):
+        argv += ["--deadline-s", os.environ["HSDUMP_GPU_LAYOUTS_DEADLINE_S"]]
+    out = os.environ.get("HSDUMP_GPU_LAYOUTS_JSON")
+    if out:
+        argv += ["--out", out]
+    gl.main(argv)
+    return json.loads(Path(out).read_text()) if out else gl.LAST_REPORT
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_layout_matches_transformers_and_tp1(layout, report):
+    r = report["layouts"][layout]
+    assert r["rc"] == 0, r.get("log_tail", "")[-3000:]
+    assert r["samples_in_dataset"] == 99
+    assert r["verify"]["rc"] == 0, r["verify"]["tail"]
+    fid = r["vs_transformers"]
+    assert not fid["problems"] and not fid["tolerance_failures"], fid
+    if layout != gl.REFERENCE:
+        assert not r["vs_" + gl.REFERENCE]["tolerance_failures"], r["vs_" + gl.REFERENCE]
+    # rows come from attention-TP rank 0 of each DP group: two groups under DP attention
+    want = 2 if gl.LAYOUTS[layout]["extra"].get("enable_dp_attention") else 1
+    assert r["n_row_sources"] == want, r["row_sources"]
+
+
+@pytest.mark.skipif(not os.environ.get("HSDUMP_GPU_LAYOUTS_THROUGHPUT"),
+                    reason="HSDUMP_GPU_LAYOUTS_THROUGHPUT=1 runs the throughput comparison")
+def test_throughput_of_the_tp2_layouts(report):
+    for name, r in report["throughput"].items():
+        assert "error" not in r, (name, r)
