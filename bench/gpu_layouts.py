@@ -322,7 +322,7 @@ def main(argv=None) -> int:
             continue
         print(f"\n== throughput {name}", flush=True)
         try:
-            with gc.Watchdog(240, f"throughput {name}"):
+            with gc.Watchdog(150, f"throughput {name}"):
                 tp[name] = throughput(name, model, args.prompts, args.length, args.repeat)
         except Exception as e:
             tp[name] = {"error": f"{type(e).__name__}: {e}",
