@@ -1,22 +1,37 @@
-"""One extraction run: dataset -> tokens -> engine -> writer, with progress and a summary."""
+"""One extraction run: dataset -> tokens -> engine -> writer, with progress and a summary.
+
+`run` is a sequence of named steps: `check_model` (paths, config, layers), `tokenize`,
+`dataset_keys` (the resume key and the manifest), `open_dataset` (writer, what is left to do,
+disk space), `start_engine`, `capture` (rows to the writer) and `finish` (commit, summary).
+Each stage logs one line; SGLang's own start-up output is hidden unless
+`engine.log_level=info` (or debug) asks for it (`sglang_output`).
+"""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
-import os
+import json
 import logging
+import os
+import shlex
 import shutil
 import time
+import warnings
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional
+from typing import Any, Dict, List, Optional
 
 from . import __version__
 from .config import Config, OutputConfig
 from .dist import owns, writer_tag
-from .data import dataset_fingerprint, load_rows, load_tokenizer, template_sha256, tokenize_dataset
-from .layers import CONVENTION, read_model_info, resolve_layers
+from .chat import template_sha256
+from .layers import CONVENTION, ModelInfo, read_model_info, resolve_layers
+from .locate import check_model_path
+from .sources import dataset_fingerprint, load_rows
 from .stats import write_token_freq
 from .tiny import resolve_model_path
+from .tokenization import Tokenized, tokenize_dataset
+from .tokenizer import load_tokenizer
 from .writer import FORMAT, FORMAT_VERSION, DatasetWriter, fault
 
 log = logging.getLogger(__name__)
@@ -66,6 +81,9 @@ class Summary:
             f"tokens: {self.tokens} ({rate:,.0f} tokens/s over the run)",
             f"bytes written: {self.bytes:,} ({self.bytes / max(self.written, 1):,.0f} per sample)",
             f"wall time: {self.wall_s:.1f} s (engine start {self.engine_start_s:.1f} s)",
+            f"check it: hsdump verify {shlex.quote(self.out_dir)}",
+            "load it:  from hsdump.reader import HsdumpDataset; "
+            f"ds = HsdumpDataset({json.dumps(self.out_dir)}); rec = ds[0]",
         ]
 
 
@@ -101,33 +119,127 @@ def rows_in_flight(out: OutputConfig, inflight_tokens: int, max_seq_len: int,
     return inflight
 
 
+# --------------------------------------------------------------------------- SGLang's output
+def sglang_verbose(engine_log_level: str) -> bool:
+    """SGLang's own output is shown at engine.log_level=info or debug, or when Hydra's verbose
+    flag names it (`hydra.verbose=true`, or `hydra.verbose=[sglang]`)."""
+    named = logging.getLogger("sglang").level
+    return (engine_log_level.lower() in ("info", "debug")
+            or logging.getLogger().level == logging.DEBUG
+            or logging.NOTSET < named <= logging.DEBUG)
+
+
+def _sigquit_notice(record: logging.LogRecord) -> bool:
+    # SGLang logs at ERROR level that a custom SIGQUIT handler (hsdump's) is installed
+    return not (logging.getLogger("sglang").level >= logging.ERROR
+                and str(record.msg).startswith("Using custom SIGQUIT handler"))
+
+
+@contextlib.contextmanager
+def sglang_output(verbose: bool):
+    """Around the engine's start. Quiet (the default): SGLang's start-up noise is hidden in this
+    process (its loggers at ERROR: the model registry's ~30 "Ignore import error when loading
+    sglang.srt.models..." warnings, plugin and server-args lines; its UserWarnings) and in the
+    processes it spawns (PYTHONWARNINGS, and log_level=error which `start_engine` passes).
+    Either way SGLang replaces the root logger's handlers (logging.basicConfig(force=True)) in
+    this process; they are put back afterwards so hsdump's lines keep going where they went."""
+    root = logging.getLogger()
+    handlers, level = list(root.handlers), root.level
+    env = os.environ.get("PYTHONWARNINGS")
+    with warnings.catch_warnings():
+        quiet = {"sglang": logging.ERROR, "hsdump.engine": logging.WARNING}
+        for name, lvl in quiet.items():  # set for the rest of the process, reset when verbose
+            logger = logging.getLogger(name)
+            if not verbose:
+                logger.setLevel(lvl)
+            elif logger.level == lvl:
+                logger.setLevel(logging.NOTSET)
+        if not verbose:
+            warnings.filterwarnings("ignore", module=r"sglang(\.|$)")
+            eng = logging.getLogger("sglang.srt.entrypoints.engine")
+            if _sigquit_notice not in eng.filters:
+                eng.addFilter(_sigquit_notice)
+            os.environ["PYTHONWARNINGS"] = ",".join(x for x in (env, "ignore::UserWarning") if x)
+        try:
+            yield
+        finally:
+            if env is None:
+                os.environ.pop("PYTHONWARNINGS", None)
+            else:
+                os.environ["PYTHONWARNINGS"] = env
+            root.handlers[:] = handlers
+            root.setLevel(level)
+
+
+# --------------------------------------------------------------------------- the run's steps
+@dataclass
+class Run:
+    """What the steps of one run hand on to each other."""
+    cfg: Config
+    t0: float = field(default_factory=time.time)
+    model_path: str = ""
+    info: Optional[ModelInfo] = None
+    layers: List[int] = field(default_factory=list)
+    tok: Any = None
+    rows: Any = None
+    data: Optional[Tokenized] = None
+    writer: Optional[DatasetWriter] = None
+    inflight: int = 0
+    todo: List[int] = field(default_factory=list)
+    summary: Optional[Summary] = None
+
+
 def run(cfg: Config, resolved_config: Optional[dict] = None) -> Summary:
-    t0 = time.time()
+    r = Run(cfg)
+    check_model(r)
+    tokenize(r)
+    compat, manifest = dataset_keys(r, resolved_config)
+    if not open_dataset(r, compat, manifest):
+        return r.summary
+    engine = start_engine(r)
+    return finish(r, *capture(r, engine))
+
+
+def check_model(r: Run) -> None:
+    """Refusals that need only the config and the model's config.json; the capture layers."""
+    cfg = r.cfg
     if cfg.dist.num_jobs > 1 and cfg.output.overwrite:
         raise ValueError(
             f"output.overwrite=true with dist.num_jobs={cfg.dist.num_jobs}: each job would delete "
             "the shards the others already wrote. Empty output.dir once, then launch the jobs "
             "without output.overwrite")
-    model_path = resolve_model_path(cfg.model.path)
-    info = read_model_info(model_path, cfg.model.trust_remote_code)
-    layers = resolve_layers(cfg.capture.layers, cfg.model.default_layers, info.num_hidden_layers)
+    r.model_path = resolve_model_path(cfg.model.path)
+    check_model_path(cfg.model.path, r.model_path)
+    r.info = info = read_model_info(r.model_path, cfg.model.trust_remote_code)
+    r.layers = resolve_layers(cfg.capture.layers, cfg.model.default_layers, info.num_hidden_layers)
     if info.max_position_embeddings and cfg.dataset.max_seq_len > info.max_position_embeddings:
         raise ValueError(f"dataset.max_seq_len={cfg.dataset.max_seq_len} exceeds the model's "
                          f"max_position_embeddings={info.max_position_embeddings}; lower it")
+    log.info("model: %s (%s, %d layers, hidden %d), capturing layers %s%s -> %s",
+             r.model_path, info.architecture, info.num_hidden_layers, info.hidden_size, r.layers,
+             "".join(f" + {k}" for k in cfg.capture.final), cfg.output.dir)
 
-    tok = load_tokenizer(cfg.model, model_path)
-    rows = load_rows(cfg.dataset)
-    data = tokenize_dataset(rows, tok, cfg.dataset)
-    if not data.ids:
-        raise ValueError(f"no usable sample in {cfg.dataset.path} (skipped: {data.skipped})")
 
+def tokenize(r: Run) -> None:
+    """The tokenizer (checked), the dataset's rows, and every row to a sample or a skip."""
+    cfg = r.cfg
+    r.tok = load_tokenizer(cfg.model, r.model_path)
+    r.rows = load_rows(cfg.dataset)
+    r.data = tokenize_dataset(r.rows, r.tok, cfg.dataset, progress=cfg.progress)
+    if not r.data.ids:
+        raise ValueError(f"no usable sample in {cfg.dataset.path} (skipped: {r.data.skipped})")
+
+
+def dataset_keys(r: Run, resolved_config: Optional[dict]):
+    """(compat, manifest): what a resumed run must agree on, and the run-level facts."""
+    cfg, info, data, layers = r.cfg, r.info, r.data, r.layers
     compat = {
         "model": cfg.model.path, "architecture": info.architecture,
         "hidden_size": info.hidden_size, "num_hidden_layers": info.num_hidden_layers,
         "layers": layers, "final": list(cfg.capture.final),
         "storage_dtype": cfg.output.dtype, "model_dtype": cfg.model.dtype,
         "tokenizer": cfg.model.tokenizer or cfg.model.path,
-        "chat_template_sha256": template_sha256(tok),
+        "chat_template_sha256": template_sha256(r.tok),
         "dataset": [cfg.dataset.path, cfg.dataset.name, cfg.dataset.split, cfg.dataset.revision,
                     cfg.dataset.column],
         "max_seq_len": cfg.dataset.max_seq_len, "truncation": cfg.dataset.truncation,
@@ -136,70 +248,102 @@ def run(cfg: Config, resolved_config: Optional[dict] = None) -> Summary:
     manifest = {
         "format": FORMAT, "format_version": FORMAT_VERSION, "versions": _versions(),
         "hsdump_version": __version__, "sglang_version": _versions()["sglang"],
-        "model": {"path": cfg.model.path, "resolved_path": model_path,
+        "model": {"path": cfg.model.path, "resolved_path": r.model_path,
                   "architecture": info.architecture, "hidden_size": info.hidden_size,
                   "num_hidden_layers": info.num_hidden_layers, "dtype": cfg.model.dtype,
                   "tp_size": cfg.model.tp_size},
         "layers": layers, "convention": CONVENTION, "storage_dtype": cfg.output.dtype,
         "final": list(cfg.capture.final),
         "final_names": {k: "{i}/final/" + k for k in cfg.capture.final},
-        "tokenizer": {"path": cfg.model.tokenizer or model_path,
-                      "chat_template_sha256": template_sha256(tok)},
+        "tokenizer": {"path": cfg.model.tokenizer or r.model_path,
+                      "chat_template_sha256": template_sha256(r.tok)},
         "dataset": {"path": cfg.dataset.path, "name": cfg.dataset.name,
                     "split": cfg.dataset.split, "revision": cfg.dataset.revision,
-                    "fingerprint": dataset_fingerprint(rows), "rows": data.rows,
+                    "fingerprint": dataset_fingerprint(r.rows), "rows": data.rows,
                     "column": cfg.dataset.column, "skipped_rows": data.skipped},
         "max_seq_len": cfg.dataset.max_seq_len, "truncation": cfg.dataset.truncation,
         "tokenized": data.summary(),
         "config": resolved_config if resolved_config is not None else dataclasses.asdict(cfg),
     }
-    # rows in flight are held once (bf16/fp16/fp32 as the engine runs) until written
-    slots = len(layers) + len(cfg.capture.final)
-    row_bytes = slots * info.hidden_size * STORAGE_BYTES[cfg.model.dtype]
-    inflight = rows_in_flight(cfg.output, cfg.engine.inflight_tokens, cfg.dataset.max_seq_len,
-                              row_bytes)
-    engine_cfg = dataclasses.replace(cfg.engine, inflight_tokens=inflight)
+    return compat, manifest
 
-    d = cfg.dist
-    writer = DatasetWriter(cfg.output.dir, manifest, compat, layers=layers,
-                           hidden_size=info.hidden_size, dtype=cfg.output.dtype,
-                           shard_bytes=cfg.output.shard_bytes, overwrite=cfg.output.overwrite,
-                           on_nonfinite=cfg.output.on_nonfinite,
-                           writer_tag=writer_tag(d.num_jobs, d.job_index),
-                           final=cfg.capture.final, threads=cfg.output.writer_threads)
+
+def _slots(cfg: Config, layers: List[int]) -> int:
+    return len(layers) + len(cfg.capture.final)
+
+
+def open_dataset(r: Run, compat: dict, manifest: dict) -> bool:
+    """The writer (resuming what is committed), this job's samples left to do, and the disk
+    space check. False when nothing is left to do (the writer is then closed)."""
+    cfg, d, data, info = r.cfg, r.cfg.dist, r.data, r.info
+    # rows in flight are held once (bf16/fp16/fp32 as the engine runs) until written
+    row_bytes = _slots(cfg, r.layers) * info.hidden_size * STORAGE_BYTES[cfg.model.dtype]
+    r.inflight = rows_in_flight(cfg.output, cfg.engine.inflight_tokens, cfg.dataset.max_seq_len,
+                                row_bytes)
+    r.writer = writer = DatasetWriter(
+        cfg.output.dir, manifest, compat, layers=r.layers, hidden_size=info.hidden_size,
+        dtype=cfg.output.dtype, shard_bytes=cfg.output.shard_bytes,
+        overwrite=cfg.output.overwrite, on_nonfinite=cfg.output.on_nonfinite,
+        writer_tag=writer_tag(d.num_jobs, d.job_index), final=cfg.capture.final,
+        threads=cfg.output.writer_threads)
     write_token_freq(data, cfg.output.dir, target_vocab_size=info.vocab_size)
     done = writer.done_ids()
     mine = [i for i, sid in enumerate(data.ids) if owns(sid, d.num_jobs, d.job_index)]
-    todo = [i for i in mine if data.ids[i] not in done]
-    summary = Summary(out_dir=cfg.output.dir, layers=layers, skipped=dict(data.skipped),
-                      already_done=len(mine) - len(todo))
-    need = sum(data.lengths[i] for i in todo) * (
-        slots * (info.hidden_size * STORAGE_BYTES[cfg.output.dtype] + 4) + 16)
+    r.todo = [i for i in mine if data.ids[i] not in done]
+    r.summary = Summary(out_dir=cfg.output.dir, layers=r.layers, skipped=dict(data.skipped),
+                        already_done=len(mine) - len(r.todo))
+    need = sum(data.lengths[i] for i in r.todo) * (
+        _slots(cfg, r.layers) * (info.hidden_size * STORAGE_BYTES[cfg.output.dtype] + 4) + 16)
     try:
         check_space(cfg.output.dir, need + (need >> 6), cfg.output.space_check)
     except BaseException:
         writer.close(commit=False)
         raise
-    if not todo:
+    if not r.todo:
         writer.close()
         log.info("nothing to do: all %d samples are committed", len(data.ids))
-        summary.wall_s = time.time() - t0
-        return summary
+        r.summary.wall_s = time.time() - r.t0
+        return False
+    return True
 
-    from .engine import CaptureEngine, EngineDied  # the sglang import happens only now
+
+def start_engine(r: Run):
+    """SGLang's engine with the capture patch; its own output hidden unless asked for."""
+    cfg = r.cfg
+    verbose = sglang_verbose(cfg.engine.log_level)
+    engine_cfg = dataclasses.replace(cfg.engine, inflight_tokens=r.inflight,
+                                     log_level=cfg.engine.log_level if verbose else "error")
+    log.info("engine: starting SGLang %s on %s, tp_size %d%s", _versions()["sglang"],
+             cfg.engine.device, cfg.model.tp_size,
+             "" if verbose else " (its own log: engine.log_level=info)")
+    t = time.time()
+    try:
+        with sglang_output(verbose):
+            from .engine import CaptureEngine  # the sglang import happens only now
+
+            engine = CaptureEngine(r.model_path, cfg.model, engine_cfg, r.layers, r.info,
+                                   final=cfg.capture.final)
+    except BaseException:
+        r.writer.close(commit=False)
+        raise
+    r.summary.engine_start_s = time.time() - t
+    return engine
+
+
+def capture(r: Run, engine):
+    """Every sample left to do through the engine into the writer, with a progress bar.
+    Returns (completed, stop signal name or None, EngineDied or None)."""
     from tqdm import tqdm
 
-    t_eng = time.time()
-    try:
-        engine = CaptureEngine(model_path, cfg.model, engine_cfg, layers, info,
-                               final=cfg.capture.final)
-    except BaseException:
-        writer.close(commit=False)
-        raise
-    summary.engine_start_s = time.time() - t_eng
-    bar = tqdm(total=len(todo), unit="sample", disable=not cfg.progress, dynamic_ncols=True)
+    from .engine import EngineDied
+
+    cfg, data, writer, summary, layers = r.cfg, r.data, r.writer, r.summary, r.layers
+    log.info("capture: %d samples (%s tokens) to go, %d already committed; engine started in "
+             "%.1f s", len(r.todo), f"{sum(data.lengths[i] for i in r.todo):,}",
+             summary.already_done, summary.engine_start_s)
+    bar = tqdm(total=len(r.todo), unit="sample", disable=not cfg.progress, dynamic_ncols=True)
+    pos = {data.ids[i]: i for i in r.todo}
     t_run = time.time()
-    ok = False
 
     def sink(sid, input_ids, hidden_states, nonfinite):
         fault("sample")
@@ -216,8 +360,7 @@ def run(cfg: Config, resolved_config: Optional[dict] = None) -> Summary:
         bar.set_postfix_str(f"{summary.tokens / el:,.0f} tok/s, "
                             f"{writer.bytes_written / 2**20:,.0f} MiB written", refresh=False)
 
-    pos = {data.ids[i]: i for i in todo}
-    signals = {}
+    signals: Dict[str, str] = {}
 
     def on_signal(name: str) -> None:
         if signals.get("seen"):
@@ -229,9 +372,9 @@ def run(cfg: Config, resolved_config: Optional[dict] = None) -> Summary:
                     "(send it again to stop at once)", name)
         engine.request_stop()
 
-    died = None
+    ok, died = False, None
     try:
-        ok = engine.run(((data.ids[i], data.input_ids[i]) for i in todo), sink, on_signal)
+        ok = engine.run(((data.ids[i], data.input_ids[i]) for i in r.todo), sink, on_signal)
     except EngineDied as e:
         died = e
     except KeyboardInterrupt:
@@ -241,16 +384,26 @@ def run(cfg: Config, resolved_config: Optional[dict] = None) -> Summary:
         try:
             engine.close()
         finally:
+            t = time.time()
             writer.close(commit=True)
+            log.info("commit: %d samples, %s bytes in %s (final flush %.1f s)",
+                     writer.samples_written, f"{writer.bytes_written:,}", cfg.output.dir,
+                     time.time() - t)
+    return ok, signals.get("seen"), died
+
+
+def finish(r: Run, ok: bool, stopped_by: Optional[str], died) -> Summary:
+    """The summary; an engine that died or a stop signal raise Interrupted (committed is safe)."""
+    writer, summary = r.writer, r.summary
     summary.written = writer.samples_written
     summary.bytes = writer.bytes_written
     for k, v in writer.skipped.items():
         summary.skipped[k] = summary.skipped.get(k, 0) + v
-    summary.wall_s = time.time() - t0
+    summary.wall_s = time.time() - r.t0
     resume = (f"{writer.samples_written} samples were committed in this run and are safe; "
               "run the same command again to resume.")
     if died is not None:
         raise Interrupted(f"the SGLang engine died: {died}. {resume}") from died
     if not ok:
-        raise Interrupted(f"stopped by {signals.get('seen', 'request')}. {resume}")
+        raise Interrupted(f"stopped by {stopped_by or 'request'}. {resume}")
     return summary

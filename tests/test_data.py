@@ -1,5 +1,7 @@
 """Data side: sources, row formats, templates and loss masks, bad rows, length policy.
 
+(hsdump.sources, formats, chat, tokenizer, masks, tokenization; `hsdump.data` re-exports them.)
+
 Masks are checked against spans written by hand: each expected rendering is a list of
 (text, in_loss) pieces; the expected ids are the pieces tokenized one by one (their borders
 fall on token borders) and the expected mask marks the in-loss pieces. Real tokenizers: the
@@ -16,9 +18,12 @@ import datasets
 import pytest
 
 from hsdump.config import DatasetConfig, ModelConfig
-from hsdump.data import (TEMPLATES, BadRow, chat_spans, incremental_spans, load_rows,
-                         load_tokenizer, source_info, split_json_array, to_messages,
-                         tokenize_conversation, tokenize_dataset)
+from hsdump.chat import TEMPLATES, chat_spans, incremental_spans
+from hsdump.formats import BadRow, to_messages
+from hsdump.masks import tokenize_conversation
+from hsdump.sources import load_rows, source_info, split_json_array
+from hsdump.tokenization import tokenize_dataset
+from hsdump.tokenizer import load_tokenizer
 
 CONV = [
     {"from": "system", "value": "You are terse."},
@@ -530,3 +535,17 @@ def test_load_tokenizer_templates(tmp_path):
     bare = load_tokenizer(ModelConfig(path=d), d)  # no template: only text rows can use it
     with pytest.raises(ValueError, match="model.chat_template"):
         tokenize_conversation(bare, to_messages(CONV))
+
+
+def test_hsdump_data_still_exports_the_stage_modules_names():
+    """hsdump.data was split by stage; its names stay importable from it (older importers)."""
+    import hsdump.data as data
+    from hsdump import chat, formats, masks, sources, tokenization, tokenizer
+
+    for mod in (chat, formats, masks, sources, tokenization, tokenizer):
+        for name, obj in vars(mod).items():
+            if callable(obj) and getattr(obj, "__module__", None) == mod.__name__:
+                assert getattr(data, name) is obj, f"hsdump.data.{name}"
+    # the module data.py and the package-data folder hsdump/data/ live side by side
+    assert data.__file__.endswith("data.py")
+    assert load_rows(DatasetConfig(path="pkg://hsdump/data/tiny_chat.jsonl")).num_rows == 100

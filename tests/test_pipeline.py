@@ -9,7 +9,7 @@ import pytest
 import torch
 from hydra import compose, initialize_config_dir
 
-from helpers import hf_hidden_states, rel_err
+from helpers import hf_hidden_states, rel_err, shards
 from hsdump.config import register_configs, to_config
 from hsdump.pipeline import run
 from hsdump.reader import HsdumpDataset
