@@ -1,5 +1,6 @@
 # `make extract` and `make test` set up everything they need (a virtual environment at .venv
-# with the pinned dependencies of requirements.lock), then run. CI calls `make test`.
+# with the pinned dependencies of requirements.lock and hsdump installed in it, editable), then
+# run. CI calls `make test`.
 PY ?= python3
 VENV := .venv
 PYTHON := $(VENV)/bin/python
@@ -8,9 +9,14 @@ ARGS ?=
 
 .PHONY: setup extract test test-gpu bench clean
 
-$(STAMP): requirements.lock
+# The pinned dependencies, then hsdump itself, editable and with --no-deps (the lock's pins
+# stay): that puts the `hsdump` command in .venv/bin. The venv's own setuptools builds it when
+# it can (no download), else pip fetches one (build isolation).
+$(STAMP): requirements.lock pyproject.toml
 	test -x $(PYTHON) || $(PY) -m venv $(VENV)
 	$(PYTHON) -m pip install --disable-pip-version-check -q -r requirements.lock
+	$(PYTHON) -m pip install --disable-pip-version-check -q --no-deps -e . \
+	    $$($(PYTHON) -c 'import setuptools as s; print("--no-build-isolation" * (int(s.__version__.split(".")[0]) >= 64))' 2>/dev/null)
 	touch $(STAMP)
 
 setup: $(STAMP)

@@ -1,31 +1,21 @@
-"""hsdump's Hydra entry point: `python extract.py [overrides]`, or `make extract`."""
+"""hsdump's Hydra entry point: `python extract.py [overrides]`, or `make extract`.
 
-import logging
-import sys
+The installed command `hsdump extract [overrides]` runs the same task (hsdump.cli.extract_job)
+with the same configs (this checkout's conf/, shipped inside the wheel as hsdump/conf).
+"""
 
 import hydra
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
-from hsdump.config import register_configs, to_config
-from hsdump.pipeline import Interrupted, run
+from hsdump.cli import extract_job
+from hsdump.config import register_configs
 
 register_configs()
-log = logging.getLogger("hsdump")
 
 
 @hydra.main(config_path="conf", config_name="config", version_base="1.3")
 def main(cfg: DictConfig) -> None:
-    resolved = OmegaConf.to_container(cfg, resolve=True)
-    try:
-        summary = run(to_config(cfg), resolved_config=resolved)
-    except Interrupted as e:
-        log.error("%s", e)
-        sys.exit(3)
-    except (ValueError, FileNotFoundError) as e:  # bad input: the message names the fix
-        log.error("%s", e)
-        sys.exit(2)
-    for line in summary.lines():
-        print(line)
+    extract_job(cfg)
 
 
 if __name__ == "__main__":  # required: SGLang spawns its scheduler processes

@@ -17,10 +17,11 @@ from __future__ import annotations
 import argparse
 import hashlib
 import sys
-from pathlib import Path
 from typing import List, Optional
 
-CONF = Path(__file__).resolve().parents[1] / "conf"
+from .cli import config_dir
+
+CONF = config_dir()  # the checkout's conf/, or hsdump/conf inside an installed wheel
 GREEN, DIM, BOLD, RESET = "\x1b[32m", "\x1b[2m", "\x1b[1m", "\x1b[0m"
 
 
@@ -75,8 +76,11 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     color = args.color == "always" or (args.color == "auto" and sys.stdout.isatty())
 
-    from .data import (_sample_fn, chat_template_of, detect_format, has_generation_markers,
-                       load_rows, load_tokenizer)
+    from .chat import chat_template_of, has_generation_markers
+    from .formats import detect_format
+    from .sources import load_rows
+    from .tokenization import _sample_fn
+    from .tokenizer import load_tokenizer
     from .tiny import resolve_model_path
 
     try:

@@ -1,0 +1,141 @@
+"""The `hsdump` command (console script `hsdump`, also `python -m hsdump`).
+
+    hsdump extract [OVERRIDES...]    capture hidden states: the Hydra app of extract.py
+    hsdump verify|inspect|export|vocab|preview ARGS...
+    hsdump --version
+
+`extract` takes every override `python extract.py` takes (`-m` for sweeps and launchers,
+`--cfg job`, `--help`). Its configs are `hsdump/conf` inside an installed wheel (a copy of the
+checkout's top-level `conf/`, made when the wheel is built), else the checkout's `conf/`
+(editable installs, running from the source tree): see `config_dir`.
+
+Import-safe and light: importing this module imports nothing outside the standard library,
+so `hsdump --help` is quick, and SGLang's spawned processes, which re-import the main module
+(the console script or extract.py), do no work in it.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import os
+import sys
+from pathlib import Path
+from typing import List, Optional
+
+from . import __version__
+
+log = logging.getLogger("hsdump")
+
+COMMANDS = {
+    "extract": ("", "capture hidden states into a dataset (Hydra overrides, -m for sweeps)"),
+    "verify": ("hsdump.verify", "check a dataset's index, checksums and every sample"),
+    "inspect": ("hsdump.inspect", "print a dataset's facts and plot its length histograms"),
+    "export": ("hsdump.export", "convert a dataset to a peer trainer's layout"),
+    "vocab": ("hsdump.vocab", "write the EAGLE-3 draft vocabulary mapping (d2t, t2d)"),
+    "preview": ("hsdump.preview", "show rendered samples with the loss-masked tokens marked"),
+    "ray": ("hsdump.ray_launch", "run N extraction jobs as Ray tasks, one dataset"),
+}
+
+
+def config_dir() -> Path:
+    """The folder holding hsdump's Hydra configs (config.yaml and the groups)."""
+    here = Path(__file__).resolve().parent
+    for d in (here / "conf", here.parent / "conf"):
+        if (d / "config.yaml").is_file():
+            return d
+    raise FileNotFoundError(f"hsdump's configs are missing: neither {here / 'conf'} (an "
+                            f"installed wheel) nor {here.parent / 'conf'} (a checkout) holds "
+                            "config.yaml; reinstall hsdump")
+
+
+def prog() -> str:
+    name = os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0] else "hsdump"
+    return "python -m hsdump" if name in ("__main__.py", "-c", "") else "hsdump"
+
+
+def usage() -> str:
+    lines = [f"usage: {prog()} COMMAND [args]   ({prog()} COMMAND --help for each)", "",
+             "commands:"]
+    lines += [f"  {name:8s} {doc}" for name, (_, doc) in COMMANDS.items()]
+    lines += ["", "options:", "  --version  print hsdump's version", "  -h, --help show this",
+              "", f"e.g. {prog()} extract dataset.max_samples=6 output.dir=out/tiny",
+              f"     {prog()} verify out/tiny"]
+    return "\n".join(lines)
+
+
+# --------------------------------------------------------------------------- extract
+def extract_job(cfg) -> None:
+    """One extraction with a composed config: the task function of both entry points
+    (extract.py and `hsdump extract`). Module-level, so launchers can pickle it."""
+    from omegaconf import OmegaConf
+
+    from .config import to_config
+    from .pipeline import Interrupted, run
+
+    resolved = OmegaConf.to_container(cfg, resolve=True)
+    try:
+        summary = run(to_config(cfg), resolved_config=resolved)
+    except Interrupted as e:
+        log.error("%s", e)
+        sys.exit(3)
+    except (ValueError, FileNotFoundError) as e:  # bad input: the message names the fix
+        log.error("%s", e)
+        sys.exit(2)
+    for line in summary.lines():
+        print(line)
+
+
+def extract(argv: List[str]) -> int:
+    """`hsdump extract OVERRIDES...`: Hydra parses them from sys.argv, as for extract.py."""
+    import hydra
+
+    from .config import register_configs
+
+    register_configs()
+    # the job is "extract", as for extract.py (Hydra names it after the task's file or module;
+    # it names the run's log file); last, since argparse wants the overrides after the options
+    if not any(a.startswith(("hydra.job.name=", "--info")) for a in argv):
+        argv = [*argv, "hydra.job.name=extract"]
+    saved = sys.argv
+    sys.argv = [f"{prog()} extract", *argv]
+    try:
+        hydra.main(config_path=str(config_dir()), config_name="config",
+                   version_base="1.3")(extract_job)()
+    finally:
+        sys.argv = saved
+    return 0
+
+
+# --------------------------------------------------------------------------- main
+def main(argv: Optional[List[str]] = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in ("-h", "--help"):
+        print(usage())
+        return 0 if argv else 2
+    if argv[0] in ("-V", "--version"):
+        print(f"hsdump {__version__}")
+        return 0
+    name, rest = argv[0], argv[1:]
+    if name not in COMMANDS:
+        print(f"unknown command {name!r}\n\n{usage()}", file=sys.stderr)
+        return 2
+    if name == "extract":
+        return extract(rest)
+    try:
+        module = importlib.import_module(COMMANDS[name][0])
+    except ModuleNotFoundError as e:
+        if e.name == COMMANDS[name][0]:
+            print(f"`{name}` is not available in this version of hsdump", file=sys.stderr)
+            return 2
+        raise
+    return int(module.main(rest) or 0)
+
+
+def console() -> None:
+    """The console script's entry point."""
+    sys.exit(main())
+
+
+if __name__ == "__main__":
+    console()

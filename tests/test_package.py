@@ -1,0 +1,142 @@
+"""hsdump as an installed tool: the wheel built from this checkout, installed into a fresh
+virtual environment, runs from a folder outside the checkout.
+
+The fresh venv has no pip and no packages of its own; a .pth file puts the project venv's
+site-packages after its own, so it reuses SGLang, torch and the rest without a download while
+`hsdump` itself comes from the wheel (checked: its files, its configs, its console script).
+"""
+
+import os
+import shutil
+import subprocess
+import sys
+import sysconfig
+from pathlib import Path
+
+import pytest
+
+from hsdump import __version__
+from hsdump.reader import HsdumpDataset
+
+ROOT = Path(__file__).resolve().parents[1]
+SOURCES = ("pyproject.toml", "README.md", "requirements.txt", "hsdump", "conf")
+SMALL = ["output.shard_bytes=200000", "progress=false"]  # as tests/test_pipeline.py
+
+
+def sh(args, cwd, env, timeout=600):
+    p = subprocess.run([str(a) for a in args], cwd=cwd, env=env, capture_output=True, text=True,
+                       timeout=timeout)
+    return p.returncode, p.stdout + p.stderr
+
+
+def build_wheel(dest: Path) -> Path:
+    """`pip wheel --no-deps` on a copy of the checkout's sources (setuptools writes build/ and
+    *.egg-info next to the sources; the checkout stays clean)."""
+    src = dest / "src"
+    for name in SOURCES:
+        if (ROOT / name).is_dir():
+            shutil.copytree(ROOT / name, src / name,
+                            ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+        else:
+            src.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(ROOT / name, src / name)
+    cmd = [sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", dest / "dist", src]
+    try:
+        import setuptools
+
+        if int(setuptools.__version__.split(".")[0]) >= 64:
+            cmd.insert(4, "--no-build-isolation")  # this venv's setuptools: no download
+    except ImportError:
+        pass
+    rc, out = sh(cmd, dest, os.environ)
+    assert rc == 0, out
+    wheels = list((dest / "dist").glob("hsdump-*.whl"))
+    assert len(wheels) == 1, wheels
+    return wheels[0]
+
+
+@pytest.fixture(scope="module")
+def installed(tmp_path_factory, tiny_llama):
+    """(venv bin folder, env, a work folder outside the checkout) with hsdump's wheel installed."""
+    base = tmp_path_factory.mktemp("pkg")
+    wheel = build_wheel(base)
+    venv = base / "venv"
+    rc, out = sh([sys.executable, "-m", "venv", "--without-pip", venv], base, os.environ)
+    assert rc == 0, out
+    py = venv / "bin" / "python"
+    rc, site = sh([py, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"], base,
+                  os.environ)
+    assert rc == 0, site
+    Path(site.strip(), "project-venv.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
+    rc, out = sh([sys.executable, "-m", "pip", "--python", py, "install", "-q", "--no-deps",
+                  "--no-index", wheel], base, os.environ)
+    assert rc == 0, out
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+    env["PATH"] = f"{venv / 'bin'}{os.pathsep}{env.get('PATH', '')}"
+    work = base / "elsewhere"
+    work.mkdir()
+    return venv / "bin", env, work
+
+
+def test_wheel_holds_configs_templates_and_data(tmp_path):
+    import zipfile
+
+    names = set(zipfile.ZipFile(build_wheel(tmp_path)).namelist())
+    for f in ROOT.joinpath("conf").rglob("*.yaml"):  # conf/ is copied in whole, as hsdump/conf
+        assert f"hsdump/conf/{f.relative_to(ROOT / 'conf')}" in names
+    assert "hsdump/data/tiny_chat.jsonl" in names and "hsdump/templates/llama3.jinja" in names
+    assert f"hsdump-{__version__}.dist-info/entry_points.txt" in names
+
+
+def test_command_help_version_and_configs_outside_the_checkout(installed):
+    bin_, env, work = installed
+    rc, out = sh([bin_ / "hsdump", "--help"], work, env)
+    assert rc == 0, out
+    for cmd in ("extract", "verify", "inspect", "export", "vocab", "preview"):
+        assert f"\n  {cmd} " in out, out
+    rc, out = sh([bin_ / "hsdump", "--version"], work, env)
+    assert rc == 0 and out.strip() == f"hsdump {__version__}", out
+    rc, out = sh([bin_ / "python", "-m", "hsdump", "--version"], work, env)
+    assert rc == 0 and out.strip() == f"hsdump {__version__}", out
+    # the package and its configs are the wheel's, not this checkout's
+    rc, out = sh([bin_ / "python", "-c", "import hsdump, hsdump.cli as c; "
+                  "print(hsdump.__file__); print(c.config_dir())"], work, env)
+    assert rc == 0, out
+    pkg, conf = out.split()
+    assert str(bin_.parent) in pkg and not pkg.startswith(str(ROOT)), pkg
+    assert conf == str(Path(pkg).parent / "conf"), conf
+    rc, out = sh([bin_ / "hsdump", "extract", "--cfg", "job", "model=qwen3_8b",
+                  "dataset.max_samples=3"], work, env)
+    assert rc == 0 and "max_samples: 3" in out and "Qwen/Qwen3-8B" in out, out
+    rc, out = sh([bin_ / "hsdump", "preview", "-n", "1", "--color", "never",
+                  "dataset.max_seq_len=64"], work, env)
+    assert rc == 0 and "[[" in out, out[-3000:]
+
+
+@pytest.mark.engine
+def test_installed_command_extracts_and_verifies(installed):
+    """The issue's done-when: from a folder outside the checkout, `hsdump extract
+    dataset.max_samples=6 output.dir=X` and `hsdump verify X` work with the installed command."""
+    bin_, env, work = installed
+    rc, out = sh([bin_ / "hsdump", "extract", "dataset.max_samples=6", "output.dir=X", *SMALL],
+                 work, env)
+    assert rc == 0, out[-4000:]
+    assert "samples written: 6" in out and "check it: hsdump verify X" in out, out[-3000:]
+    assert "Ignore import error" not in out, out  # SGLang's import noise is hidden
+    for stage in ("tokenize:", "engine: starting", "capture:", "commit:"):
+        assert stage in out, (stage, out[-3000:])
+    assert len(HsdumpDataset(str(work / "X"))) == 6
+    rc, out = sh([bin_ / "hsdump", "verify", "X"], work, env)
+    assert rc == 0 and "OK: 6 of 6 samples" in out, out[-3000:]
+
+
+@pytest.mark.engine
+def test_installed_command_runs_a_multirun_sweep(installed):
+    bin_, env, work = installed
+    rc, out = sh([bin_ / "hsdump", "extract", "-m", "capture.layers=[1,2,3],[3,5,7]",
+                  "dataset.max_samples=2", "output.root=sweep", *SMALL], work, env)
+    assert rc == 0, out[-4000:]
+    for layers in ([1, 2, 3], [3, 5, 7]):
+        ds = HsdumpDataset(str(work / "sweep" / "tiny-llama" / f"layers-{'-'.join(map(str, layers))}"))
+        assert ds.layers == layers and len(ds) == 2
+    assert list(work.glob("outputs/.hydra/multirun-*/0/extract.log"))  # the job is "extract"
