@@ -16,6 +16,7 @@ import logging
 import os
 import shlex
 import shutil
+import sys
 import time
 import warnings
 from dataclasses import dataclass, field
@@ -81,10 +82,22 @@ class Summary:
             f"tokens: {self.tokens} ({rate:,.0f} tokens/s over the run)",
             f"bytes written: {self.bytes:,} ({self.bytes / max(self.written, 1):,.0f} per sample)",
             f"wall time: {self.wall_s:.1f} s (engine start {self.engine_start_s:.1f} s)",
-            f"check it: hsdump verify {shlex.quote(self.out_dir)}",
+            f"check it: {hsdump_command()} verify {shlex.quote(self.out_dir)}",
             "load it:  from hsdump.reader import HsdumpDataset; "
             f"ds = HsdumpDataset({json.dumps(self.out_dir)}); rec = ds[0]",
         ]
+
+
+def hsdump_command() -> str:
+    """How to call the hsdump command from here: `hsdump` when it is on PATH, else this
+    environment's script (e.g. .venv/bin/hsdump after `make setup`), else python -m hsdump."""
+    if shutil.which("hsdump"):
+        return "hsdump"
+    script = os.path.join(os.path.dirname(sys.executable), "hsdump")
+    if os.path.isfile(script):
+        rel = os.path.relpath(script)
+        return shlex.quote(script if rel.startswith("..") else rel)
+    return f"{shlex.quote(sys.executable)} -m hsdump"
 
 
 def _versions() -> Dict[str, str]:
