@@ -23,9 +23,9 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional
 
 from . import __version__
+from .chat import template_sha256
 from .config import Config, OutputConfig
 from .dist import owns, writer_tag
-from .chat import template_sha256
 from .layers import CONVENTION, ModelInfo, read_model_info, resolve_layers
 from .locate import check_model_path
 from .sources import dataset_fingerprint, load_rows
