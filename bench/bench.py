@@ -8,6 +8,9 @@ engine at a time (each shut down before the next starts):
   b0  hsdump capture only: `CaptureEngine.run` with a sink that drops the rows (same engine as b);
   b   hsdump end to end: `CaptureEngine` + `DatasetWriter` writing the dataset to local disk
       (timed until `writer.close()` has fsynced the last shard);
+  b8  as b with `output.dtype=fp8` (`DatasetWriter(dtype="fp8")`: e4m3 rows plus a float32
+      scale per token), on b's engine right after b (`--modes a,b,b8`; `--fp8-tokens` runs it
+      on the first samples only);
   c   SGLang's built-in path: an Engine with aux capture on (0.5.17: EAGLE-3 layers set by a
       scheduler hook; 0.5.23: capture-only EAGLE3 mode) and `return_hidden_states=True`, the
       caller collecting the Python lists.
@@ -21,10 +24,19 @@ device-wide `used`; both are sampled every 0.2 s during the timed window.
     make bench                                       # CPU-sized: tiny Llama, SGLang CPU engine
     python3 bench/bench.py --device cuda --models llama8b:2048:128:8 --name gpu-llama8b
     python3 bench/bench.py --device cuda --models llama8b:2048/8192 --deadline-s 560
+    python3 bench/bench.py --device cuda --models kimi-width:2048 --modes a,b,b8,c --weights dummy
     python3 bench/writer_bench.py --dir /output/disk               # DatasetWriter alone
 
 On the GPU machine, first `source .gpu/part1/install.sh` and put the repo on PYTHONPATH
 (see BENCHMARKS.md). Sequence lengths of one model share its three engines.
+
+Models: `tiny-llama` (CPU), `llama8b` (Llama-3.1-8B dimensions), `dsv3-small` (DeepSeek-V3
+architecture, real MLA dims, hidden 512, 8 layers), `kimi-width` (DeepSeek-V3 architecture at
+Kimi-K2.5's widths: hidden 7168, its MLA dims, 64 heads, expert width 2048, dense width 18432,
+vocab 163840, yarn rope; 8 layers, the first dense, and 16 routed experts with top-8 plus the
+shared one, so its 8.8 B parameters fit one GPU). `--weights files` (default) saves random
+weights with save_pretrained; `--weights dummy` writes config.json alone and has SGLang fill
+the weights at load (`load_format="dummy"`), which needs no disk and no build time.
 
 Results: a table on stdout and bench/results/<name>.json (--results-dir to change).
 """
@@ -59,7 +71,8 @@ AUX_ENV = "HSDUMP_BENCH_AUX_LAYERS"
 WRITER_OPTS: Dict[str, int] = {}  # DatasetWriter's threads / shard_bytes (--writer-threads, ...)
 
 # built by build_model(); capture layers from default_layers(); sizes chosen in main()
-MODELS = ("tiny-llama", "llama8b", "dsv3-small")
+MODELS = ("tiny-llama", "llama8b", "dsv3-small", "kimi-width")
+WEIGHTS = ("files", "dummy")
 
 
 # --------------------------------------------------------------------------- models
@@ -73,37 +86,91 @@ def llama8b_config():
                        eos_token_id=128001)
 
 
-def build_model(name: str, dest: str) -> str:
-    """Random bf16 weights, saved with save_pretrained; reused if dest already holds one."""
+def kimi_width_config(num_layers: int = 8, experts: int = 16, top_k: int = 8,
+                      vocab: int = 163840):
+    """DeepSeek-V3 architecture at Kimi-K2.5's widths (its text_config: hidden 7168, q_lora 1536,
+    kv_lora 512, qk_nope 128, qk_rope 64, v_head 128, 64 heads, expert width 2048, dense width
+    18432, 1 shared expert, first layer dense, sigmoid noaux_tc routing with n_group 1, yarn rope
+    x64 from 4,096, vocab 163840); fewer layers (61 there) and routed experts (384 there, top-8),
+    so that it fits one GPU. Each MoE layer runs as many experts per token as Kimi's (8 + 1)."""
+    from transformers import DeepseekV3Config
+
+    cfg = DeepseekV3Config(
+        vocab_size=vocab, hidden_size=7168, intermediate_size=18432, moe_intermediate_size=2048,
+        num_hidden_layers=num_layers, num_attention_heads=64, num_key_value_heads=64,
+        n_shared_experts=1, n_routed_experts=experts, num_experts_per_tok=top_k, n_group=1,
+        topk_group=1, routed_scaling_factor=2.827, norm_topk_prob=True, first_k_dense_replace=1,
+        kv_lora_rank=512, q_lora_rank=1536, qk_rope_head_dim=64, qk_nope_head_dim=128,
+        v_head_dim=128, max_position_embeddings=262144, rms_norm_eps=1e-5,
+        rope_scaling={"type": "yarn", "factor": 64.0, "original_max_position_embeddings": 4096,
+                      "beta_fast": 1.0, "beta_slow": 1.0, "mscale": 1.0, "mscale_all_dim": 1.0,
+                      "rope_theta": 50000.0},
+        # keys of the real config.json that SGLang's deepseek_v2 reads and transformers'
+        # DeepseekV3Config does not define (see gpu_check.deepseek_v3_config)
+        moe_layer_freq=1, topk_method="noaux_tc", scoring_func="sigmoid", ep_size=1,
+        seq_aux=True, aux_loss_alpha=0.001, num_nextn_predict_layers=0,
+        tie_word_embeddings=False, bos_token_id=163584, eos_token_id=163585)
+    return cfg
+
+
+def model_config(name: str):
+    if name == "llama8b":
+        cfg, arch = llama8b_config(), "LlamaForCausalLM"
+    elif name == "kimi-width":
+        cfg, arch = kimi_width_config(), "DeepseekV3ForCausalLM"
+    elif name == "dsv3-small":
+        import gpu_check
+
+        cfg, arch = gpu_check.deepseek_v3_config(num_layers=8), "DeepseekV3ForCausalLM"
+    else:
+        raise ValueError(f"no config for {name!r}")
+    cfg.architectures = [arch]
+    return cfg
+
+
+def build_model(name: str, dest: str, weights: str = "files") -> str:
+    """Random bf16 weights, saved with save_pretrained; reused if dest already holds one.
+    weights="dummy": config.json only (SGLang's load_format="dummy" fills the weights)."""
     if name == "tiny-llama":
         from hsdump.tiny import resolve_model_path
 
         return resolve_model_path("tiny:llama")
+    if name not in MODELS:
+        raise ValueError(f"unknown model {name!r}; use one of {MODELS}")
+    if weights == "dummy":
+        dest = dest + "-dummy"
+        if not (Path(dest) / "config.json").exists():
+            model_config(name).save_pretrained(dest)  # writes config.json (dtype bfloat16)
+            cfg = json.loads((Path(dest) / "config.json").read_text())
+            cfg["torch_dtype"] = cfg["dtype"] = "bfloat16"
+            (Path(dest) / "config.json").write_text(json.dumps(cfg, indent=1))
+        return dest
     if (Path(dest) / "config.json").exists():
         return dest
-    if name == "llama8b":
-        # built in a child process so this process never holds GPU memory
+    if name in ("llama8b", "kimi-width"):
+        # built on the GPU in a child process, so this process never holds GPU memory
         code = ("import sys, os, torch; sys.path[:0] = [%r, %r]; import bench; "
                 "from transformers import AutoModelForCausalLM; torch.manual_seed(0); "
                 "dev = 'cuda' if torch.cuda.is_available() else 'cpu'\n"
                 "with torch.device(dev):\n"
-                "    m = AutoModelForCausalLM.from_config(bench.llama8b_config(), dtype=torch.bfloat16)\n"
-                "m.save_pretrained(sys.argv[1] + '.tmp'); os.replace(sys.argv[1] + '.tmp', sys.argv[1])"
+                "    m = AutoModelForCausalLM.from_config(bench.model_config(sys.argv[2]), "
+                "dtype=torch.bfloat16)\n"
+                "m.save_pretrained(sys.argv[1] + '.tmp')\n"
+                "os.replace(sys.argv[1] + '.tmp', sys.argv[1])"
                 % (str(HERE), str(ROOT)))
-    elif name == "dsv3-small":
+    else:  # dsv3-small
         code = ("import sys; sys.path[:0] = [%r, %r]; import gpu_check; "
                 "gpu_check.make_model('deepseek_v3', sys.argv[1], num_layers=8)"
                 % (str(HERE), str(ROOT)))
-    else:
-        raise ValueError(f"unknown model {name!r}; use one of {MODELS}")
     shutil.rmtree(dest + ".tmp", ignore_errors=True)
     Path(dest).parent.mkdir(parents=True, exist_ok=True)
-    subprocess.run([sys.executable, "-c", code, dest], check=True)
+    subprocess.run([sys.executable, "-c", code, dest, name], check=True)
     return dest
 
 
 def default_layers(name: str, num_layers: int) -> List[int]:
-    if name == "dsv3-small":  # the Kimi-K2.5 preset's pattern [3, L // 2 + 1, L - 2]
+    if name in ("dsv3-small", "kimi-width"):  # the Kimi-K2.5 preset's [3, 31, 59] of 61 is
+        # [3, L // 2 + 1, L - 2]; at L = 8: [3, 5, 6]
         return [3, num_layers // 2 + 1, num_layers - 2]
     from hsdump.layers import eagle3_default
 
@@ -297,6 +364,7 @@ def plain_kwargs(model_path: str, ec) -> dict:
                 "max_running_requests", "max_total_tokens"):
         if getattr(ec, key) is not None:
             kw[key] = getattr(ec, key)
+    kw.update(ec.extra)  # e.g. load_format="dummy" (--weights dummy), as CaptureEngine does
     return kw
 
 
@@ -407,8 +475,12 @@ def mode_plain(model_path, ec, loads: List[Workload], mon, repeat: int = 1) -> d
 
 
 def mode_hsdump(model_path, ec, loads: List[Workload], layers, info, out_dir, mon,
-                repeat: int = 1) -> dict:
-    """Modes b0 (capture, rows dropped) and b (capture + DatasetWriter to disk), one engine."""
+                repeat: int = 1, storages=("bfloat16",), fp8_tokens: int = 0,
+                on_partial=None) -> dict:
+    """Modes b0 (capture, rows dropped), b (capture + DatasetWriter to disk) and b8 (the same
+    with storage fp8, if "fp8" is in `storages`), one engine. b8 runs on the first samples
+    holding `fp8_tokens` tokens (0: all of b's). `on_partial(seq, results)` is called after
+    each of them, so that a run cut short keeps what it measured."""
     from hsdump.config import ModelConfig
     from hsdump.engine import CaptureEngine
     from hsdump.layers import CONVENTION
@@ -420,15 +492,55 @@ def mode_hsdump(model_path, ec, loads: List[Workload], layers, info, out_dir, mo
     out["_engine"].update(engine_start_s=time.time() - t0, sglang=eng.version)
     k_bytes = len(layers) * info.hidden_size * 2
     ds_dir = os.path.join(out_dir, "dataset")
-    manifest = {"format": FORMAT, "format_version": FORMAT_VERSION, "layers": layers,
-                "convention": CONVENTION, "storage_dtype": "bfloat16",
-                "model": {"path": model_path, "hidden_size": info.hidden_size,
-                          "num_hidden_layers": info.num_hidden_layers}}
     sid_base = [0]
 
     def sids(items):  # request ids must not repeat within one engine
         sid_base[0] += 1_000_000
         return [(sid_base[0] + i, s) for i, s in enumerate(items)]
+
+    def to_disk(samples: List[List[int]], storage: str) -> dict:
+        """Capture + DatasetWriter(dtype=storage), timed until close() has committed all."""
+        tokens = sum(len(x) for x in samples)
+        manifest = {"format": FORMAT, "format_version": FORMAT_VERSION, "layers": layers,
+                    "convention": CONVENTION, "storage_dtype": storage,
+                    "model": {"path": model_path, "hidden_size": info.hidden_size,
+                              "num_hidden_layers": info.num_hidden_layers}}
+        idle = mon.reset()
+        walls, details = [], []
+        for _ in range(repeat):
+            shutil.rmtree(ds_dir, ignore_errors=True)
+            t = time.time()
+            writer = DatasetWriter(ds_dir, manifest, {"bench": True}, layers=layers,
+                                   hidden_size=info.hidden_size, dtype=storage, **WRITER_OPTS)
+
+            def sink(sid, ids, hs, bad):
+                writer.add(sid, ids, [1] * len(ids), hs, nonfinite=bad)
+
+            try:
+                eng.run(sids(samples), sink)
+                t_run = time.time() - t
+            finally:
+                t_c = time.time()
+                writer.close()
+                close_s = time.time() - t_c
+            walls.append(time.time() - t)
+            assert writer.samples_written == len(samples)
+            details.append({"run_s": t_run, "sink_add_s": writer.timing["add_s"],
+                            "final_close_s": close_s, "bytes_written": writer.bytes_written,
+                            "writer_timing": dict(writer.timing),
+                            "shards": writer.shards_written})
+            shutil.rmtree(ds_dir, ignore_errors=True)
+        wall = _median(walls)
+        n_bytes = details[0]["bytes_written"]
+        # run phase: until the engine has handed the last sample to the writer; the rest
+        # of the wall is the final flush (the last shards written and fsynced), a fixed
+        # cost per run that a long extraction amortizes
+        run_rate = tokens / _median([d["run_s"] for d in details])
+        return _rate(tokens, len(samples), walls, storage_dtype=storage,
+                     bytes_written=n_bytes, bytes_per_token=n_bytes / tokens,
+                     run_tokens_per_s=run_rate, bytes_written_per_s=n_bytes / wall,
+                     payload_bytes_per_s=tokens * k_bytes / wall, repeats=details,
+                     idle=idle, **mon.peaks())
 
     try:
         for w in loads:
@@ -454,48 +566,47 @@ def mode_hsdump(model_path, ec, loads: List[Workload], layers, info, out_dir, mo
             res["b0"] = _rate(w.tokens, len(w.samples), walls,
                               payload_bytes_per_s=w.tokens * k_bytes / _median(walls),
                               idle=idle, **mon.peaks())
-
-            idle = mon.reset()
-            walls, details = [], []
-            for _ in range(repeat):
-                shutil.rmtree(ds_dir, ignore_errors=True)
-                t = time.time()
-                writer = DatasetWriter(ds_dir, manifest, {"bench": True}, layers=layers,
-                                       hidden_size=info.hidden_size, **WRITER_OPTS)
-
-                def sink(sid, ids, hs, bad):
-                    writer.add(sid, ids, [1] * len(ids), hs, nonfinite=bad)
-
+            if on_partial:
+                on_partial(w.seq, res)
+            for storage in storages:
+                key = "b8" if storage == "fp8" else "b"
+                samples = w.samples
+                if storage == "fp8" and fp8_tokens:
+                    samples = w.samples[:_count_within([len(x) for x in w.samples], fp8_tokens)]
                 try:
-                    eng.run(list(enumerate(w.samples)), sink)
-                    t_run = time.time() - t
-                finally:
-                    t_c = time.time()
-                    writer.close()
-                    close_s = time.time() - t_c
-                walls.append(time.time() - t)
-                assert writer.samples_written == len(w.samples)
-                details.append({"run_s": t_run, "sink_add_s": writer.timing["add_s"],
-                                "final_close_s": close_s, "bytes_written": writer.bytes_written,
-                                "writer_timing": dict(writer.timing),
-                                "shards": writer.shards_written})
-                shutil.rmtree(ds_dir, ignore_errors=True)
-            wall = _median(walls)
-            n_bytes = details[0]["bytes_written"]
-            # run phase: until the engine has handed the last sample to the writer; the rest
-            # of b's wall is the final flush (the last shard written and fsynced), a fixed
-            # cost per run that a long extraction amortizes
-            run_rate = w.tokens / _median([d["run_s"] for d in details])
-            res["b"] = _rate(w.tokens, len(w.samples), walls, bytes_written=n_bytes,
-                             run_tokens_per_s=run_rate,
-                             bytes_written_per_s=n_bytes / wall,
-                             payload_bytes_per_s=w.tokens * k_bytes / wall, repeats=details,
-                             idle=idle, **mon.peaks())
+                    res[key] = to_disk(samples, storage)
+                except Exception as e:  # b8 failing must not lose b
+                    res[key] = {"error": f"{type(e).__name__}: {e}",
+                                "traceback": traceback.format_exc()[-3000:]}
+                    print(traceback.format_exc())
+                    if key == "b":
+                        raise
+                if on_partial:
+                    on_partial(w.seq, res)
             out[w.seq] = res
     finally:
         eng.close()
         shutil.rmtree(ds_dir, ignore_errors=True)
     return out
+
+
+def fp8_host_cost(hidden: int, slots: int, seq: int = 2048, reps: int = 3) -> dict:
+    """Time of the writer's fp8 encoding (hsdump.fp8.quantize, on the CPU, in writer.add on
+    the caller's thread) for one sample of `slots` [seq, hidden] bf16 tensors."""
+    from hsdump import fp8
+
+    xs = [torch.randn(seq, hidden).to(torch.bfloat16) for _ in range(slots)]
+    for x in xs:
+        fp8.quantize(x)
+    times = []
+    for _ in range(reps):
+        t = time.perf_counter()
+        for x in xs:
+            fp8.quantize(x)
+        times.append(time.perf_counter() - t)
+    ms = _median(times) * 1e3
+    return {"seq": seq, "hidden": hidden, "slots": slots, "torch_threads": torch.get_num_threads(),
+            "ms_per_sample": ms, "tokens_per_s_ceiling": seq / (ms / 1e3)}
 
 
 def mode_builtin(model_path, ec, loads: List[Workload], layers, info, version, mon,
@@ -548,6 +659,8 @@ def table(name: str, r: dict) -> str:
     b = r.get("b") or {}
     rows = [("a plain prefill", r.get("a")), ("b0 hsdump capture only", b.get("b0")),
             ("b hsdump -> disk", b.get("b")), ("c built-in lists", r.get("c"))]
+    if b.get("b8"):
+        rows.insert(3, ("b8 hsdump -> disk, fp8", b.get("b8")))
     lines = [f"{name}: {r['model']} seq {r['seq']} layers {r['layers']} "
              f"(samples a/b {r['samples']}, c {r['samples_builtin']})",
              f"| mode | tokens/s | samples/s | write MB/s | payload MB/s | peak RSS GB "
@@ -564,9 +677,15 @@ def table(name: str, r: dict) -> str:
                      f"{m['wall_s']:.1f} |")
     ra = r.get("ratios", {})
     lines.append("ratios: " + ", ".join(f"{k} = {v:.3f}" for k, v in ra.items()))
-    for d in (b.get("b") or {}).get("repeats", []):
+    for key in ("b", "b8"):
+        m = b.get(key) or {}
+        if "bytes_per_token" in m:
+            lines.append(f"{key}: {m['bytes_per_token']:,.0f} bytes per token, "
+                         f"{m['tokens']:,} tokens, run {m['run_tokens_per_s']:,.0f} tokens/s")
+    for key, d in [(k, d) for k in ("b", "b8") for d in (b.get(k) or {}).get("repeats", [])]:
         wt = d.get("writer_timing", {})
-        lines.append(f"b profile: run {d['run_s']:.1f} s, in writer.add {d['sink_add_s']:.1f} s "
+        lines.append(f"{key} profile: run {d['run_s']:.1f} s, "
+                     f"in writer.add {d['sink_add_s']:.1f} s "
                      f"(blocked on the shard queue {wt.get('queue_wait_s', 0):.1f} s), "
                      f"final close {d['final_close_s']:.1f} s, shard commits "
                      f"{wt.get('commit_s', 0):.1f} thread-s over {d['shards']} shards")
@@ -611,10 +730,22 @@ def main(argv=None) -> int:
                     help="timed runs per mode, median reported (default: 2 on CPU, 1 on GPU)")
     ap.add_argument("--deadline-s", type=float, default=0,
                     help="skip modes that would start after this many seconds")
+    ap.add_argument("--deadline-modes", default=None,
+                    help="comma list: the modes the deadline may skip (default: all)")
     ap.add_argument("--tokens", type=int, default=0,
                     help="tokens per timed run and length (default 2M small models, 0.5M 8B)")
     ap.add_argument("--writer-threads", type=int, default=None)
     ap.add_argument("--shard-mib", type=int, default=None)
+    ap.add_argument("--weights", choices=WEIGHTS, default="files",
+                    help="files: random weights saved with save_pretrained; dummy: config.json "
+                    "only, SGLang fills random weights at load (load_format=dummy)")
+    ap.add_argument("--no-cuda-graph", action="store_true",
+                    help="disable_cuda_graph=True in every mode: skips capturing decode graphs "
+                    "that max_new_tokens=1 never replays (MLA models run no prefill graph)")
+    ap.add_argument("--fp8-tokens", type=int, default=0,
+                    help="mode b8 on the first samples holding this many tokens (0: all of b's)")
+    ap.add_argument("--writer-stages-mib", type=int, default=None,
+                    help="MiB of the serial writer-stage probe (default 1024 GPU, 64 CPU; 0 skips)")
     args = ap.parse_args(argv)
     if args.writer_threads:
         WRITER_OPTS["threads"] = args.writer_threads
@@ -643,6 +774,12 @@ def main(argv=None) -> int:
     mon = Monitor()
     mon.start()
     ec = engine_config(dev, args.mem_fraction)
+    if args.no_cuda_graph:
+        ec.disable_cuda_graph = True
+    if args.weights == "dummy":
+        ec.extra["load_format"] = "dummy"
+    report["weights"] = args.weights
+    report["writer_opts"] = dict(WRITER_OPTS)
     report["engine_config"] = {k: getattr(ec, k) for k in ec.__dataclass_fields__}
     report["disk"] = disk_bandwidth(args.out_dir, args.dd_mib or (4096 if gpu else 256))
     print("disk:", json.dumps(report["disk"]))
@@ -653,15 +790,24 @@ def main(argv=None) -> int:
         mname = parts[0]
         seqs = [x if x == "sharegpt" else int(x) for x in parts[1].split("/")]
         small = mname in ("tiny-llama", "dsv3-small")
+        if args.weights == "dummy":
+            ec.extra["load_format"] = "dummy"
         t_build = time.time()
-        model_path = build_model(mname, os.path.join(args.model_dir, mname))
+        model_path = build_model(mname, os.path.join(args.model_dir, mname), args.weights)
         build_s = time.time() - t_build
         info = read_model_info(model_path)
         layers = default_layers(mname, info.num_hidden_layers)
-        if "writer_stages" not in report:
+        stages_mib = (1024 if gpu else 64) if args.writer_stages_mib is None \
+            else args.writer_stages_mib
+        if "writer_stages" not in report and stages_mib > 0:
             report["writer_stages"] = writer_stages(
-                args.out_dir, 1 << 30 if gpu else 64 << 20, len(layers) * info.hidden_size)
+                args.out_dir, stages_mib << 20, len(layers) * info.hidden_size)
             print("writer stages:", json.dumps(report["writer_stages"]))
+        modes = [m for m in args.modes.split(",") if m]
+        if "b8" in modes:
+            cost = fp8_host_cost(info.hidden_size, len(layers))
+            report.setdefault("fp8_host_quantize", {})[mname] = cost
+            print("fp8 encode on the host:", json.dumps(cost))
         vocab = json.load(open(os.path.join(model_path, "config.json")))["vocab_size"]
         loads, runs = [], {}
         for seq in seqs:
@@ -693,13 +839,20 @@ def main(argv=None) -> int:
                 "model": mname, "model_path": model_path, "architecture": info.architecture,
                 "hidden_size": info.hidden_size, "num_hidden_layers": info.num_hidden_layers,
                 "seq": seq, "samples": n, "samples_builtin": nc, "layers": layers,
+                "weights": args.weights,
                 "tokens": loads[-1].tokens,
                 "repeat": repeat, "model_build_s": build_s}
         engines = report.setdefault("engines", {}).setdefault(mname, {})
         # seconds a mode takes: a rough constant until one mode has run, then that mode's time
         est = 90 if small else 60 + 45 * len(seqs)
-        for mode in args.modes.split(","):
-            if args.deadline_s and time.time() - t_start + est > args.deadline_s:
+        for mode in modes:
+            if mode == "b8" and "b" in modes:
+                continue  # runs on b's engine, right after b
+            starts = [e["engine_start_s"] for e in engines.values() if "engine_start_s" in e]
+            if mode == "c" and starts:
+                est = starts[-1] + 45  # an engine start like the last one, plus a few samples
+            may_skip = args.deadline_modes is None or mode in args.deadline_modes.split(",")
+            if args.deadline_s and may_skip and time.time() - t_start + est > args.deadline_s:
                 engines[mode] = {"error": "skipped: deadline"}
                 for seq in seqs:
                     runs[seq][mode] = {"error": "skipped: deadline"}
@@ -707,16 +860,42 @@ def main(argv=None) -> int:
                 continue
             print(f"[{mname}] mode {mode} ... (t={time.time() - t_start:.0f} s)", flush=True)
             t_mode = time.time()
-            try:
+
+            def partial(seq, res):  # b0, b, b8 saved as each ends
+                runs[seq][mode] = dict(res)
+                _ratios(runs[seq], report["disk"])
+                save()
+
+            def run_mode():
                 if mode == "a":
-                    res = mode_plain(model_path, ec, loads, mon, repeat)
-                elif mode == "b":
-                    res = mode_hsdump(model_path, ec, loads, layers, info, args.out_dir, mon,
-                                      repeat)
-                elif mode == "c":
-                    res = mode_builtin(model_path, ec, loads, layers, info, version, mon, repeat)
-                else:
-                    raise ValueError(f"unknown mode {mode}")
+                    return mode_plain(model_path, ec, loads, mon, repeat)
+                if mode in ("b", "b8"):
+                    storages = ["bfloat16"] * (mode == "b") + ["fp8"] * ("b8" in modes)
+                    return mode_hsdump(model_path, ec, loads, layers, info, args.out_dir, mon,
+                                       repeat, storages, args.fp8_tokens, partial)
+                if mode == "c":
+                    return mode_builtin(model_path, ec, loads, layers, info, version, mon,
+                                        repeat)
+                raise ValueError(f"unknown mode {mode}")
+
+            try:
+                try:
+                    res = run_mode()
+                except Exception as e:
+                    # SGLang's dummy weights failed before anything ran: build weight files
+                    # and try this mode again (the modes after it then use the files too)
+                    if ec.extra.get("load_format") != "dummy" or engines:
+                        raise
+                    print(traceback.format_exc())
+                    print(f"[{mname}] dummy weights failed; building weight files")
+                    report.setdefault("dummy_fallback", {})[mname] = f"{type(e).__name__}: {e}"
+                    ec.extra.pop("load_format")
+                    t_build = time.time()
+                    model_path = build_model(mname, os.path.join(args.model_dir, mname))
+                    for seq in seqs:
+                        runs[seq].update(model_path=model_path, weights="files",
+                                         model_build_s=time.time() - t_build)
+                    res = run_mode()
                 engines[mode] = res.pop("_engine")
                 for seq in seqs:
                     runs[seq][mode] = res.get(seq, {"error": "not measured"})
@@ -730,7 +909,7 @@ def main(argv=None) -> int:
             _wait_gpu_free(mon, (engines.get("a") or {}).get("baseline", {}).get("gpu_used_bytes"))
             est = time.time() - t_mode
             for seq in seqs:
-                _ratios(runs[seq])
+                _ratios(runs[seq], report["disk"])
             save()
         for seq in seqs:
             print()
@@ -745,9 +924,10 @@ def main(argv=None) -> int:
     return 0
 
 
-def _ratios(r: dict) -> None:
+def _ratios(r: dict, disk: Optional[dict] = None) -> None:
     a = (r.get("a") or {}).get("tokens_per_s")
     b = ((r.get("b") or {}).get("b") or {}).get("tokens_per_s")
+    b8 = ((r.get("b") or {}).get("b8") or {}).get("tokens_per_s")
     b0 = ((r.get("b") or {}).get("b0") or {}).get("tokens_per_s")
     c = (r.get("c") or {}).get("tokens_per_s")
     ra = {}
@@ -760,6 +940,25 @@ def _ratios(r: dict) -> None:
         ra["b0/a"] = b0 / a
     if b and c:
         ra["b/c"] = b / c
+    b8_run = ((r.get("b") or {}).get("b8") or {}).get("run_tokens_per_s")
+    if a and b8:
+        ra["b8/a"] = b8 / a
+    if a and b8_run:
+        ra["b8_run/a"] = b8_run / a
+    if b and b8:
+        ra["b8/b"] = b8 / b
+    # the disk: rows written per second against dd's conv=fdatasync rate on the same disk, and
+    # the rate at which b0 produced rows against it (above 1: the disk cannot keep up)
+    dd = (disk or {}).get("conv_fdatasync_bytes_per_s")
+    bm, b8m = ((r.get("b") or {}).get("b") or {}), ((r.get("b") or {}).get("b8") or {})
+    if dd and bm.get("bytes_written_per_s"):
+        ra["b_written/dd_fdatasync"] = bm["bytes_written_per_s"] / dd
+        if b0 and bm.get("bytes_per_token"):
+            ra["b_rows_at_b0_rate/dd_fdatasync"] = b0 * bm["bytes_per_token"] / dd
+    if dd and b8m.get("bytes_written_per_s"):
+        ra["b8_written/dd_fdatasync"] = b8m["bytes_written_per_s"] / dd
+        if b0 and b8m.get("bytes_per_token"):
+            ra["b8_rows_at_b0_rate/dd_fdatasync"] = b0 * b8m["bytes_per_token"] / dd
     r["ratios"] = ra
 
 
