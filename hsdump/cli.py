@@ -30,6 +30,7 @@ log = logging.getLogger("hsdump")
 COMMANDS = {
     "extract": ("", "capture hidden states into a dataset (Hydra overrides, -m for sweeps)"),
     "verify": ("hsdump.verify", "check a dataset's index, checksums and every sample"),
+    "compact": ("hsdump.commits", "rewrite a dataset's index.json from its commit logs"),
     "inspect": ("hsdump.inspect", "print a dataset's facts and plot its length histograms"),
     "export": ("hsdump.export", "convert a dataset to a peer trainer's layout"),
     "vocab": ("hsdump.vocab", "write the EAGLE-3 draft vocabulary mapping (d2t, t2d)"),

@@ -18,7 +18,6 @@ import fcntl
 import json
 import os
 import re
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Dict, List, Optional, Tuple
 
@@ -64,80 +63,116 @@ def safe_relpath(name) -> bool:
     return not name.startswith("/") and all(p not in ("", ".", "..") for p in parts)
 
 
-@dataclass
 class Commits:
-    """What a dataset holds, as its index and logs say."""
+    """What a dataset holds, as its index and logs say, kept in columns (a 1M-sample dataset
+    is a few flat arrays, not a million objects).
 
-    version: int
-    shards: Dict[str, dict] = field(default_factory=dict)
-    """name -> {"bytes", "sha256", "ids", and in version 2 "lengths", "masked"}."""
-    samples: Dict[int, str] = field(default_factory=dict)
-    """sample id -> the name of the (first) shard that holds it."""
-    skipped: Dict[int, str] = field(default_factory=dict)
-    """sample id -> why the writer refused it (NaN/Inf)."""
-    covers: Dict[str, int] = field(default_factory=dict)
-    """log name -> byte offset up to which its complete records were read."""
-    torn: Dict[str, int] = field(default_factory=dict)
-    """log name -> bytes of an incomplete last record that was ignored."""
-    problems: List[Tuple[str, str]] = field(default_factory=list)
-    """(where, what): records that are malformed, duplicated, or contradict each other."""
+    Per shard k: `names[k]`, `nbytes[k]`, `sha256[k]`, and its samples at positions
+    `starts[k] .. starts[k + 1]` of the per-sample columns `ids`, `lens`, `masked` (`lens` and
+    `masked` are None for a version 1 dataset, whose records carry neither)."""
 
-    def lengths(self) -> Optional[Dict[int, int]]:
-        """Token count per sample id, from the records; None if some record lacks them."""
-        out: Dict[int, int] = {}
-        for name, meta in self.shards.items():
-            lens = meta.get("lengths")
-            if lens is None:
-                return None
-            for sid, n in zip(meta["ids"], lens):
-                if self.samples.get(sid) == name:
-                    out[sid] = n
+    def __init__(self, version: int, skipped: Optional[Dict[int, str]] = None):
+        self.version = version
+        self.names: List[str] = []
+        self.nbytes: List[int] = []
+        self.sha256: List[str] = []
+        self.starts: List[int] = [0]
+        self.ids: List[int] = []
+        self.lens: Optional[List[int]] = [] if version >= 2 else None
+        self.masked_counts: Optional[List[int]] = [] if version >= 2 else None
+        self.skipped: Dict[int, str] = dict(skipped or {})
+        """sample id -> why the writer refused it (NaN/Inf)."""
+        self.covers: Dict[str, int] = {}
+        """log name -> byte offset up to which its complete records were read."""
+        self.torn: Dict[str, int] = {}
+        """log name -> bytes of an incomplete last record that was ignored."""
+        self.problems: List[Tuple[str, str]] = []
+        """(where, what): records that are malformed, duplicated, or contradict each other."""
+        self._names: set = set()
+        self.first: Optional[List[bool]] = None
+        """Per sample position: False for a repeat of an id listed earlier (None: no repeat)."""
+
+    # ------------------------------------------------------------------ views
+    def __len__(self) -> int:
+        return len(self.ids) if self.first is None else sum(self.first)
+
+    @property
+    def shards(self) -> Dict[str, dict]:
+        """name -> {"bytes", "sha256", "ids", and in version 2 "lengths", "masked"} (built on
+        each call: for verify and tests, not for the reader's hot path)."""
+        out = {}
+        for k, name in enumerate(self.names):
+            a, b = self.starts[k], self.starts[k + 1]
+            meta = {"bytes": self.nbytes[k], "sha256": self.sha256[k], "ids": self.ids[a:b]}
+            if self.lens is not None:
+                meta["lengths"] = self.lens[a:b]
+                meta["masked"] = self.masked_counts[a:b]
+            out[name] = meta
         return out
 
-    def masked(self) -> Optional[Dict[int, int]]:
-        """Loss-masked token count per sample id; None if some record lacks them."""
-        out: Dict[int, int] = {}
-        for name, meta in self.shards.items():
-            m = meta.get("masked")
-            if m is None:
-                return None
-            for sid, n in zip(meta["ids"], m):
-                if self.samples.get(sid) == name:
-                    out[sid] = n
+    @property
+    def samples(self) -> Dict[int, str]:
+        """sample id -> the name of the (first) shard that holds it."""
+        out: Dict[int, str] = {}
+        for k, name in enumerate(self.names):
+            for sid in self.ids[self.starts[k]:self.starts[k + 1]]:
+                out.setdefault(sid, name)
         return out
+
+    def sample_ids(self) -> set:
+        return set(self.ids)
 
     def writer_shards(self, tag: str) -> List[str]:
         prefix = f"{SHARD_DIR}/{writer_name(tag)}/"
-        return [n for n in self.shards if n.startswith(prefix)]
+        return [n for n in self.names if n.startswith(prefix)]
+
+    def arrays(self):
+        """(sorted unique sample ids, shard index of each, lengths or None, masked or None)
+        as numpy arrays: the reader's lookup tables."""
+        import numpy as np
+
+        ids = np.asarray(self.ids, dtype=np.int64)
+        count = np.diff(np.asarray(self.starts, dtype=np.int64))
+        shard = np.repeat(np.arange(len(self.names), dtype=np.int32), count)
+        keep = None if self.first is None else np.asarray(self.first, dtype=bool)
+        cols = [ids, shard]
+        for col in (self.lens, self.masked_counts):
+            cols.append(None if col is None else np.asarray(col, dtype=np.int64))
+        if keep is not None:
+            cols = [c if c is None else c[keep] for c in cols]
+        order = np.argsort(cols[0], kind="stable")
+        return tuple(c if c is None else c[order] for c in cols)
 
     # ------------------------------------------------------------------ building
     def _add_shard(self, rec: dict, where: str) -> None:
-        name = rec.get("shard")
-        ids = rec.get("ids")
+        name = rec.get("shard") if isinstance(rec, dict) else None
+        ids = rec.get("ids") if isinstance(rec, dict) else None
         bad = None
         if not safe_relpath(name):
             bad = f"shard path {name!r} is not a .safetensors path inside the dataset folder"
-        elif not isinstance(rec.get("bytes"), int) or not isinstance(rec.get("sha256"), str):
+        elif type(rec.get("bytes")) is not int or not isinstance(rec.get("sha256"), str):
             bad = f"record for {name} has no valid bytes/sha256"
         elif not _ints(ids):
             bad = f"record for {name} has no valid list of sample ids"
-        else:
+        elif self.lens is not None:
             for k in ("lengths", "masked"):
-                if k in rec and not (_ints(rec[k]) and len(rec[k]) == len(ids)):
-                    bad = f"record for {name} has a {k} list that does not match its ids"
+                if not (_ints(rec.get(k)) and len(rec[k]) == len(ids)):
+                    bad = f"record for {name} has no {k} list that matches its ids"
         if bad:
             self.problems.append((where, bad))
             return
-        if name in self.shards:
+        if name in self._names:
             self.problems.append((where, f"{name} is committed twice; the first record is used"))
             return
-        meta = {k: v for k, v in rec.items() if k != "shard"}
-        self.shards[name] = meta
-        for sid in ids:
-            first = self.samples.setdefault(sid, name)
-            if first != name:
-                self.problems.append((f"sample {sid}", f"committed in {first} and again in "
-                                                       f"{name} (duplicate sample)"))
+        self._names.add(name)
+        self.names.append(name)
+        self.nbytes.append(rec["bytes"])
+        self.sha256.append(rec["sha256"])
+        self.ids.extend(ids)
+        if self.lens is not None:
+            self.lens.extend(rec["lengths"])
+            self.masked_counts.extend(rec["masked"])
+        self.starts.append(len(self.ids))
 
     def _add_record(self, rec, where: str) -> None:
         if isinstance(rec, dict) and "shard" in rec:
@@ -152,23 +187,68 @@ class Commits:
             self.problems.append((where, f"record {str(rec)[:80]!r} is neither a shard nor a "
                                          "skipped record"))
 
+    def _add_columns(self, idx: dict) -> bool:
+        """The shards and samples of a version 2 index.json, checked as whole columns."""
+        sh, sa = idx.get("shards"), idx.get("samples")
+        ok = isinstance(sh, dict) and isinstance(sa, dict)
+        cols = [sh.get(k) for k in ("path", "bytes", "sha256", "count")] if ok else []
+        scols = [sa.get(k) for k in ("id", "length", "masked")] if ok else []
+        ok = ok and all(isinstance(c, list) for c in cols + scols) and \
+            len({len(c) for c in cols}) == 1 and len({len(c) for c in scols}) == 1 and \
+            _ints(cols[1]) and _ints(cols[3]) and all(map(_ints, scols)) and \
+            sum(cols[3]) == len(scols[0]) and min(cols[3], default=0) >= 0
+        if not ok:
+            self.problems.append((INDEX, "its shards/samples columns are malformed; the commit "
+                                         "logs are read from their start instead"))
+            return False
+        paths, nbytes, sha, count = cols
+        if not all(map(safe_relpath, paths)) or len(set(paths)) != len(paths) or \
+                not all(isinstance(h, str) for h in sha):
+            self.problems.append((INDEX, "lists a shard path that is not a .safetensors path "
+                                         "inside the dataset folder, twice, or without sha256; "
+                                         "the commit logs are read from their start instead"))
+            return False
+        self.names, self.nbytes, self.sha256 = list(paths), list(nbytes), list(sha)
+        self._names = set(paths)
+        starts, acc = [0], 0
+        for n in count:
+            acc += n
+            starts.append(acc)
+        self.starts = starts
+        self.ids, self.lens, self.masked_counts = list(scols[0]), list(scols[1]), list(scols[2])
+        return True
+
     def finish(self) -> "Commits":
-        for sid in sorted(set(self.skipped) & set(self.samples)):
+        if len(set(self.ids)) != len(self.ids):  # rare: find each repeat and where
+            seen: Dict[int, str] = {}
+            first = []
+            for k, name in enumerate(self.names):
+                for sid in self.ids[self.starts[k]:self.starts[k + 1]]:
+                    if sid in seen:
+                        first.append(False)
+                        self.problems.append((f"sample {sid}", f"committed in {seen[sid]} and "
+                                              f"again in {name} (duplicate sample)"))
+                    else:
+                        seen[sid] = name
+                        first.append(True)
+            self.first = first
+        both = set(self.skipped).intersection(self.ids)
+        for sid in sorted(both):
             self.problems.append((f"sample {sid}", f"listed both as committed and as skipped "
                                                    f"({self.skipped[sid]!r})"))
         return self
 
     def index_lines(self):
-        """index.json (version 2) as a stream of text: one shard per line."""
+        """index.json (version 2) as a stream of text, columns of plain JSON lists."""
         head = {"format": FORMAT, "format_version": VERSION, "covers": self.covers,
                 "skipped": {str(k): v for k, v in sorted(self.skipped.items())}}
         text = json.dumps(head, separators=(",", ":"), sort_keys=True)
-        yield text[:-1] + ',"shards":{\n'
-        last = len(self.shards) - 1
-        for i, (name, meta) in enumerate(sorted(self.shards.items())):
-            yield (json.dumps(name) + ":" + json.dumps(meta, separators=(",", ":"))
-                   + ("," if i < last else "") + "\n")
-        yield "}}\n"
+        yield text[:-1] + ',\n"shards":{"path":'
+        yield json.dumps(self.names) + ',\n"bytes":' + json.dumps(self.nbytes)
+        yield ',\n"sha256":' + json.dumps(self.sha256) + ',\n"count":'
+        yield json.dumps([b - a for a, b in zip(self.starts, self.starts[1:])])
+        yield '},\n"samples":{"id":' + json.dumps(self.ids) + ',\n"length":'
+        yield json.dumps(self.lens) + ',\n"masked":' + json.dumps(self.masked_counts) + '}}\n'
 
 
 def _ints(x) -> bool:
@@ -258,15 +338,12 @@ def load(d: Path) -> Commits:
     if idx is not None and idx["format_version"] == 1:
         return _from_v1(idx)
     c = Commits(version=VERSION)
+    covers = {}
     if idx is not None:
-        for name, meta in (idx.get("shards") or {}).items():
-            c._add_shard({**meta, "shard": name} if isinstance(meta, dict) else {"shard": name},
-                         INDEX)
+        if c._add_columns(idx):  # else malformed: its records are re-read from the logs
+            covers = idx.get("covers") or {}
         for sid, reason in (idx.get("skipped") or {}).items():
             c._add_record({"skipped": {sid: reason}}, INDEX)
-        covers = idx.get("covers") or {}
-    else:
-        covers = {}
     for name in log_names(d):
         path = d / LOG_DIR / (name + LOG_SUFFIX)
         start = int(covers.get(name, 0))
@@ -293,18 +370,22 @@ def _from_v1(idx: dict) -> Commits:
     c = Commits(version=1)
     shards = idx.get("shards") if isinstance(idx.get("shards"), dict) else {}
     samples = idx.get("samples") if isinstance(idx.get("samples"), dict) else {}
-    for name, meta in shards.items():
-        if isinstance(meta, dict):
-            c.shards[name] = {**meta, "ids": []}
+    by_shard: Dict[str, List[int]] = {n: [] for n, m in shards.items() if isinstance(m, dict)}
     for sid, name in samples.items():
-        if str(sid).isdigit() and name in c.shards:
-            c.samples[int(sid)] = name
-            c.shards[name]["ids"].append(int(sid))
+        if str(sid).isdigit() and name in by_shard:
+            by_shard[name].append(int(sid))
         elif str(sid).isdigit():
             c.problems.append((f"sample {sid}", f"index.json places it in {name!r}, which "
                                                 "index.json does not list among its shards"))
         else:
             c.problems.append((INDEX, f"sample id {sid!r} is not a non-negative integer"))
+    for name, ids in by_shard.items():
+        meta = shards[name]
+        c.names.append(name)
+        c.nbytes.append(meta.get("bytes"))
+        c.sha256.append(meta.get("sha256"))
+        c.ids.extend(sorted(ids))
+        c.starts.append(len(c.ids))
     for sid, reason in (idx.get("skipped") or {}).items():
         if str(sid).isdigit():
             c.skipped[int(sid)] = str(reason)

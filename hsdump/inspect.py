@@ -27,13 +27,12 @@ def gather(path: str, progress: bool = False) -> Tuple[dict, List[int], List[flo
     ds = HsdumpDataset(path)
     m = ds.manifest
     lengths = ds.lengths
-    ids = ds.ids
-    if ds._masked_of is None and progress and len(ids) > 2000:  # version 1: read the masks
-        from tqdm import tqdm
-        ids = tqdm(ids, unit="sample", desc="reading loss masks", file=sys.stderr)
-    masked: List[int] = [ds.masked_count(sid) for sid in ids]
+    if ds.version == 1 and progress and len(ds) > 2000:  # version 1: reads every mask
+        print(f"reading {len(ds):,} loss masks (version 1 records carry no counts)",
+              file=sys.stderr)
+    masked: List[int] = ds.masked_counts()
     fracs = [k / n if n else 0.0 for k, n in zip(masked, lengths)]
-    shard_bytes = sum(int(s.get("bytes", 0)) for s in ds.shards.values())
+    shard_bytes = sum(int(b or 0) for b in ds.commits.nbytes)
     model = m.get("model") or {}
     data = m.get("dataset") or {}
     refused = Counter(str(r) for r in ds.skipped.values())
@@ -53,7 +52,7 @@ def gather(path: str, progress: bool = False) -> Tuple[dict, List[int], List[flo
         "loss_masked_fraction": (sum(masked) / tokens) if tokens else 0.0,
         "seq_len": ({"min": min(lengths), "median": statistics.median(lengths),
                      "mean": tokens / len(lengths), "max": max(lengths)} if lengths else {}),
-        "bytes": shard_bytes, "shards": len(ds.shards),
+        "bytes": shard_bytes, "shards": len(ds.commits.names),
         "bytes_per_sample": shard_bytes / len(lengths) if lengths else 0,
         "bytes_per_token": shard_bytes / tokens if tokens else 0,
         "source": {k: data.get(k) for k in ("path", "name", "split", "rows") if k in data},

@@ -153,13 +153,13 @@ class DatasetWriter:
         except BaseException:
             self.log.close()
             raise
-        self.committed = set(state.samples)
+        self.committed = state.sample_ids()
         self._skipped_before = set(state.skipped)
         nums = [commits.shard_seq(n) for n in state.writer_shards(self.tag)]
         self._next = max([n for n in nums if n is not None], default=-1) + 1
-        self.shards_committed = len(state.shards)
-        if state.samples:
-            log.info("resuming %s: %d samples committed", self.dir, len(state.samples))
+        self.shards_committed = len(state.names)
+        if state.ids:
+            log.info("resuming %s: %d samples committed", self.dir, len(state))
         self._pending: Dict[str, torch.Tensor] = {}
         self._pending_ids: List[int] = []
         self._pending_lens: List[int] = []
@@ -407,14 +407,17 @@ def upgrade_v1(d: Path, manifest: dict) -> None:
     from .reader import read_safetensors_header
 
     c = commits.load(d)
-    log.info("%s: format version 1, upgraded to version 2 to resume (%d samples)", d,
-             len(c.samples))
+    log.info("%s: format version 1, upgraded to version 2 to resume (%d samples)", d, len(c))
+    from safetensors import safe_open
+
     v2 = commits.Commits(version=FORMAT_VERSION, skipped=dict(c.skipped))
     for name, meta in c.shards.items():
         head = read_safetensors_header(d / name)
         ids = sorted(meta["ids"])
+        with safe_open(str(d / name), framework="pt") as f:
+            masked = [int(f.get_tensor(f"{i}/loss_mask").sum()) for i in ids]
         v2._add_shard({"shard": name, "bytes": meta["bytes"], "sha256": meta["sha256"],
-                       "ids": ids, "lengths": [head[f"{i}/input_ids"]["shape"][0] for i in ids]},
-                      INDEX)
+                       "ids": ids, "lengths": [head[f"{i}/input_ids"]["shape"][0] for i in ids],
+                       "masked": masked}, INDEX)
     commits.write_index(d, v2.finish())
     write_json(d / MANIFEST, {**manifest, "format_version": FORMAT_VERSION})

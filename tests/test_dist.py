@@ -77,7 +77,10 @@ def test_writer_tags_are_unique_and_safe_shard_prefixes():
     from hsdump.commits import Commits, log_path, shard_name
 
     sample = list(tags)[:: max(1, len(tags) // 400)] + ["", "j0001of0004", "j0001of0040"]
-    c = Commits(version=2, shards={shard_name(t, 7): {} for t in sample})
+    c = Commits(version=2)
+    for t in sample:
+        c._add_shard({"shard": shard_name(t, 7), "bytes": 1, "sha256": "0", "ids": [],
+                      "lengths": [], "masked": []}, "test")
     for t in sample:
         assert c.writer_shards(t) == [shard_name(t, 7)]
     assert len({log_path(Path("/d"), t) for t in sample}) == len(set(sample))

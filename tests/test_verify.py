@@ -176,9 +176,13 @@ def test_index_entry_for_a_sample_absent_from_its_shard(ds):
     out, index = ds
     name = index["samples"]["0"]
 
-    def add99(idx):
-        rec = idx["shards"][name]
-        rec["ids"].append(99), rec["lengths"].append(4), rec["masked"].append(2)
+    def add99(idx):  # one more sample id in `name`'s record
+        sh, sa = idx["shards"], idx["samples"]
+        k = sh["path"].index(name)
+        end = sum(sh["count"][:k + 1])
+        sh["count"][k] += 1
+        for col, v in (("id", 99), ("length", 4), ("masked", 2)):
+            sa[col].insert(end, v)
     edit_index(out, add99)
     r = verify(out)
     assert lines(r) == [f"{name}: sample 99: absent from its shard: the index lists it but the "
@@ -225,7 +229,7 @@ def test_duplicate_sample_in_two_shards(ds, tmp_path):
     data = (out / dup).read_bytes()
     with open(out / "commits" / "extra.jsonl", "w") as f:  # a second writer's log
         f.write(json.dumps({"shard": dup, "bytes": len(data), "ids": [10], "lengths": [3],
-                            "sha256": hashlib.sha256(data).hexdigest()}) + "\n")
+                            "masked": [2], "sha256": hashlib.sha256(data).hexdigest()}) + "\n")
     r = verify(out)
     assert lines(r) == [f"{dup}: holds tensors of sample 0, which the index places in "
                         f"{index['samples']['0']} (duplicate sample in two shards)"]
@@ -233,7 +237,7 @@ def test_duplicate_sample_in_two_shards(ds, tmp_path):
     # the same sample committed by two records
     with open(out / "commits" / "extra.jsonl", "a") as f:
         f.write(json.dumps({"shard": dup + "x.safetensors", "bytes": 1, "sha256": "0",
-                            "ids": [10]}) + "\n")
+                            "ids": [10], "lengths": [3], "masked": [2]}) + "\n")
     assert any(p.startswith(f"sample 10: committed in {dup} and again in ") and
                "(duplicate sample)" in p for p in lines(verify(out, quick=True)))
 
@@ -262,10 +266,10 @@ def test_record_lengths_and_masks_must_match_the_shard(ds):
     name = index["samples"]["7"]
 
     def lie(idx):
-        rec = idx["shards"][name]
-        k = rec["ids"].index(7)
-        rec["lengths"][k] += 1
-        rec["masked"][k] -= 1
+        sa = idx["samples"]
+        k = sa["id"].index(7)
+        sa["length"][k] += 1
+        sa["masked"][k] -= 1
     edit_index(out, lie)
     got = lines(verify(out, quick=True))
     assert f"{name}: sample 7: commit record says 41 tokens, the shard holds [40]" in got

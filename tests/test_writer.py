@@ -39,11 +39,15 @@ def test_round_trip_follows_the_spec(tmp_path):
     index = json.loads((tmp_path / "index.json").read_text())  # compacted when it closed
     assert index["format_version"] == 2 and index["covers"] == {"main": (
         tmp_path / "commits" / "main.jsonl").stat().st_size}
-    assert len(index["shards"]) >= 2  # 2000-byte shards force several
-    for name, meta in index["shards"].items():
-        assert (tmp_path / name).stat().st_size == meta["bytes"]
-        assert meta["lengths"] == [dict([(0, 5), (3, 17), (7, 40), (8, 1)])[i] for i in meta["ids"]]
-        assert meta["masked"] == [n - n // 2 for n in meta["lengths"]]
+    # columns: per shard path/bytes/sha256/count, per sample id/length/masked in shard order
+    sh, sa = index["shards"], index["samples"]
+    assert len(sh["path"]) >= 2 and sum(sh["count"]) == len(sa["id"]) == 4  # 2000-byte shards
+    lens = dict([(0, 5), (3, 17), (7, 40), (8, 1)])
+    assert sa["length"] == [lens[i] for i in sa["id"]]
+    assert sa["masked"] == [n - n // 2 for n in sa["length"]]
+    assert shards(tmp_path).keys() == set(sh["path"])
+    for name, size in zip(sh["path"], sh["bytes"]):
+        assert (tmp_path / name).stat().st_size == size
         with safe_open(str(tmp_path / name), framework="pt") as f:
             m = f.metadata()
             assert m["format"] == "hsdump/speculators-v1" and m["format_version"] == "2"
@@ -204,13 +208,13 @@ def test_index_is_a_cache_of_the_logs_and_compacts_on_demand(tmp_path, capsys):
         fcntl.flock(f, fcntl.LOCK_EX)
         b.close()  # skips its compaction instead of queueing behind it
     index = json.loads((tmp_path / "index.json").read_text())
-    assert list(index["covers"]) == ["j0of2"] and len(index["shards"]) == 1
+    assert list(index["covers"]) == ["j0of2"] and len(index["shards"]["path"]) == 1
     ds = HsdumpDataset(str(tmp_path))  # the index plus b's log: both samples
     assert ds.ids == [0, 1] and ds.lengths == [5, 6]
     assert commits.main([str(tmp_path)]) == 0
     assert "2 samples in 2 shards, 2 commit logs" in capsys.readouterr().out
     index = json.loads((tmp_path / "index.json").read_text())
-    assert sorted(index["covers"]) == ["j0of2", "j1of2"] and len(index["shards"]) == 2
+    assert sorted(index["covers"]) == ["j0of2", "j1of2"] and len(index["shards"]["path"]) == 2
     (tmp_path / "index.json").unlink()  # the logs alone are the dataset
     assert HsdumpDataset(str(tmp_path)).ids == [0, 1]
 
