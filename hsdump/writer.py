@@ -291,10 +291,11 @@ class DatasetWriter:
         states = [(f"{sid}/hidden_states/{j}", h) for j, h in enumerate(hidden_states)]
         states += [(f"{sid}/final/{kind}", final[kind]) for kind in self.final]
         for name, h in states:
-            if self.fp8:
-                t.update(fp8.encode(name, h))  # name: e4m3 [seq, H], name/scale: f32 [seq]
-            else:
-                t[name] = h.to(self.dtype)  # no copy when the dtype already matches
+            # fp8 is encoded by the writer threads (_encode), off the caller's thread: there
+            # it cost 140-170 ms per 2,048-token sample on the H200 host, in the thread that
+            # feeds the engine (BENCHMARKS section 8). A shard is held unencoded until then,
+            # so its flush threshold counts the unencoded bytes (the host budget holds).
+            t[name] = h if self.fp8 else h.to(self.dtype)  # no copy when the dtype matches
         self._pending.update(t)
         self._pending_ids.append(sid)
         if conversation is not None:
@@ -346,6 +347,8 @@ class DatasetWriter:
             meta["conversations"] = json.dumps(convs, ensure_ascii=False)
         path = self.dir / name
         make_dirs(path.parent)
+        if self.fp8:
+            tensors = self._encode(tensors)
         nbytes, digest = write_safetensors(path, tensors, meta, fault_point="before_rename")
         fault("before_record")
         rec = {"shard": name, "bytes": nbytes, "sha256": digest, "ids": ids,
@@ -356,6 +359,18 @@ class DatasetWriter:
             self.bytes_written += nbytes
             self.samples_written += len(ids)
             self.shards_written += 1
+
+    @staticmethod
+    def _encode(tensors: Dict[str, torch.Tensor]) -> Dict[str, torch.Tensor]:
+        """fp8 storage: each hidden or final state -> e4m3 values + float32 per-token scales
+        (`name`, `name/scale`); ids and masks as they are."""
+        out: Dict[str, torch.Tensor] = {}
+        for name, t in tensors.items():
+            if "/hidden_states/" in name or "/final/" in name:
+                out.update(fp8.encode(name, t))
+            else:
+                out[name] = t
+        return out
 
     def _raise_if_failed(self) -> None:
         if self._error is not None:
