@@ -123,6 +123,48 @@ class CaptureConfig:
                              "each once, e.g. capture.final=[pre_norm]")
 
 
+REGENERATE_TURNS = ("none", "last", "all")
+
+
+@dataclass
+class RegenerateConfig:
+    """Regenerate the conversations' answers with the target model before capturing them."""
+    turns: str = "none"
+    """`none`: capture the source answers. `last`: regenerate the last assistant turn (turns
+    after it are dropped). `all`: regenerate every assistant turn in order, each on the history
+    of the turns already regenerated. Assistant turns that call tools are kept as written."""
+    max_new_tokens: int = 2048
+    temperature: float = 0.0
+    """0: greedy (the same answers on every run and resume)."""
+    top_p: float = 1.0
+    top_k: int = -1
+    seed: int = 0
+    """With temperature > 0: each request's sampling seed is derived from it, the sample id and
+    the turn, so a resumed run samples what an uninterrupted one would."""
+    reasoning: str = "keep"
+    """Thinking models: `keep` the generated `<think>...</think>` block in the answer, or
+    `drop` it (the answer without its reasoning, as most templates render past turns)."""
+    window: int = 256
+    """Samples generated, then captured, at a time (a resumed run loses at most this many)."""
+
+    def __post_init__(self) -> None:
+        if self.turns not in REGENERATE_TURNS:
+            raise ValueError(f"regenerate.turns={self.turns!r}: use one of {REGENERATE_TURNS}")
+        if self.reasoning not in ("keep", "drop"):
+            raise ValueError(f"regenerate.reasoning={self.reasoning!r}: use keep or drop")
+        if self.max_new_tokens < 1 or self.window < 1:
+            raise ValueError("regenerate.max_new_tokens and regenerate.window must be >= 1")
+        if self.temperature < 0 or not 0 < self.top_p <= 1:
+            raise ValueError("regenerate.temperature must be >= 0 and regenerate.top_p in (0, 1]")
+
+    def key(self) -> Optional[dict]:
+        """What a resumed run must agree on (None when nothing is regenerated)."""
+        if self.turns == "none":
+            return None
+        return {k: getattr(self, k) for k in ("turns", "max_new_tokens", "temperature", "top_p",
+                                              "top_k", "seed", "reasoning")}
+
+
 @dataclass
 class EngineConfig:
     device: str = "cuda"
@@ -214,6 +256,7 @@ class Config:
     model: ModelConfig = field(default_factory=ModelConfig)
     dataset: DatasetConfig = field(default_factory=DatasetConfig)
     capture: CaptureConfig = field(default_factory=CaptureConfig)
+    regenerate: RegenerateConfig = field(default_factory=RegenerateConfig)
     engine: EngineConfig = field(default_factory=EngineConfig)
     output: OutputConfig = field(default_factory=OutputConfig)
     dist: DistConfig = field(default_factory=DistConfig)
@@ -240,6 +283,7 @@ def register_configs() -> None:
     cs.store(group="model", name="model_schema", node=ModelConfig)
     cs.store(group="dataset", name="dataset_schema", node=DatasetConfig)
     cs.store(group="capture", name="capture_schema", node=CaptureConfig)
+    cs.store(group="regenerate", name="regenerate_schema", node=RegenerateConfig)
     cs.store(group="engine", name="engine_schema", node=EngineConfig)
     cs.store(group="output", name="output_schema", node=OutputConfig)
 

@@ -265,7 +265,8 @@ def _emit_rows(sender: Sender, batch, result, s: int, hidden: int) -> None:
     lens = getattr(result, "extend_input_len_per_req", None) or batch.extend_lens
     off = 0
     for req, start, n in zip(batch.reqs, batch.prefix_lens, lens):
-        sender.rows(req.rid, start, rows[:, off: off + n], bad_slots(flags[:, off: off + n]))
+        if getattr(req, "return_hidden_states", True):  # not a generation request's prompt
+            sender.rows(req.rid, start, rows[:, off: off + n], bad_slots(flags[:, off: off + n]))
         off += n
     if off != t:
         sender.error(f"batch has {t} captured rows but its requests extend {off}")
@@ -487,6 +488,10 @@ class CaptureEngine:
                     return
             time.sleep(0.5)
 
+    @property
+    def stop_requested(self) -> bool:
+        return self._stop_requested
+
     def request_stop(self) -> None:
         """Stop submitting samples; those in flight finish. Safe to call from a signal handler."""
         self._stop_requested = True
@@ -540,6 +545,70 @@ class CaptureEngine:
         finally:
             if old_sigint is not None:
                 signal.signal(signal.SIGINT, old_sigint)
+
+    def generate(self, requests: Sequence[Tuple[object, List[int], dict]],
+                 on_stop_signal: Optional[Callable[[str], None]] = None) -> Dict[object, dict]:
+        """Generate a continuation of each (key, input_ids, sampling_params), nothing captured:
+        {key: {"text", "output_ids", "finish_reason"}}. Requests run concurrently within
+        `inflight_tokens` (prompt + max_new_tokens each). Raises EngineDied if SGLang died;
+        returns what finished if `request_stop()` ended it early."""
+        loop = self._engine.loop
+        self._loop = loop
+        old_sigint = self._install_signal_handlers(on_stop_signal)
+        try:
+            return loop.run_until_complete(self._generate(list(requests)))
+        finally:
+            if old_sigint is not None:
+                signal.signal(signal.SIGINT, old_sigint)
+
+    async def _generate(self, requests) -> Dict[object, dict]:
+        tag = uuid.uuid4().hex[:8]
+
+        async def one(i, key, ids, sp):
+            out = await self._engine.async_generate(input_ids=list(ids), sampling_params=sp,
+                                                    rid=f"hsdump-gen-{tag}-{i}")
+            meta = out.get("meta_info") or {}
+            reason = meta.get("finish_reason") or {}
+            if isinstance(reason, dict) and reason.get("type") == "abort":
+                raise CaptureError(f"generation for {key}: SGLang aborted the request: "
+                                   f"{reason.get('message')}")
+            return key, {"text": out.get("text", ""), "output_ids": out.get("output_ids"),
+                         "finish_reason": reason}
+
+        budget, used, results = self.cfg.inflight_tokens, 0, {}
+        inflight: Dict[asyncio.Future, int] = {}
+        it = iter(enumerate(requests))
+        nxt = next(it, None)
+        try:
+            while nxt is not None or inflight:
+                if self._died is not None:
+                    raise EngineDied(self._died)
+                if self._aborted:
+                    raise KeyboardInterrupt
+                if self._stop_requested:
+                    nxt = None
+                    if not inflight:
+                        break
+                while nxt is not None:
+                    i, (key, ids, sp) = nxt
+                    cost = len(ids) + int(sp.get("max_new_tokens", 1))
+                    if inflight and used + cost > budget:
+                        break
+                    inflight[asyncio.ensure_future(one(i, key, ids, sp))] = cost
+                    used += cost
+                    nxt = next(it, None)
+                done, _ = await asyncio.wait(list(inflight), timeout=0.5,
+                                             return_when=asyncio.FIRST_COMPLETED)
+                for task in done:
+                    used -= inflight.pop(task)
+                    key, res = task.result()
+                    results[key] = res
+        finally:
+            for task in inflight:
+                task.cancel()
+            if inflight:
+                await asyncio.gather(*inflight, return_exceptions=True)
+        return results
 
     async def _one(self, sid: int, ids: List[int]):
         rid = f"hsdump-{self._tag}-{sid}"

@@ -70,11 +70,16 @@ class Summary:
     bytes: int = 0
     wall_s: float = 0.0
     engine_start_s: float = 0.0
+    generated_tokens: int = 0
+    generate_s: float = 0.0
 
     def lines(self) -> List[str]:
         rate = self.tokens / self.wall_s if self.wall_s else 0.0
         skipped = ", ".join(f"{k}={v}" for k, v in sorted(self.skipped.items())) or "none"
-        return [
+        regen = ([f"regenerated: {self.generated_tokens:,} tokens generated in "
+                  f"{self.generate_s:.1f} s ({self.generated_tokens / self.generate_s:,.0f} "
+                  "tokens/s)"] if self.generate_s else [])
+        return regen + [
             f"dataset: {self.out_dir} (layers {self.layers})",
             f"samples written: {self.written}, already committed before this run: "
             f"{self.already_done}",
@@ -241,6 +246,10 @@ def tokenize(r: Run) -> None:
     r.data = tokenize_dataset(r.rows, r.tok, cfg.dataset, progress=cfg.progress)
     if not r.data.ids:
         raise ValueError(f"no usable sample in {cfg.dataset.path} (skipped: {r.data.skipped})")
+    if cfg.regenerate.turns != "none" and r.data.format == "text":
+        raise ValueError(f"regenerate.turns={cfg.regenerate.turns} needs conversations; "
+                         f"{cfg.dataset.path} is read as plain text (dataset.format=text). Use a "
+                         "chat dataset, or regenerate.turns=none")
 
 
 def dataset_keys(r: Run, resolved_config: Optional[dict]):
@@ -258,6 +267,8 @@ def dataset_keys(r: Run, resolved_config: Optional[dict]):
         "max_seq_len": cfg.dataset.max_seq_len, "truncation": cfg.dataset.truncation,
         "min_seq_len": cfg.dataset.min_seq_len, "format": data.format,
     }
+    if cfg.regenerate.key() is not None:  # absent when off: older datasets still resume
+        compat["regenerate"] = cfg.regenerate.key()
     manifest = {
         "format": FORMAT, "format_version": FORMAT_VERSION, "versions": _versions(),
         "hsdump_version": __version__, "sglang_version": _versions()["sglang"],
@@ -276,6 +287,7 @@ def dataset_keys(r: Run, resolved_config: Optional[dict]):
                     "column": cfg.dataset.column, "skipped_rows": data.skipped},
         "max_seq_len": cfg.dataset.max_seq_len, "truncation": cfg.dataset.truncation,
         "tokenized": data.summary(),
+        "regenerate": cfg.regenerate.key(),
         "config": resolved_config if resolved_config is not None else dataclasses.asdict(cfg),
     }
     return compat, manifest
@@ -358,15 +370,19 @@ def capture(r: Run, engine):
     pos = {data.ids[i]: i for i in r.todo}
     t_run = time.time()
 
+    masks: Dict[int, List[int]] = {}  # regenerated samples: their own masks and messages
+    convs: Dict[int, list] = {}
+
     def sink(sid, input_ids, hidden_states, nonfinite):
         fault("sample")
-        mask = data.loss_mask[pos[sid]]
+        mask = masks.pop(sid) if sid in masks else data.loss_mask[pos[sid]]
         k = len(layers)
         final = dict(zip(engine.final, hidden_states[k:]))  # [seq, H] each
         # the engine checked NaN/Inf on the device: the writer does not scan the rows again
         # (final states: engine order -> the writer's order, that of capture.final)
         bad = [j if j < k else k + writer.final.index(engine.final[j - k]) for j in nonfinite]
-        if writer.add(sid, input_ids, mask, hidden_states[:k], final, nonfinite=bad):
+        if writer.add(sid, input_ids, mask, hidden_states[:k], final, nonfinite=bad,
+                      conversation=convs.pop(sid, None)):
             summary.tokens += len(input_ids)
         bar.update(1)
         el = max(time.time() - t_run, 1e-9)
@@ -387,7 +403,11 @@ def capture(r: Run, engine):
 
     ok, died = False, None
     try:
-        ok = engine.run(((data.ids[i], data.input_ids[i]) for i in r.todo), sink, on_signal)
+        if cfg.regenerate.turns == "none":
+            ok = engine.run(((data.ids[i], data.input_ids[i]) for i in r.todo), sink,
+                            on_signal)
+        else:
+            ok = regenerate_and_capture(r, engine, sink, on_signal, masks, convs, bar)
     except EngineDied as e:
         died = e
     except KeyboardInterrupt:
@@ -403,6 +423,53 @@ def capture(r: Run, engine):
                      writer.samples_written, f"{writer.bytes_written:,}", cfg.output.dir,
                      time.time() - t)
     return ok, signals.get("seen"), died
+
+
+def regenerate_and_capture(r: Run, engine, sink, on_signal, masks, convs, bar) -> bool:
+    """`regenerate.window` samples at a time: the target model rewrites their answers
+    (hsdump.regenerate), each rewritten conversation becomes a sample under the dataset's length
+    policy, and those are captured and committed with their conversations. False if stopped."""
+    from .chat import chat_template_of
+    from .formats import BadRow, _record, row_to_sample
+    from .regenerate import Skip, regenerate, to_sample
+
+    cfg, data, summary = r.cfg, r.data, r.summary
+    template = chat_template_of(r.tok)
+
+    def generate(reqs):
+        t = time.time()
+        out = engine.generate(reqs, on_signal)
+        summary.generate_s += time.time() - t
+        summary.generated_tokens += sum(len(v.get("output_ids") or ()) for v in out.values())
+        return out
+
+    step = cfg.regenerate.window
+    for k in range(0, len(r.todo), step):
+        window = [data.ids[i] for i in r.todo[k:k + step]]
+        items = []
+        for sid in window:
+            messages, tools = row_to_sample(_record(r.rows[sid]), data.format, data.column)
+            items.append((sid, messages, tools))
+        new = regenerate(items, r.tok, template, cfg.regenerate, generate)
+        if engine.stop_requested:
+            return False
+        batch = []
+        for sid, _, tools in items:
+            try:
+                ids, mask = to_sample(r.tok, template, new[sid], tools, cfg.dataset)
+            except (Skip, BadRow) as e:  # recorded: a resumed run does not generate it again
+                reason = f"{e.reason} after regeneration"
+                r.writer.skip(sid, reason)
+                summary.skipped[reason] = summary.skipped.get(reason, 0) + 1
+                bar.update(1)
+                continue
+            masks[sid], convs[sid] = mask, new[sid]
+            batch.append((sid, ids))
+        if not engine.run(batch, sink, on_signal):
+            return False
+        masks.clear()
+        convs.clear()
+    return True
 
 
 def finish(r: Run, ok: bool, stopped_by: Optional[str], died) -> Summary:

@@ -236,6 +236,15 @@ class DatasetWriter:
         write_json(mpath, {**manifest, "format": FORMAT, "format_version": FORMAT_VERSION,
                            "resume_key": compat})
 
+    def skip(self, sid: int, reason: str) -> None:
+        """Record that sample `sid` is left out (e.g. its regenerated conversation is too
+        long): a resumed run does not make it again."""
+        if self._closed:
+            raise RuntimeError(f"the writer of {self.dir} is closed")
+        with self._lock:
+            self.log.append({"skipped": {str(sid): reason}}, sync=False)
+            self.skipped_ids[sid] = reason
+
     def done_ids(self) -> set:
         """Sample ids this dataset already holds or refused (committed or recorded as
         skipped): a resumed run does not submit them again."""

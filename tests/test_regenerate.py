@@ -1,0 +1,198 @@
+"""`regenerate.turns`: the target model rewrites the answers, then hsdump captures the rewritten
+conversations, with a real CPU engine (tiny Llama, DeepSeek tokenizer and template)."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from helpers import hf_hidden_states, rel_err
+from hsdump.config import DatasetConfig, RegenerateConfig
+from hsdump.reader import HsdumpDataset
+from hsdump.regenerate import regenerate, stop_token_ids, to_sample, turns_to_rewrite
+
+ROOT = Path(__file__).resolve().parents[1]
+ARGS = ["dataset.max_samples=5", "regenerate.max_new_tokens=16", "progress=false",
+        "dataset.max_seq_len=512", "output.shard_bytes=30000"]
+
+
+def extract(out, *extra, fault=None):
+    env = {k: v for k, v in os.environ.items() if k != "HSDUMP_FAULT"}
+    if fault:
+        env["HSDUMP_FAULT"] = fault
+    p = subprocess.run([sys.executable, "extract.py", *ARGS, f"output.dir={out}", *extra],
+                       cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
+    return p.returncode, p.stdout + p.stderr
+
+
+def tokenizer():
+    """The embedded default's tokenizer and chat template (conf/model/tiny.yaml)."""
+    from omegaconf import OmegaConf
+
+    from hsdump.config import ModelConfig
+    from hsdump.tiny import resolve_model_path
+    from hsdump.tokenizer import load_tokenizer
+
+    raw = OmegaConf.to_container(OmegaConf.load(ROOT / "conf" / "model" / "tiny.yaml"))
+    raw.pop("defaults", None)
+    cfg = ModelConfig(**raw)
+    return load_tokenizer(cfg, resolve_model_path(cfg.path))
+
+
+@pytest.fixture(scope="module")
+def regenerated(tmp_path_factory, tiny_llama):
+    out = tmp_path_factory.mktemp("regen") / "ds"
+    rc, log = extract(out, "regenerate.turns=all")
+    assert rc == 0, log[-3000:]
+    return out, log
+
+
+@pytest.mark.engine
+def test_ids_masks_and_states_are_those_of_the_stored_conversation(regenerated, tiny_llama):
+    out, log = regenerated
+    assert "regenerated:" in log and "tokens generated" in log
+    tok = tokenizer()
+    from hsdump.chat import chat_template_of
+    from hsdump.masks import tokenize_conversation
+
+    ds = HsdumpDataset(str(out))
+    assert len(ds) == 5
+    from hsdump.formats import _record, row_to_sample
+    from hsdump.sources import load_rows
+    rows = load_rows(DatasetConfig(path=str(ROOT / "hsdump/data/tiny_chat.jsonl"), max_samples=5))
+    differs = 0
+    for sid in ds.ids:
+        rec, conv = ds.get(sid), ds.conversation(sid)
+        ids, mask = rec["input_ids"].tolist(), rec["loss_mask"].tolist()
+        # exactly the template applied to the stored (regenerated) conversation
+        assert (ids, mask) == tokenize_conversation(tok, conv)
+        # the source conversation's own answers were replaced, every one of them
+        src, _ = row_to_sample(_record(rows[sid]), "sharegpt", "conversations")
+        assert [m["role"] for m in conv] == [m["role"] for m in src]
+        assert all(a["content"] != b["content"] for a, b in zip(conv, src)
+                   if a["role"] == "assistant")
+        differs += ids != tokenize_conversation(tok, src)[0]
+        # hand-checked spans: each run of 1s is one assistant answer plus the end of turn
+        runs, cur = [], []
+        for t, m in zip(ids + [None], mask + [0]):
+            if m:
+                cur.append(t)
+            elif cur:
+                runs.append(cur)
+                cur = []
+        answers = [m["content"] for m in conv if m["role"] == "assistant"]
+        assert len(runs) == len(answers)
+        eos = tok.eos_token
+        for run, answer in zip(runs, answers):
+            assert tok.decode(run) == answer + eos, (tok.decode(run), answer)
+        # hidden states: a transformers forward pass of the stored ids
+        ref = hf_hidden_states(tiny_llama, ids)
+        ref16 = hf_hidden_states(tiny_llama, ids, torch.bfloat16)
+        for h, k in zip(rec["hidden_states"], ds.layers):
+            assert rel_err(h, ref[k]) <= 3 * rel_err(ref16[k], ref[k]) + 0.002, (sid, k)
+    assert differs == len(ds)  # the ids are not the source conversations' tokenization
+
+
+@pytest.mark.engine
+def test_greedy_regeneration_is_the_same_across_a_kill_and_resume(regenerated, tmp_path):
+    ref, _ = regenerated
+    out = tmp_path / "ds"
+    # killed after its 3rd captured sample (the first shard holds 2-3 samples), then resumed
+    rc, log = extract(out, "regenerate.turns=all", "regenerate.window=2", fault="sample@3")
+    assert rc == -signal.SIGKILL, log[-2000:]
+    partial = HsdumpDataset(str(out))
+    assert 0 < len(partial) < 5
+    rc, log = extract(out, "regenerate.turns=all", "regenerate.window=2")
+    assert rc == 0, log[-3000:]
+    assert f"already committed before this run: {len(partial)}" in log
+    a, b = HsdumpDataset(str(ref)), HsdumpDataset(str(out))
+    assert a.ids == b.ids
+    for sid in a.ids:
+        assert a.conversation(sid) == b.conversation(sid)
+        assert torch.equal(a.get(sid)["input_ids"], b.get(sid)["input_ids"])
+        assert torch.equal(a.get(sid)["loss_mask"], b.get(sid)["loss_mask"])
+    # the turns policy is part of the resume key: another one is refused, and named
+    rc, log = extract(out, "regenerate.turns=last")
+    assert rc == 2 and "regenerate:" in log and "'turns': 'all'" in log, log[-2000:]
+    rc, log = extract(out)  # nor can the dataset's own answers be mixed in
+    assert rc == 2 and "regenerate:" in log, log[-2000:]
+
+
+@pytest.mark.engine
+def test_last_turn_and_truncation(tmp_path):
+    out = tmp_path / "ds"
+    rc, log = extract(out, "regenerate.turns=last", "dataset.max_seq_len=48",
+                      "regenerate.max_new_tokens=24")
+    assert rc == 0, log[-3000:]
+    tok = tokenizer()
+    from hsdump.masks import tokenize_conversation
+
+    ds = HsdumpDataset(str(out))
+    assert len(ds) > 0
+    cut = 0
+    for sid in ds.ids:
+        conv = ds.conversation(sid)
+        assert conv[-1]["role"] == "assistant"  # turns after the last answer are dropped
+        ids, mask = tokenize_conversation(tok, conv)
+        rec = ds.get(sid)
+        assert rec["input_ids"].tolist() == ids[:48] and rec["loss_mask"].tolist() == mask[:48]
+        cut += len(ids) > 48
+    assert cut > 0  # some were truncated to max_seq_len
+    # a sample whose truncation leaves no answer is recorded as skipped, never captured
+    skipped = {int(k) for k in ds.skipped}
+    assert not skipped & set(ds.ids)
+
+
+def test_an_empty_or_immediately_stopped_answer():
+    """The model's first token ends its turn: the answer is empty, the sample still holds the
+    end-of-turn token in the loss (what the drafter must learn to predict there)."""
+    tok = tokenizer()
+    from hsdump.chat import chat_template_of
+
+    template = chat_template_of(tok)
+    stop = stop_token_ids(tok)
+    msgs = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "old"},
+            {"role": "user", "content": "again"}, {"role": "assistant", "content": "old 2"}]
+    seen = []
+
+    def generate(reqs):  # the engine's answer: its stop token at once, then nothing at all
+        seen.extend(reqs)
+        return {key: {"output_ids": [stop[0]] if key[1] == 1 else [], "text": ""}
+                for key, _, _ in reqs}
+
+    new = regenerate([(7, msgs, None)], tok, template, RegenerateConfig(turns="all"), generate)
+    assert [m["content"] for m in new[7]] == ["hi", "", "again", ""]
+    assert [key for key, _, _ in seen] == [(7, 1), (7, 3)]  # in order, one round each
+    # round 2's prompt holds round 1's (empty) answer, not the source's
+    from hsdump.regenerate import prompt_ids
+    assert seen[1][1] == prompt_ids(tok, template, new[7][:3])
+    ids, mask = to_sample(tok, template, new[7], None, DatasetConfig(path="x"))
+    assert sum(mask) == 2 and tok.decode([t for t, m in zip(ids, mask) if m]) == \
+        tok.eos_token * 2
+    # temperature 0 sends no seed; sampling sends one per (sample, turn)
+    assert "sampling_seed" not in seen[0][2]
+    from hsdump.regenerate import sampling_params
+    a = sampling_params(RegenerateConfig(turns="all", temperature=0.7, seed=1), stop, 7, 1)
+    b = sampling_params(RegenerateConfig(turns="all", temperature=0.7, seed=1), stop, 7, 3)
+    assert a["sampling_seed"] != b["sampling_seed"] and a["stop_token_ids"] == stop
+
+
+def test_which_turns_and_config_errors():
+    m = [{"role": "system", "content": "s"}, {"role": "user", "content": "u"},
+         {"role": "assistant", "content": "a", "tool_calls": [{"function": {"name": "f"}}]},
+         {"role": "tool", "content": "r"}, {"role": "assistant", "content": "b"},
+         {"role": "user", "content": "u2"}, {"role": "assistant", "content": "c"}]
+    assert turns_to_rewrite(m, "all") == [4, 6]  # a tool-calling turn is kept as written
+    assert turns_to_rewrite(m, "last") == [6] and turns_to_rewrite(m, "none") == []
+    with pytest.raises(ValueError, match="regenerate.turns='some'"):
+        RegenerateConfig(turns="some")
+    with pytest.raises(ValueError, match="reasoning"):
+        RegenerateConfig(reasoning="maybe")
+    from hsdump.regenerate import clean
+    assert clean("<think>x\ny</think>\n\nanswer", "drop") == "answer"
+    assert clean("<think>x</think>answer", "keep") == "<think>x</think>answer"
