@@ -15,6 +15,10 @@ Formats (layouts read from the peers' own loaders, see README "Exports"):
   specforge       SpecForge: DEST/rows_{g}-{g+2000}/data_{i}.ckpt = torch.save({"input_ids"
                   [seq], "loss_mask" [seq], "aux_hidden_state" [1, seq, K*H],
                   "hidden_state" [1, seq, H]}), g = i - i % 2000.
+  messages        the conversations a `regenerate.turns` run rewrote with the target model:
+                  DEST/conversations.jsonl, one {"id", "messages"} object per sample (the
+                  messages/ShareGPT-style input of SpecForge, speculators or hsdump itself);
+                  no hidden states.
 
 `i` is the sample's position in hsdump id order (0..n-1, after --min-len/--max-len), because
 speculators pairs Arrow row i with hs_{i}; DEST/hsdump_export.json records the hsdump sample
@@ -48,10 +52,11 @@ import torch
 from . import __version__
 from .reader import HsdumpDataset, LAST_LAYER, resolve_final_state, verifier_state
 
-FORMATS = ("speculators", "speculators-v1", "specforge")
+FORMATS = ("speculators", "speculators-v1", "specforge", "messages")
 STATE = "hsdump_export.json"
 SPECFORGE_GROUP = 2000
 PREFER = {"speculators": "pre_norm", "speculators-v1": "pre_norm", "specforge": "post_norm"}
+MESSAGES = "conversations.jsonl"
 
 
 def rel_path(fmt: str, i: int) -> str:
@@ -158,6 +163,8 @@ def export(src: str, dest: str, fmt: str, *, final_state: str = "auto",
     ds = HsdumpDataset(src, min_len=min_len, max_len=max_len, mmap=False)
     if not len(ds):
         raise ExportError(f"{src}: no sample to export (length filter {min_len}..{max_len})")
+    if fmt == "messages":
+        return export_messages(ds, Path(dest), progress)
     final = resolve_final_state(ds, final_state, prefer=PREFER[fmt])
     if final is None:
         raise ExportError(f"{fmt} needs the verifier's final state; pass a final state")
@@ -206,6 +213,36 @@ def export(src: str, dest: str, fmt: str, *, final_state: str = "auto",
     state["complete"] = True
     _write_state(dest_p, state)
     return counts
+
+
+def export_messages(ds: HsdumpDataset, dest: Path, progress: bool) -> Dict[str, int]:
+    """DEST/conversations.jsonl: each sample's regenerated conversation, in id order (one
+    shard header read per shard; written under a temporary name, then renamed)."""
+    from tqdm import tqdm
+
+    dest.mkdir(parents=True, exist_ok=True)
+    missing = 0
+    n = 0
+
+    def write(tmp: Path) -> None:
+        nonlocal missing, n
+        with open(tmp, "w") as f:
+            for sid in tqdm(ds.ids, unit="sample", desc="export messages", disable=not progress):
+                conv = ds.conversation(sid)
+                if conv is None:
+                    missing += 1
+                    continue
+                f.write(json.dumps({"id": sid, "messages": conv}, ensure_ascii=False) + "\n")
+                n += 1
+            f.flush()
+            os.fsync(f.fileno())
+
+    nbytes = _commit(dest / MESSAGES, write)
+    if missing == len(ds):
+        (dest / MESSAGES).unlink()
+        raise ExportError(f"{ds.path} holds no regenerated conversations (it was extracted "
+                          "with regenerate.turns=none: its source dataset has the messages)")
+    return {"written": n, "skipped": missing, "bytes": nbytes}
 
 
 def _write_arrow_and_freq(ds: HsdumpDataset, dest: Path) -> None:

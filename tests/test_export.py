@@ -332,3 +332,29 @@ def test_specforge_own_offline_dataset_reads_the_export(src, tmp_path):
         want = mask[:m].clone()
         want[-1] = 0  # process_data clears the last position
         assert torch.equal(r["loss_mask"][0], want)
+
+
+def test_regenerated_conversations_export_as_messages(tmp_path):
+    from hsdump.writer import DatasetWriter
+
+    out = tmp_path / "ds"
+    w = DatasetWriter(str(out), {"layers": LAYERS}, {}, layers=LAYERS, hidden_size=H)
+    convs = {3: [{"role": "user", "content": "q"}, {"role": "assistant", "content": "é a"}],
+             9: [{"role": "user", "content": "q2"}, {"role": "assistant", "content": "b"}]}
+    for sid, conv in convs.items():
+        ids, mask, hs, _ = sample(sid, 6)
+        w.add(sid, ids, mask, hs, conversation=conv)
+    w.close()
+    c = ex.export(str(out), str(tmp_path / "msgs"), "messages", progress=False)
+    assert c == {"written": 2, "skipped": 0, "bytes": (tmp_path / "msgs" / ex.MESSAGES).stat().st_size}
+    rows = [json.loads(x) for x in (tmp_path / "msgs" / ex.MESSAGES).read_text().splitlines()]
+    assert rows == [{"id": 3, "messages": convs[3]}, {"id": 9, "messages": convs[9]}]
+    # what an extraction reads back as its own input (the messages row format)
+    from hsdump.formats import row_to_sample
+    assert row_to_sample(rows[0], "messages", "messages")[0] == convs[3]
+    plain = tmp_path / "plain"
+    w = DatasetWriter(str(plain), {"layers": LAYERS}, {}, layers=LAYERS, hidden_size=H)
+    w.add(0, *sample(0, 4)[:3])
+    w.close()
+    with pytest.raises(ex.ExportError, match="no regenerated conversations"):
+        ex.export(str(plain), str(tmp_path / "none"), "messages", progress=False)
