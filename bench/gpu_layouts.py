@@ -66,7 +66,8 @@ LAYOUTS: Dict[str, Dict] = {
 }
 REFERENCE = "tp1"
 LAST_REPORT: dict = {}  # main()'s report, for tests/test_gpu_layouts.py
-DEVICE = {"name": "cuda"}  # --device cpu: a debug run of this script (tiny Llama, SGLang's CPU engine)
+DEVICE = {"name": "cuda"}
+REUSE = {"on": False}  # --device cpu: a debug run of this script (tiny Llama, SGLang's CPU engine)
 
 
 def overrides(name: str) -> List[str]:
@@ -192,7 +193,11 @@ def fidelity(names: List[str], workdir: str, model: str, timeout_s: float,
     records: Dict[str, Dict[int, dict]] = {}
     for name in names:
         print(f"\n== extract.py, layout {name}: {' '.join(overrides(name))}", flush=True)
-        res = run_extract(name, model, workdir, timeout_s)
+        done = os.path.join(workdir, f"ds-{name}")
+        if REUSE["on"] and os.path.isdir(done):  # --reuse: compare what an earlier run wrote
+            res = {"rc": 0, "out_dir": done, "reused": True}
+        else:
+            res = run_extract(name, model, workdir, timeout_s)
         runs[name] = res
         if res["rc"] == 0:
             res["verify"] = verify(res["out_dir"])
@@ -271,6 +276,8 @@ def main(argv=None) -> int:
     ap.add_argument("--device", default="cuda", choices=["cuda", "cpu"],
                     help="cpu: debug this script with the tiny Llama on SGLang's CPU engine")
     ap.add_argument("--layouts", default=",".join(LAYOUTS))
+    ap.add_argument("--reuse", action="store_true",
+                    help="compare the datasets an earlier run left in --workdir")
     ap.add_argument("--throughput", default="tp2-dpattn,tp2,tp2-ep2")
     ap.add_argument("--workdir", default=None)
     ap.add_argument("--out", default=None, help="results JSON")
@@ -302,6 +309,7 @@ def main(argv=None) -> int:
 
     t = time.time()
     DEVICE["name"] = args.device
+    REUSE["on"] = args.reuse
     if args.device == "cpu":
         from hsdump.tiny import resolve_model_path
 
