@@ -30,8 +30,8 @@ LAYERS = [3, 1]  # hf_hidden_states_index; aux rows arrive sorted: slot 0 = laye
 @pytest.fixture
 def sgl(monkeypatch):
     """SGLang's modules, with the three methods hsdump wraps restored after the test."""
-    monkeypatch.setenv("SGLANG_USE_CPU_ENGINE", "1")
-    monkeypatch.setenv("LD_LIBRARY_PATH", __import__("os").environ.get("LD_LIBRARY_PATH", ""))
+    # as CaptureEngine does in-process: the libcuda stub stays loaded and on LD_LIBRARY_PATH
+    # (later engine tests' spawned processes need it; the loaded stub is not loaded again)
     engine._prepare_process("cpu")
     from sglang.srt.layers import logits_processor as lp
     from sglang.srt.managers.scheduler_components import batch_result_processor as brp
