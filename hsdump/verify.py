@@ -49,7 +49,7 @@ TMP_RE = re.compile(r"^(manifest|index)\.json\.tmp.*$")
 KEY_RE = re.compile(r"^(?P<sid>\d+)/(input_ids|loss_mask|"
                     r"(hidden_states/(?P<j>\d+)|final/(pre_norm|post_norm))(?P<scale>/scale)?)$")
 ST_DTYPES = {"bfloat16": "BF16", "float16": "F16", "float32": "F32", "float8_e4m3fn": "F8_E4M3"}
-KNOWN_FILES = (MANIFEST, INDEX, ".lock", LOG_DIR, SHARD_DIR)
+KNOWN_FILES = (MANIFEST, INDEX, ".lock", LOG_DIR, SHARD_DIR, "token_freq.json")
 CHUNK = 1 << 22
 UNLISTED = "unlisted (ignored, garbage from an interrupted run)"
 

@@ -40,6 +40,8 @@ log = logging.getLogger(__name__)
 FORMAT = commits.FORMAT
 FORMAT_VERSION = commits.VERSION
 SHARD_RE = re.compile(r"^shard-.*\.safetensors(\.tmp.*)?$")  # version 1 shard names
+SIDE_FILES = ("token_freq.json",)
+"""Files an extraction writes beside the dataset (hsdump.stats): part of it for overwrite."""
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32,
           "fp8": fp8.FP8_DTYPE}
 
@@ -227,8 +229,8 @@ class DatasetWriter:
             if commits.version_of(d) == 1:
                 upgrade_v1(d, old)
             return
-        stray = [p.name for p in d.iterdir()
-                 if not SHARD_RE.match(p.name) and p.name not in (".lock", LOG_DIR, SHARD_DIR)]
+        stray = [p.name for p in d.iterdir() if not SHARD_RE.match(p.name) and
+                 p.name not in (".lock", LOG_DIR, SHARD_DIR) + SIDE_FILES]
         if stray:
             raise ValueError(f"output.dir={d} is not empty and holds no hsdump dataset "
                              f"({', '.join(sorted(stray)[:5])}); choose an empty or new folder")
@@ -416,8 +418,8 @@ def remove_dataset(d: Path) -> None:
     folder can take a new one."""
     for p in list(d.iterdir()):
         n = p.name
-        if n in (MANIFEST, INDEX) or SHARD_RE.match(n) or \
-                n.startswith((MANIFEST + ".tmp", INDEX + ".tmp")):
+        if n in (MANIFEST, INDEX) + SIDE_FILES or SHARD_RE.match(n) or \
+                n.startswith(tuple(f + ".tmp" for f in (MANIFEST, INDEX) + SIDE_FILES)):
             p.unlink()
         elif n in (LOG_DIR, SHARD_DIR) and p.is_dir():
             shutil.rmtree(p)

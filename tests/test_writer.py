@@ -275,3 +275,23 @@ def test_regenerated_conversations_are_committed_with_their_samples(tmp_path):
     w.close()
     ds = HsdumpDataset(str(tmp_path))
     assert ds.conversation(0) == conv and ds.conversation(1) is None
+
+
+def test_overwrite_replaces_a_whole_dataset_and_nothing_else(tmp_path):
+    w = writer(tmp_path, writer_tag="j0of2")
+    w.add(0, *sample(0, 5))
+    w.close()
+    (tmp_path / "token_freq.json").write_text("{}")  # what an extraction writes beside it
+    (tmp_path / "shard-00003.safetensors").write_bytes(b"x")  # a version 1 leftover
+    w = writer(tmp_path, overwrite=True, compat={**COMPAT, "model": "other"})
+    w.add(1, *sample(1, 4))
+    w.close()
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        ".lock", "commits", "index.json", "manifest.json", "shards"]
+    assert HsdumpDataset(str(tmp_path)).ids == [1]
+    (tmp_path / "notes.txt").write_text("mine")  # a user's file: never deleted, and refused
+    with pytest.raises(ValueError, match="holds a dataset made with a different config"):
+        writer(tmp_path)
+    with pytest.raises(ValueError, match=r"holds no hsdump dataset \(notes.txt\)"):
+        writer(tmp_path, overwrite=True)
+    assert (tmp_path / "notes.txt").read_text() == "mine"
