@@ -1,0 +1,184 @@
+"""Several jobs, one dataset, through Ray (hsdump/ray_launch.py): a real one-node Ray cluster
+that the tests start on this machine (`ray start --head --block`) and stop, two real CPU
+extraction jobs as Ray tasks with one of them SIGKILLed on its first attempt and re-run by Ray,
+and a job that uses up its retries."""
+
+import os
+import re
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+import ray  # noqa: F401  (pinned in requirements.lock: no skip where it is missing)
+import torch
+
+from hsdump import __main__ as cli
+from hsdump import ray_launch
+from hsdump.reader import HsdumpDataset
+
+ROOT = Path(__file__).resolve().parents[1]
+ARGS = ["dataset.max_samples=20", "dataset.max_seq_len=64", "output.shard_bytes=40000",
+        "progress=false", "dataset.on_bad_row=skip", "output.writer_threads=1"]
+# `python -m hsdump ray` once __main__ lists the command; the module itself until then
+LAUNCH = ["-m", "hsdump", "ray"] if "ray" in cli.COMMANDS else ["-m", "hsdump.ray_launch"]
+
+
+def run(args, env=None, timeout=600):
+    """`python ARGS` from the repo root; returns (returncode, stdout + stderr)."""
+    e = {k: v for k, v in os.environ.items() if not k.startswith(("HSDUMP_FAULT", "RAY_"))}
+    e.update(env or {})
+    p = subprocess.Popen([sys.executable, *args], cwd=ROOT, env=e, stdout=subprocess.PIPE,
+                         stderr=subprocess.STDOUT, text=True)
+    try:
+        out, _ = p.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        p.kill()
+        out, _ = p.communicate()
+        raise AssertionError(f"timed out: {args}\n{out[-4000:]}")
+    return p.returncode, out
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    """A one-node Ray cluster (2 CPUs, no GPU) with its own temp dir, port and auth token;
+    yields the environment that reaches it (RAY_ADDRESS and the token). `ray start --block`
+    stops every process it started when it gets SIGTERM. (Ray replaces a loopback address by
+    the machine's own IP, so the node gets that IP; hence the token.)"""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    tmp = tempfile.mkdtemp(prefix="hsray", dir="/tmp")  # short: Ray's socket paths live here
+    log = open(Path(tmp) / "ray-start.log", "w")
+    auth = {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": secrets.token_hex(32)}
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("HSDUMP_FAULT", "RAY_"))}
+    env.update(auth)
+    head = subprocess.Popen(
+        [str(Path(sys.executable).with_name("ray")), "start", "--head", "--block",
+         f"--port={port}", "--num-cpus=2", "--num-gpus=0",
+         f"--temp-dir={tmp}", "--include-dashboard=false", "--disable-usage-stats",
+         "--object-store-memory=100000000"],
+        cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        deadline = time.time() + 120
+        while "Ray runtime started" not in (Path(tmp) / "ray-start.log").read_text():
+            assert head.poll() is None, (Path(tmp) / "ray-start.log").read_text()[-3000:]
+            assert time.time() < deadline, "ray start did not come up in 120 s"
+            time.sleep(0.5)
+        yield {"RAY_ADDRESS": f"127.0.0.1:{port}", **auth}
+    finally:
+        head.send_signal(signal.SIGTERM)
+        try:
+            head.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            os.killpg(head.pid, signal.SIGKILL)  # its own session: only what it started
+            head.wait()
+        log.close()
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+# ----------------------------------------------------------------------------- no engine
+def test_arguments_and_config_are_checked_before_any_task():
+    assert ray_launch.split_overrides(["a=1", "dist.num_jobs=4"], None) == (["a=1"], 4)
+    assert ray_launch.split_overrides(["a=1"], 3) == (["a=1"], 3)
+    for bad, n in ((["dist.job_index=1"], 2), (["dist.num_jobs=2"], 3), ([], None),
+                   (["-m"], 2), ([], 0)):
+        with pytest.raises(ValueError):
+            ray_launch.split_overrides(bad, n)
+    # GPUs per job follow the engine: one replica of tp_size GPUs, times SGLang's dp_size
+    cfg = ray_launch.compose(["model=llama3_8b", "engine=gpu"], 4)
+    assert ray_launch.default_gpus(cfg) == 1
+    cfg = ray_launch.compose(["model=kimi_k25", "engine=gpu"], 2)
+    assert ray_launch.default_gpus(cfg) == cfg.model.tp_size == 8
+    cfg = ray_launch.compose(["engine=gpu", "model.tp_size=2", "+engine.extra.dp_size=2"], 2)
+    assert ray_launch.default_gpus(cfg) == 4
+    assert ray_launch.default_gpus(ray_launch.compose([], 2)) == 0  # the CPU engine
+    assert ray_launch.main(["--num-jobs", "2", "model.no_such_key=1"]) == 2
+    assert ray_launch.main(["--num-jobs", "2", "output.overwrite=true"]) == 2
+    assert ray_launch.main(["--num-jobs", "2", "--only", "2", "output.dir=/tmp/x"]) == 2
+    opts = ray_launch.ray_options(ray_launch.parse_args(
+        ["--num-cpus", "8", "--max-retries", "5", "--resources", '{"H200": 1}', "x=1"]), 1.0)
+    assert opts == {"num_cpus": 8.0, "num_gpus": 1.0, "max_retries": 5,
+                    "retry_exceptions": [ray_launch.JobFailed], "resources": {"H200": 1}}
+
+
+def test_failed_job_is_retried_then_reported_and_relative_dirs_refused(cluster, tmp_path):
+    env = cluster
+    # on a cluster a relative output.dir would be each node's own folder: refused
+    rc, log = run([*LAUNCH, "--num-jobs", "2", "output.dir=rel/out"], env=env, timeout=300)
+    assert rc == 2 and "is relative" in log, log[-3000:]
+    # job 1's python cannot start (exit status 1) on every attempt: 1 retry, then the driver
+    # names the job and the command that re-runs it; job 0 is not run (--only)
+    rc, log = run([*LAUNCH, "--num-jobs", "2", "--only", "1", "--max-retries", "1",
+                   "--env", "PYTHONHOME=/nonexistent", "--log-dir", str(tmp_path / "logs"),
+                   *ARGS, f"output.dir={tmp_path}/out"], env=env, timeout=300)
+    assert rc == 1, log[-3000:]
+    assert "job 1/2: FAILED (exit status 1) after 2 attempt(s)" in log, log[-3000:]
+    assert "job 0/2" not in log
+    assert "failed after their retries: 1" in log and "--only 1 --num-jobs 2" in log
+    assert sorted(p.name for p in (tmp_path / "logs").iterdir()) == \
+        ["job1-attempt1", "job1-attempt2"]
+
+
+# ----------------------------------------------------------------------------- real jobs
+@pytest.mark.engine
+def test_two_ray_jobs_write_one_dataset_one_killed_and_rerun_by_ray(cluster, tmp_path,
+                                                                     tiny_llama):
+    ref, out, logs = tmp_path / "ref", tmp_path / "out", tmp_path / "logs"
+    # the reference (one plain job) runs meanwhile, into its own folder
+    reference = subprocess.Popen(
+        [sys.executable, "extract.py", *ARGS, f"output.dir={ref}", f"hydra.run.dir={tmp_path}/run"],
+        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        # one thread, like each Ray task of 1 CPU (Ray sets OMP_NUM_THREADS=1): three engines
+        # share this machine's cores meanwhile
+        env={**{k: v for k, v in os.environ.items() if k != "HSDUMP_FAULT"},
+             "OMP_NUM_THREADS": "1"})
+    try:
+        # two jobs as Ray tasks of 1 CPU each; job 1 SIGKILLs itself at its 3rd sample on its
+        # first attempt only (HSDUMP_RAY_FAULT), so Ray must run it again
+        rc, log = run([*LAUNCH, "--num-jobs", "2", "--num-cpus", "1", "--log-dir", str(logs),
+                       *ARGS, f"output.dir={out}"],
+                      env={**cluster, "HSDUMP_RAY_FAULT": "1:sample@3"})
+        ref_log, _ = reference.communicate(timeout=600)
+    finally:
+        if reference.poll() is None:
+            reference.kill()
+            reference.wait()
+    report = log[log.rfind("python -m hsdump ray: 2 jobs in"):]  # the driver's last lines
+    assert rc == 0, log[-5000:]
+    assert reference.returncode == 0, ref_log[-3000:]
+
+    # Ray re-ran the killed job: its first attempt died of the SIGKILL, a later one finished
+    # (job 0 ran once, unless something else failed it: then Ray re-ran it too, as it should)
+    assert re.search(r"^job 0/2: ok after \d attempt", report, re.M), report
+    assert re.search(r"^job 1/2: ok after [2-4] attempt", report, re.M), report
+    assert re.search(r"^job 1/2: .*\n +attempt 1 on \S+: killed by SIGKILL after \d+ s; "
+                     r"attempt 2 on \S+: ok", report, re.M), report
+    assert {"job0-attempt1", "job1-attempt1", "job1-attempt2"} <= \
+        {p.name for p in logs.iterdir()}, report
+    first = (logs / "job1-attempt1" / "output.log").read_text()
+    again = (logs / "job1-attempt2" / "output.log").read_text()
+    assert "samples written:" not in first, first[-2000:]  # killed before its summary
+    assert "samples written:" in again and "already committed before this run:" in again, \
+        again[-3000:]
+
+    # one dataset: every sample exactly once, equal to the single-job run
+    rc, vlog = run(["-m", "hsdump", "verify", str(out)])
+    assert rc == 0, vlog[-3000:]
+    da, db = HsdumpDataset(str(out)), HsdumpDataset(str(ref))
+    assert len(da.ids) == len(set(da.ids)) >= 8, da.ids
+    assert sorted(da.ids) == sorted(db.ids), (da.ids, db.ids)
+    assert {i % 2 for i in da.ids} == {0, 1}  # both jobs' samples
+    for sid in da.ids:
+        ra, rb = da.get(sid), db.get(sid)
+        assert torch.equal(ra["input_ids"], rb["input_ids"]), sid
+        assert torch.equal(ra["loss_mask"], rb["loss_mask"]), sid
+        for j, (x, y) in enumerate(zip(ra["hidden_states"], rb["hidden_states"])):
+            err = float((x.float() - y.float()).norm() / y.float().norm())
+            assert err < 0.01, (sid, j, err)
