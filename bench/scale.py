@@ -70,7 +70,8 @@ def old_writer_cls():
 
 
 def probe(kind: str, out: str) -> dict:
-    """One measurement in a fresh process: open time and peak RSS."""
+    """One measurement in a fresh process: open time and peak RSS (VmHWM: ru_maxrss would
+    carry this process's peak across fork and exec)."""
     code = {
         "reader": "from hsdump.reader import HsdumpDataset\nt=time.perf_counter()\n"
                   "ds=HsdumpDataset(OUT)\nn=len(ds); ds.lengths; s=time.perf_counter()-t",
@@ -86,8 +87,9 @@ def probe(kind: str, out: str) -> dict:
                    "f,_,_=gather(OUT)\nn=f['samples']; s=time.perf_counter()-t",
     }[kind]
     script = ("import resource, time, json, sys\nsys.path.insert(0, %r)\nOUT=%r\n%s\n"
-              "print(json.dumps({'s': s, 'n': n, 'rss_mb': resource.getrusage("
-              "resource.RUSAGE_SELF).ru_maxrss / 1024}))" % (str(ROOT), out, code))
+              "hwm = [l for l in open('/proc/self/status') if l.startswith('VmHWM')][0]\n"
+              "print(json.dumps({'s': s, 'n': n, 'rss_mb': int(hwm.split()[1]) / 1024}))"
+              % (str(ROOT), out, code))
     r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
                        cwd=ROOT)
     if r.returncode != 0:
