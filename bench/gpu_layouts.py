@@ -54,7 +54,7 @@ import gpu_check as gc  # noqa: E402  (bench/gpu_check.py: model config, referen
 LAYERS = [1, 3, 4]  # Kimi-K2.5's preset [3, 31, 59] of L = 61 scaled to L = 6
 CHUNK = 128
 # common to every layout: engine start without FlashInfer's all-reduce fusion JIT (about 3
-# minutes per fresh machine at TP 2, see shared/notes/sglang.md)
+# minutes per fresh machine at TP 2)
 COMMON = ["engine=gpu", "engine.mem_fraction_static=0.5", f"engine.chunked_prefill_size={CHUNK}",
           f"capture.layers=[{','.join(map(str, LAYERS))}]", "output.overwrite=true",
           "progress=false", "+engine.extra.enforce_disable_flashinfer_allreduce_fusion=true"]

