@@ -372,7 +372,7 @@ class _Expect:
         return out
 
 
-def _scan_keys(name: str, header: dict, samples: Dict[int, str], ex: _Expect,
+def _scan_keys(name: str, header: dict, owner_of, ex: _Expect,
                r: Report) -> None:
     """Every tensor in a listed shard belongs to a sample that the index places here."""
     seen: Set[int] = set()
@@ -393,7 +393,7 @@ def _scan_keys(name: str, header: dict, samples: Dict[int, str], ex: _Expect,
                             "unscaled (storage_dtype is not fp8)")
         seen.add(int(mt.group("sid")))
     for sid in sorted(seen):
-        owner = samples.get(sid)
+        owner = owner_of(sid)
         if owner == name:
             continue
         if owner is None:
@@ -575,7 +575,7 @@ def _retokenize(m: dict, r: Report):
     return data, pos, skipped_reason
 
 
-def _note_unlisted(d: Path, shards: Dict[str, dict], c: "commits.Commits", r: Report) -> None:
+def _note_unlisted(d: Path, shards, c: "commits.Commits", r: Report) -> None:
     for p in sorted(d.iterdir()):
         n = p.name
         if n in KNOWN_FILES or n in shards:
@@ -603,9 +603,8 @@ def _note_unlisted(d: Path, shards: Dict[str, dict], c: "commits.Commits", r: Re
                                                 f"writer resumes)")
 
 
-def _check_records(d: Path, m: dict, c: "commits.Commits", r: Report
-                   ) -> Tuple[Dict[str, dict], Dict[int, str]]:
-    """Version 2: (shards, samples) from the commit records; their problems reported."""
+def _check_records(d: Path, m: dict, c: "commits.Commits", r: Report) -> None:
+    """Version 2: index.json agrees with the manifest; the records' problems reported."""
     if (d / INDEX).exists():
         idx = _load_json(d / INDEX, r) or {}
         for key in ("format", "format_version"):
@@ -614,7 +613,6 @@ def _check_records(d: Path, m: dict, c: "commits.Commits", r: Report
                                  f"{m.get(key)!r}")
     for where, what in c.problems:
         r.problem(where, what)
-    return c.shards, c.samples
 
 
 # --------------------------------------------------------------------------- entry points
@@ -633,7 +631,7 @@ def verify(path, retokenize: bool = False, quick: bool = False) -> Report:
     except (OSError, ValueError) as e:
         r.problem(INDEX, str(e))
         return r
-    if not c.shards and not c.skipped and not c.problems:
+    if not c.names and not c.skipped and not c.problems:
         r.problem(INDEX, "no shard was ever committed to this dataset (no index.json, no "
                          "commit record)")
         return r
@@ -643,21 +641,25 @@ def verify(path, retokenize: bool = False, quick: bool = False) -> Report:
         if idx is None:
             return r
         shards, samples = _check_index(idx, m, r)
+        by_shard: Dict[str, List[int]] = {}
+        for sid, name in samples.items():
+            by_shard.setdefault(name, []).append(sid)
+        entries = ((name, shards[name], sorted(by_shard.get(name, [])), (), ())
+                   for name in sorted(shards))
+        owner, listed, names = samples.get, len(samples), set(shards)
     else:
-        shards, samples = _check_records(d, m, c, r)
-    r.samples_listed = len(samples)
-    _note_unlisted(d, shards, c, r)
+        _check_records(d, m, c, r)
+        entries, owner = _entries(c)
+        listed, names = len(c), set(c.names)
+    r.samples_listed = listed
+    _note_unlisted(d, names, c, r)
     fresh = _retokenize(m, r) if retokenize else None
 
-    by_shard: Dict[str, List[int]] = {}
-    for sid, name in samples.items():
-        by_shard.setdefault(name, []).append(sid)
     ex = _Expect(len(layers) if layers else None, hidden, st_dtype,
                  m.get("storage_dtype") in FP8_ALIASES)
-    for name in sorted(shards):
-        meta = shards[name]
+    # one shard at a time: what is held is the commit records' columns and one shard's header
+    for name, meta, sids, lengths, masked in entries:
         r.shards += 1
-        sids = sorted(by_shard.get(name, []))
         if not _check_shard_file(d, name, meta, quick, r):
             if sids:
                 r.problem(name, f"its {len(sids)} samples ({_id_list(sids)}) cannot be read")
@@ -669,16 +671,43 @@ def verify(path, retokenize: bool = False, quick: bool = False) -> Report:
                             "are unchecked")
             continue
         _check_metadata(name, header, m, layers, r)
-        for sid, n in zip(meta.get("ids", ()), meta.get("lengths", ())):
+        for sid, n in zip(sids, lengths):
             got = (header.get(f"{sid}/input_ids") or {}).get("shape")
             if got is not None and got != [n]:
                 r.problem(f"{name}: sample {sid}", f"commit record says {n} tokens, the shard "
                                                    f"holds {got}")
-        ex.masked.update(zip(meta.get("ids", ()), meta.get("masked", ())))
-        _scan_keys(name, header, samples, ex, r)
+        ex.masked = dict(zip(sids, masked))
+        _scan_keys(name, header, owner, ex, r)
         if ex.k is not None:
             _check_samples(d, name, header, sids, ex, fresh, r)
     return r
+
+
+def _entries(c: "commits.Commits"):
+    """Version 2: (shard entries in name order, sample id -> owning shard lookup), from the
+    records' columns (no per-sample dict: 1M samples stay a few arrays)."""
+    from .reader import IdTable
+
+    sids, shard, _, _ = c.arrays()
+    table = IdTable(sids, shard, c.names)
+
+    def owner(sid):
+        return table[sid] if sid in table else None
+
+    def gen():
+        for k in sorted(range(len(c.names)), key=c.names.__getitem__):
+            name, a, b = c.names[k], c.starts[k], c.starts[k + 1]
+            ids = c.ids[a:b]
+            lens = c.lens[a:b] if c.lens is not None else [None] * len(ids)
+            masked = c.masked_counts[a:b] if c.masked_counts is not None else [None] * len(ids)
+            rows = [(i, n, mk) for i, n, mk in zip(ids, lens, masked)
+                    if c.first is None or owner(i) == name]  # a repeat is checked where first
+            rows.sort()
+            yield (name, {"bytes": c.nbytes[k], "sha256": c.sha256[k]}, [x[0] for x in rows],
+                   [x[1] for x in rows if x[1] is not None],
+                   [x[2] for x in rows if x[2] is not None])
+
+    return gen(), owner
 
 
 def _id_list(ids: List[int], n: int = 8) -> str:

@@ -44,11 +44,12 @@ def test_sixteen_writers_at_once_two_killed_and_rerun(tmp_path):
     torn = out / "commits" / f"{writer_tag(JOBS, 11)}.jsonl"
     assert torn.read_bytes()[-1:] != b"\n" and c.torn == {writer_tag(JOBS, 11): c.torn[
         writer_tag(JOBS, 11)]}
-    # job 3's second shard to finish (writer threads finish out of order): renamed, never
-    # recorded
+    # job 3's shard that reached the fault second (writer threads finish out of order):
+    # renamed, never recorded; its other thread may have renamed one more meanwhile
     on_disk = {str(p.relative_to(out)) for p in (out / "shards" / writer_tag(JOBS, 3)).rglob(
         "*.safetensors")}
-    (orphan,) = on_disk - set(c.shards)
+    orphans = on_disk - set(c.shards)
+    assert 1 <= len(orphans) <= 2, orphans
     stamps = {n: (out / n).stat().st_mtime_ns for n in c.shards}
 
     # the two killed jobs, re-run (at once): they resume
@@ -74,4 +75,4 @@ def test_sixteen_writers_at_once_two_killed_and_rerun(tmp_path):
     garbage = {p.where for p in r.info if p.what == UNLISTED}
     killed = tuple(f"shards/{writer_tag(JOBS, j)}/" for j in FAULTS)
     assert all(g.startswith(killed) for g in garbage), garbage
-    assert (orphan in c.shards) != (orphan in garbage)
+    assert all((o in c.shards) != (o in garbage) for o in orphans)
