@@ -15,6 +15,7 @@ A version 1 dataset (one `index.json` listing every sample) is read as it is.
 from __future__ import annotations
 
 import fcntl
+from array import array
 import json
 import os
 import re
@@ -103,10 +104,11 @@ class Commits:
         out = {}
         for k, name in enumerate(self.names):
             a, b = self.starts[k], self.starts[k + 1]
-            meta = {"bytes": self.nbytes[k], "sha256": self.sha256[k], "ids": self.ids[a:b]}
+            meta = {"bytes": self.nbytes[k], "sha256": self.sha256[k],
+                    "ids": list(self.ids[a:b])}
             if self.lens is not None:
-                meta["lengths"] = self.lens[a:b]
-                meta["masked"] = self.masked_counts[a:b]
+                meta["lengths"] = list(self.lens[a:b])
+                meta["masked"] = list(self.masked_counts[a:b])
             out[name] = meta
         return out
 
@@ -218,6 +220,15 @@ class Commits:
         self.ids, self.lens, self.masked_counts = list(scols[0]), list(scols[1]), list(scols[2])
         return True
 
+    def compact_columns(self) -> None:
+        """Per-sample columns as machine integers (8 bytes per entry instead of a Python int
+        object each: 1M samples hold ~24 MB here, not ~110 MB)."""
+        self.ids = array("q", self.ids)
+        self.starts = array("q", self.starts)
+        if self.lens is not None:
+            self.lens = array("q", self.lens)
+            self.masked_counts = array("q", self.masked_counts)
+
     def finish(self) -> "Commits":
         if len(set(self.ids)) != len(self.ids):  # rare: find each repeat and where
             seen: Dict[int, str] = {}
@@ -236,6 +247,7 @@ class Commits:
         for sid in sorted(both):
             self.problems.append((f"sample {sid}", f"listed both as committed and as skipped "
                                                    f"({self.skipped[sid]!r})"))
+        self.compact_columns()
         return self
 
     def index_lines(self):
@@ -247,8 +259,13 @@ class Commits:
         yield json.dumps(self.names) + ',\n"bytes":' + json.dumps(self.nbytes)
         yield ',\n"sha256":' + json.dumps(self.sha256) + ',\n"count":'
         yield json.dumps([b - a for a, b in zip(self.starts, self.starts[1:])])
-        yield '},\n"samples":{"id":' + json.dumps(self.ids) + ',\n"length":'
-        yield json.dumps(self.lens) + ',\n"masked":' + json.dumps(self.masked_counts) + '}}\n'
+        yield '},\n"samples":{"id":' + json.dumps(_plain(self.ids)) + ',\n"length":'
+        yield (json.dumps(_plain(self.lens)) + ',\n"masked":' +
+               json.dumps(_plain(self.masked_counts)) + '}}\n')
+
+
+def _plain(col):
+    return col.tolist() if isinstance(col, array) else col
 
 
 def _ints(x) -> bool:
