@@ -166,8 +166,13 @@ def jobs(args) -> dict:
              for j in range(args.jobs)]
     rcs = [p.wait() for p in procs]
     wall = time.perf_counter() - t0
+    # the commit phase alone: first to last shard on disk (the wall also holds 64 Python
+    # and torch start-ups on however many cores there are)
+    mt = [p.stat().st_mtime for p in (out / "shards").rglob("*.safetensors")]
     row = {"jobs": args.jobs, "samples": args.samples, "wall_s": wall,
            "samples_per_s": args.samples / wall, "failed_jobs": sum(1 for r in rcs if r),
+           "shards": len(mt), "commit_window_s": max(mt) - min(mt),
+           "commit_samples_per_s": args.samples / max(max(mt) - min(mt), 1e-9),
            "reader": probe("reader", str(out)), "verify_quick": probe("verify_quick", str(out))}
     print(json.dumps(row), flush=True)
     return row
