@@ -578,40 +578,29 @@ class CaptureEngine:
             return key, {"text": out.get("text", ""), "output_ids": out.get("output_ids"),
                          "finish_reason": reason}
 
-        budget, used, results = float("inf"), 0, {}
-        inflight: Dict[asyncio.Future, int] = {}
-        it = iter(enumerate(requests))
-        nxt = next(it, None)
+        tasks = {asyncio.ensure_future(one(i, key, ids, sp))
+                 for i, (key, ids, sp) in enumerate(requests)}
+        results: Dict[object, dict] = {}
         try:
-            while nxt is not None or inflight:
-                if self._died is not None:
-                    raise EngineDied(self._died)
-                if self._aborted:
-                    raise KeyboardInterrupt
-                if self._stop_requested:
-                    nxt = None
-                    if not inflight:
-                        break
-                while nxt is not None:
-                    i, (key, ids, sp) = nxt
-                    cost = len(ids) + int(sp.get("max_new_tokens", 1))
-                    if inflight and used + cost > budget:
-                        break
-                    inflight[asyncio.ensure_future(one(i, key, ids, sp))] = cost
-                    used += cost
-                    nxt = next(it, None)
-                done, _ = await asyncio.wait(list(inflight), timeout=0.5,
-                                             return_when=asyncio.FIRST_COMPLETED)
+            while tasks and not self._stop_requested:  # stopped: the rest is cancelled
+                self._check_alive()
+                done, tasks = await asyncio.wait(tasks, timeout=0.5,
+                                                 return_when=asyncio.FIRST_COMPLETED)
                 for task in done:
-                    used -= inflight.pop(task)
                     key, res = task.result()
                     results[key] = res
         finally:
-            for task in inflight:
+            for task in tasks:
                 task.cancel()
-            if inflight:
-                await asyncio.gather(*inflight, return_exceptions=True)
+            if tasks:
+                await asyncio.gather(*tasks, return_exceptions=True)
         return results
+
+    def _check_alive(self) -> None:
+        if self._died is not None:
+            raise EngineDied(self._died)
+        if self._aborted:
+            raise KeyboardInterrupt
 
     async def _one(self, sid: int, ids: List[int]):
         rid = f"hsdump-{self._tag}-{sid}"
@@ -641,10 +630,7 @@ class CaptureEngine:
         self._wake = asyncio.get_running_loop().create_future()
         try:
             while True:
-                if self._died is not None:
-                    raise EngineDied(self._died)
-                if self._aborted:
-                    raise KeyboardInterrupt
+                self._check_alive()
                 if self._stop_requested:
                     nxt = None
                 if nxt is None and not inflight:
