@@ -84,7 +84,18 @@ def test_speculators_layout_as_its_code_reads_it(src, tmp_path):
 
 
 def test_speculators_own_arrow_dataset_reads_the_export(src, tmp_path):
-    data_mod = pytest.importorskip("speculators.train.data")
+    # speculators 0.6.0's own ArrowDataset and CollateFn (the hs_{i}.safetensors layout of
+    # 0.5-0.6; 0.7+ read the same files through hs_connectors)
+    pkgs = {"speculators": {}, "speculators.train": {}}
+    nt = _load_peer_file("HSDUMP_SPECULATORS06_SRC", "speculators/train/noise_transforms.py",
+                         "speculators.train.noise_transforms", pkgs)
+    client = {k: None for k in ("ClientItem", "generate_hidden_states", "wait_for_lock")}
+    client.update(DEFAULT_MAX_RETRIES=3, DEFAULT_REQUEST_TIMEOUT=60.0)
+    data_mod = _load_peer_file(  # the vLLM client and openai are only used with on_missing=generate
+        "HSDUMP_SPECULATORS06_SRC", "speculators/train/data.py", "speculators.train.data",
+        {**pkgs, "openai": {"OpenAI": None}, "speculators.data_generation": {},
+         "speculators.data_generation.vllm_client": client,
+         "speculators.train.noise_transforms": vars(nt)})
     dest = tmp_path / "spec"
     ex.export(str(src), str(dest), "speculators", progress=False)
     ds = data_mod.ArrowDataset(max_len=64, datapath=str(dest), on_missing="raise")
@@ -95,7 +106,7 @@ def test_speculators_own_arrow_dataset_reads_the_export(src, tmp_path):
         assert torch.equal(r["hidden_states"], bf(torch.cat(hs, dim=-1)))
         assert torch.equal(r["verifier_last_hidden_states"], bf(fin["pre_norm"]))
         assert torch.equal(r["loss_mask"], mask) and r["lengths"].tolist() == [LENS[sid]]
-    batch = data_mod.CollateFn(max_len=64, hidden_size=H)([ds[0], ds[1]])
+    batch = data_mod.create_collate_fn(max_len=64, hidden_size=H)([ds[0], ds[1]])
     assert batch["hidden_states"].shape == (1, 64, 3 * H)
 
 
@@ -249,17 +260,52 @@ def test_cli(src, tmp_path, capsys):
 
 
 # -------------------------------------------------------------------------------------------
-# The peers' own loader code, when their source is at hand (not in CI: hsdump's venv cannot
-# install them). Unpack the wheels (`pip download --no-deps speculators==0.3.0 specforge==0.2.0`,
-# then unzip) and point HSDUMP_SPECULATORS03_SRC / HSDUMP_SPECFORGE_SRC at the unpacked roots.
-# Only the loader file is executed; the package imports it does not need are stubbed.
+# The peers' own loader code. hsdump's venv cannot install them (their pins clash with
+# SGLang's), so their wheels are fetched with `pip download --no-deps` and unpacked into the
+# hsdump cache on first use (HSDUMP_SPECULATORS03_SRC / HSDUMP_SPECFORGE_SRC point at an
+# unpacked root instead). Only the loader file is executed; the package imports it does not
+# need are stubbed.
+PEER_WHEELS = {"HSDUMP_SPECULATORS03_SRC": "speculators==0.3.0",
+               "HSDUMP_SPECULATORS06_SRC": "speculators==0.6.0",
+               "HSDUMP_SPECFORGE_SRC": "specforge==0.2.0"}
+
+
+def _peer_root(root_env) -> str:
+    import zipfile
+
+    root = os.environ.get(root_env)
+    if root:
+        return root
+    req = PEER_WHEELS[root_env]
+    cache = Path(os.environ.get("HSDUMP_CACHE", Path.home() / ".cache" / "hsdump"))
+    dest = cache / "peers" / req.replace("==", "-")
+    if (dest / ".done").exists():
+        return str(dest)
+    tmp = dest.with_name(dest.name + ".tmp")
+    p = subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "-q",
+                        "--only-binary=:all:", req, "-d", str(tmp)],
+                       capture_output=True, text=True, timeout=300)
+    wheels = list(tmp.glob("*.whl"))
+    if p.returncode != 0 or not wheels:
+        msg = f"cannot fetch {req} ({p.stderr.strip()[-300:]}); set {root_env}"
+        if os.environ.get("CI"):
+            pytest.fail(msg)
+        pytest.skip(msg)
+    with zipfile.ZipFile(wheels[0]) as z:
+        z.extractall(tmp / "src")
+    if dest.exists():
+        import shutil
+        shutil.rmtree(dest)
+    os.replace(tmp / "src", dest)
+    (dest / ".done").write_text(req)
+    return str(dest)
+
+
 def _load_peer_file(root_env, rel, modname, stubs):
     import importlib.util
     import types
 
-    root = os.environ.get(root_env)
-    if not root:
-        pytest.skip(f"{root_env} not set")
+    root = _peer_root(root_env)
     saved = {k: sys.modules.get(k) for k in list(stubs) + [modname]}
     try:
         for name, attrs in stubs.items():
