@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# The GPU runs the 2026-11-30 session had no device time left for (see the closing note and
+# BENCHMARKS sections 10-11), one device call each, from the repository root with .gpu (the
+# SGLang 0.5.17 bundle) and .whl (extract.py's extra wheels) carried:
+#   source .gpu/part1/install.sh || exit 1; bash bench/gpu_todo.sh regen "$OUT"       # 1 H200, ~230 s
+#   source .gpu/part1/install.sh || exit 1; bash bench/gpu_todo.sh layouts "$OUT"     # 2 H200s, ~240 s
+set -u
+what=${1:?regen or layouts}
+out=${2:?output folder}
+pip install -q --no-index --no-deps --target /tmp/site2 .whl/*.whl >/dev/null 2>&1
+export PYTHONUNBUFFERED=1 PYTHONPATH=.:${PYTHONPATH:-}:/tmp/site2
+filter() { grep -v "^\[20\|WARNING\|warn\|Capturing\|it/s\]\|Ignore import error" "$1" | tail -40; }
+case $what in
+regen)  # issue 14 item 5 after 6bcc63f/2d564bf: hsdump's generate vs SGLang's (goal >= 0.9)
+    timeout -k 5 330 python3 bench/regen_bench.py --device cuda --model llama8b --weights dummy \
+        --samples 256 --prompt-len 512 --max-new-tokens 256 --json "$out/regen-llama8b.json" \
+        >"$out/regen.log" 2>&1
+    echo "rc=$?"; filter "$out/regen.log" ;;
+layouts)  # issue 16 item 4: capture throughput of the TP 2 layouts (first call: the datasets)
+    timeout -k 5 560 python3 bench/gpu_layouts.py --layouts '' \
+        --throughput tp2-dpattn,tp2,tp2-ep2 --out "$out/gpu-layouts-throughput.json" \
+        >"$out/layouts.log" 2>&1
+    echo "rc=$?"; filter "$out/layouts.log" ;;
+*)  echo "regen or layouts" >&2; exit 2 ;;
+esac
