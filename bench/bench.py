@@ -925,28 +925,17 @@ def main(argv=None) -> int:
 
 
 def _ratios(r: dict, disk: Optional[dict] = None) -> None:
+    bm = r.get("b") or {}
     a = (r.get("a") or {}).get("tokens_per_s")
-    b = ((r.get("b") or {}).get("b") or {}).get("tokens_per_s")
-    b8 = ((r.get("b") or {}).get("b8") or {}).get("tokens_per_s")
-    b0 = ((r.get("b") or {}).get("b0") or {}).get("tokens_per_s")
+    b = (bm.get("b") or {}).get("tokens_per_s")
+    b8 = (bm.get("b8") or {}).get("tokens_per_s")
+    b0 = (bm.get("b0") or {}).get("tokens_per_s")
     c = (r.get("c") or {}).get("tokens_per_s")
-    ra = {}
-    if a and b:
-        ra["b/a"] = b / a
-    b_run = ((r.get("b") or {}).get("b") or {}).get("run_tokens_per_s")
-    if a and b_run:
-        ra["b_run/a"] = b_run / a
-    if a and b0:
-        ra["b0/a"] = b0 / a
-    if b and c:
-        ra["b/c"] = b / c
-    b8_run = ((r.get("b") or {}).get("b8") or {}).get("run_tokens_per_s")
-    if a and b8:
-        ra["b8/a"] = b8 / a
-    if a and b8_run:
-        ra["b8_run/a"] = b8_run / a
-    if b and b8:
-        ra["b8/b"] = b8 / b
+    b_run = (bm.get("b") or {}).get("run_tokens_per_s")
+    b8_run = (bm.get("b8") or {}).get("run_tokens_per_s")
+    pairs = {"b/a": (b, a), "b_run/a": (b_run, a), "b0/a": (b0, a), "b/c": (b, c),
+             "b8/a": (b8, a), "b8_run/a": (b8_run, a), "b8/b": (b8, b)}
+    ra = {k: x / y for k, (x, y) in pairs.items() if x and y}
     # the disk: rows written per second against dd's conv=fdatasync rate on the same disk, and
     # the rate at which b0 produced rows against it (above 1: the disk cannot keep up)
     dd = (disk or {}).get("conv_fdatasync_bytes_per_s")

@@ -134,7 +134,7 @@ def write(args) -> dict:
             print(json.dumps(row), flush=True)
             if mark != marks[-1]:
                 w = open_writer(d, writer_cls=cls, threads=args.threads)  # resume: go on
-                t_prev = time.perf_counter() - 0.0
+                t_prev = time.perf_counter()
         if sid < marks[-1]:
             results["rows"].append({"variant": name, "samples": sid, "stopped": True,
                                     "wall_s": time.perf_counter() - t0,

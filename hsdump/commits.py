@@ -14,6 +14,7 @@ A version 1 dataset (one `index.json` listing every sample) is read as it is.
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 from array import array
 import json
@@ -427,14 +428,27 @@ def compact(d: Path) -> Commits:
     return c
 
 
-def compact_locked(d: Path) -> Commits:
-    """`compact` under the dataset's lock (waits for a compaction in progress)."""
+@contextlib.contextmanager
+def dataset_lock(d: Path, wait: bool = True):
+    """The folder's `.lock` (taken to create or check manifest.json and to compact, never
+    while committing). Yields False, without the lock, if `wait` is off and it is taken."""
     with open(Path(d) / ".lock", "a") as f:
-        fcntl.flock(f, fcntl.LOCK_EX)
         try:
-            return compact(d)
+            fcntl.flock(f, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
+        except BlockingIOError:
+            yield False
+            return
+        try:
+            yield True
         finally:
             fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def compact_locked(d: Path, wait: bool = True) -> Optional[Commits]:
+    """`compact` under the dataset's lock; None if `wait` is off and another process is
+    compacting (its index, or a later one, covers what it reads)."""
+    with dataset_lock(d, wait) as held:
+        return compact(d) if held else None
 
 
 def main(argv=None) -> int:

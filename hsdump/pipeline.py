@@ -33,7 +33,8 @@ from .stats import write_token_freq
 from .tiny import resolve_model_path
 from .tokenization import Tokenized, tokenize_dataset
 from .tokenizer import load_tokenizer
-from .writer import FORMAT, FORMAT_VERSION, DatasetWriter, fault
+from .files import fault
+from .writer import FORMAT, FORMAT_VERSION, DatasetWriter
 
 log = logging.getLogger(__name__)
 

@@ -21,6 +21,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 from .chat import _render, chat_spans
 from .config import DatasetConfig, RegenerateConfig
 from .masks import encode_with_spans
+from .tokenization import Skip, length_policy  # noqa: F401  (Skip: raised by to_sample)
 
 END_OF_TURN = ("<|eot_id|>", "<|im_end|>", "<｜end▁of▁sentence｜>", "<|end|>", "<|endoftext|>",
                "</s>", "<end_of_turn>", "<|end_of_text|>", "<|return|>")
@@ -116,26 +117,11 @@ def regenerate(items: Sequence[Tuple[int, List[Dict[str, Any]], Any]], tok, temp
         rnd += 1
 
 
-class Skip(Exception):
-    def __init__(self, reason: str):
-        super().__init__(reason)
-        self.reason = reason
-
-
 def to_sample(tok, template: str, messages: List[Dict[str, Any]], tools,
               cfg: DatasetConfig) -> Tuple[List[int], List[int]]:
-    """(input_ids, loss_mask) of a rewritten conversation, under the dataset's length policy
-    (the same rules as hsdump.tokenization); raises Skip(reason)."""
+    """(input_ids, loss_mask) of a rewritten conversation under the dataset's length policy
+    (hsdump.tokenization's, as for any sample); raises Skip(reason)."""
     text, spans = chat_spans(tok, messages, tools, template)
     ids, mask = encode_with_spans(tok, text, spans)
-    if not any(mask):
-        raise Skip("no_assistant_tokens")
-    if len(ids) < cfg.min_seq_len:
-        raise Skip("too_short")
-    if len(ids) > cfg.max_seq_len:
-        if cfg.truncation == "skip":
-            raise Skip("too_long")
-        ids, mask = ids[:cfg.max_seq_len], mask[:cfg.max_seq_len]
-        if not any(mask):
-            raise Skip("no_assistant_tokens_after_truncation")
+    ids, mask, _ = length_policy(ids, mask, cfg.max_seq_len, cfg.truncation, cfg.min_seq_len)
     return ids, mask

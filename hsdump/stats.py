@@ -21,7 +21,7 @@ from typing import Any, Dict, Optional, Tuple
 
 import numpy as np
 
-from .writer import atomic_write
+from .files import atomic_write
 
 TOKEN_FREQ = "token_freq.json"
 FORMAT = "hsdump/token_freq"

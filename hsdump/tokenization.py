@@ -14,7 +14,7 @@ import os
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Dict, Iterator, List
+from typing import Any, Dict, Iterator, List, Tuple
 
 from .chat import TEMPLATES, chat_spans, chat_template_of, has_generation_markers, template_sha256
 from .config import DatasetConfig
@@ -112,6 +112,24 @@ def tokenize_fingerprint(ds, tok, cfg: DatasetConfig, fmt: str, column: str) -> 
     return "hsdump-tok-" + hashlib.sha256(json.dumps(key).encode()).hexdigest()[:24]
 
 
+def length_policy(ids: List[int], mask: List[int], max_seq_len: int, truncation: str,
+                  min_seq_len: int) -> Tuple[List[int], List[int], bool]:
+    """(ids, mask, truncated) under the dataset's length policy; raises Skip(reason) for a
+    sample with nothing in the loss, too short, or too long under truncation=skip."""
+    if not any(mask):
+        raise Skip("no_assistant_tokens")
+    if len(ids) < min_seq_len:
+        raise Skip("too_short")
+    if len(ids) <= max_seq_len:
+        return ids, mask, False
+    if truncation == "skip":
+        raise Skip("too_long")
+    ids, mask = ids[:max_seq_len], mask[:max_seq_len]
+    if not any(mask):
+        raise Skip("no_assistant_tokens_after_truncation")
+    return ids, mask, True
+
+
 def _sample_fn(tok, template, fmt, column, max_seq_len, truncation, min_seq_len):
     def fn(row, idx):
         res = {"id": idx, "input_ids": [], "loss_mask": [], "skip": "", "detail": "",
@@ -127,17 +145,8 @@ def _sample_fn(tok, template, fmt, column, max_seq_len, truncation, min_seq_len)
                 text, spans = chat_spans(tok, messages, tools, template)
                 ids, mask = encode_with_spans(tok, text, spans)
             res["length"] = len(ids)
-            if not any(mask):
-                raise Skip("no_assistant_tokens")
-            if len(ids) < min_seq_len:
-                raise Skip("too_short")
-            if len(ids) > max_seq_len:
-                if truncation == "skip":
-                    raise Skip("too_long")
-                ids, mask = ids[:max_seq_len], mask[:max_seq_len]
-                res["truncated"] = True
-                if not any(mask):
-                    raise Skip("no_assistant_tokens_after_truncation")
+            ids, mask, res["truncated"] = length_policy(ids, mask, max_seq_len, truncation,
+                                                        min_seq_len)
             res["input_ids"], res["loss_mask"] = ids, mask
         except BadRow as e:
             res["skip"], res["detail"] = e.reason, e.detail

@@ -485,8 +485,9 @@ def _check_samples(d: Path, name: str, header: dict, sids: List[int], ex: _Expec
                     ok = False
                 stored_mask = x.tolist() if fresh is not None else None
                 want = ex.masked.get(sid)
-                if want is not None and int(x.sum()) != want:
-                    r.problem(f"{name}: {key}", f"{int(x.sum())} loss-masked tokens, the "
+                got = int(x.sum()) if want is not None else None
+                if got != want:
+                    r.problem(f"{name}: {key}", f"{got} loss-masked tokens, the "
                                                 f"commit record says {want}")
                     ok = False
             elif x.is_floating_point():

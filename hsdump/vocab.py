@@ -22,7 +22,7 @@ from typing import Dict, Optional, Tuple
 import numpy as np
 
 from .stats import read_token_freq
-from .writer import atomic_write
+from .files import atomic_write
 
 MAPPING = "vocab_mapping.safetensors"
 

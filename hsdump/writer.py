@@ -12,8 +12,6 @@ held in memory.
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
 import hashlib
 import json
 import logging
@@ -33,7 +31,7 @@ from . import commits
 from . import fp8
 from .commits import INDEX, LOG_DIR, MANIFEST, SHARD_DIR
 from .config import SHARD_BYTES, WRITER_THREADS
-from .files import atomic_file, atomic_write, fault, fsync_dir, make_dirs, read_json, write_json
+from .files import atomic_file, fault, fsync_dir, make_dirs, read_json, write_json
 
 log = logging.getLogger(__name__)
 
@@ -45,8 +43,7 @@ SIDE_FILES = ("token_freq.json",)
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32,
           "fp8": fp8.FP8_DTYPE}
 
-__all__ = ["DatasetWriter", "SampleError", "WriteError", "atomic_file", "atomic_write",
-           "write_json", "read_json", "fault", "write_safetensors", "check_sample"]
+__all__ = ["DatasetWriter", "SampleError", "WriteError", "write_safetensors", "check_sample"]
 
 
 class SampleError(ValueError):
@@ -147,7 +144,7 @@ class DatasetWriter:
         self.shard_bytes = shard_bytes
         self.on_nonfinite = on_nonfinite
         self.dir.mkdir(parents=True, exist_ok=True)
-        with self._locked():
+        with commits.dataset_lock(self.dir):
             self._open(manifest, compat, overwrite)
         self.log = commits.CommitLog(self.dir, self.tag)
         try:
@@ -188,30 +185,13 @@ class DatasetWriter:
             t.start()
 
     # -------------------------------------------------------------- open / resume
-    @contextlib.contextmanager
-    def _locked(self):
-        with open(self.dir / ".lock", "a") as f:
-            fcntl.flock(f, fcntl.LOCK_EX)
-            try:
-                yield
-            finally:
-                fcntl.flock(f, fcntl.LOCK_UN)
-
     def _compact(self) -> None:
         """Rewrite index.json unless another job is doing so right now (then its index, or
         a later job's, covers what it read; readers read the logs' tails past that anyway, and
-        `python -m hsdump compact OUT` compacts once all jobs are done). Many jobs ending
-        together so never queue behind each other's compaction."""
-        with open(self.dir / ".lock", "a") as f:
-            try:
-                fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                log.info("another job is compacting %s/index.json; skipped", self.dir)
-                return
-            try:
-                commits.compact(self.dir)
-            finally:
-                fcntl.flock(f, fcntl.LOCK_UN)
+        `hsdump compact OUT` compacts once all jobs are done). Many jobs ending together so
+        never queue behind each other's compaction."""
+        if commits.compact_locked(self.dir, wait=False) is None:
+            log.info("another job is compacting %s/index.json; skipped", self.dir)
 
     def _open(self, manifest: dict, compat: dict, overwrite: bool) -> None:
         d = self.dir
@@ -239,8 +219,9 @@ class DatasetWriter:
                            "resume_key": compat})
 
     def skip(self, sid: int, reason: str) -> None:
-        """Record that sample `sid` is left out (e.g. its regenerated conversation is too
-        long): a resumed run does not make it again."""
+        """Record that sample `sid` is left out (NaN/Inf, or a regenerated conversation too
+        long): a resumed run does not make it again. Durable with the next commit's fsync (or
+        close); a crash that loses it only makes the sample again, and refused again."""
         if self._closed:
             raise RuntimeError(f"the writer of {self.dir} is closed")
         with self._lock:
@@ -290,11 +271,8 @@ class DatasetWriter:
             if self.on_nonfinite == "raise":
                 raise SampleError(f"sample {sid}: {reason} (output.on_nonfinite=skip records and "
                                   "skips such samples)")
+            self.skip(sid, reason)
             with self._lock:
-                # durable with the next commit's fsync (or close); if a crash loses it, the
-                # sample is captured again on resume and refused again
-                self.log.append({"skipped": {str(sid): reason}}, sync=False)
-                self.skipped_ids[sid] = reason
                 self.skipped["nonfinite"] = self.skipped.get("nonfinite", 0) + 1
             return False
         t = {f"{sid}/input_ids": torch.as_tensor(input_ids, dtype=torch.int64),

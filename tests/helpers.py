@@ -53,3 +53,19 @@ def shards(path) -> dict:
         return commits.load(path).shards
     except FileNotFoundError:
         return {}
+
+
+def load_bench(name: str):
+    """bench/<name>.py as a module (the GPU tests drive the bench scripts' checks)."""
+    import importlib.util
+    import sys
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "bench" / f"{name}.py"
+    if str(path.parent) not in sys.path:
+        sys.path.insert(0, str(path.parent))
+    spec = importlib.util.spec_from_file_location(f"hsdump_bench_{name}", path)
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod
+    spec.loader.exec_module(mod)
+    return mod

@@ -18,11 +18,9 @@ measured on an H200: Llama 0.004-0.006 vs HF-bf16 0.004-0.006, DeepSeek-V3 MoE l
 Run on the GPU machine: python3 -m pytest -q tests/test_gpu.py   (or bench/gpu_check.py)
 """
 
-import importlib.util
-import sys
-from pathlib import Path
-
 import pytest
+
+from helpers import load_bench
 import torch
 
 pytestmark = [
@@ -31,18 +29,7 @@ pytestmark = [
     pytest.mark.skipif(not torch.cuda.is_available(), reason="needs an NVIDIA GPU (CUDA)"),
 ]
 
-_PATH = Path(__file__).resolve().parents[1] / "bench" / "gpu_check.py"
-
-
-def _load_gpu_check():
-    spec = importlib.util.spec_from_file_location("hsdump_bench_gpu_check", _PATH)
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod
-    spec.loader.exec_module(mod)
-    return mod
-
-
-gc = _load_gpu_check()
+gc = load_bench("gpu_check")
 
 
 @pytest.fixture(scope="module")

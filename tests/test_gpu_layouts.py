@@ -13,13 +13,13 @@ HSDUMP_GPU_LAYOUTS_JSON=path writes the results; HSDUMP_GPU_LAYOUTS_THROUGHPUT=1
 capture-throughput comparison of the three TP 2 layouts.
 """
 
-import importlib.util
 import json
 import os
-import sys
 from pathlib import Path
 
 import pytest
+
+from helpers import load_bench
 import torch
 
 pytestmark = [
@@ -28,19 +28,7 @@ pytestmark = [
     pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 NVIDIA GPUs (CUDA)"),
 ]
 
-_PATH = Path(__file__).resolve().parents[1] / "bench" / "gpu_layouts.py"
-
-
-def _load():
-    sys.path.insert(0, str(_PATH.parent))
-    spec = importlib.util.spec_from_file_location("hsdump_bench_gpu_layouts", _PATH)
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod
-    spec.loader.exec_module(mod)
-    return mod
-
-
-gl = _load()
+gl = load_bench("gpu_layouts")
 LAYOUTS = list(gl.LAYOUTS)
 
 
