@@ -153,10 +153,9 @@ class DatasetWriter:
             self.log.close()
             raise
         self.committed = state.sample_ids()
-        self._skipped_before = set(state.skipped)
+        self._skipped = set(state.skipped)  # ids refused before and in this run
         nums = [commits.shard_seq(n) for n in state.writer_shards(self.tag)]
         self._next = max([n for n in nums if n is not None], default=-1) + 1
-        self.shards_committed = len(state.names)
         if state.ids:
             log.info("resuming %s: %d samples committed", self.dir, len(state))
         self._pending: Dict[str, torch.Tensor] = {}
@@ -170,7 +169,6 @@ class DatasetWriter:
         self.samples_written = 0
         self.shards_written = 0
         self.skipped: Dict[str, int] = {}
-        self.skipped_ids: Dict[int, str] = {}
         # seconds spent: in add() (caller's thread), of it blocked on a full shard queue, and
         # committing shards (summed over the writer threads): the benchmark's profile
         self.timing = {"add_s": 0.0, "queue_wait_s": 0.0, "commit_s": 0.0}
@@ -226,13 +224,13 @@ class DatasetWriter:
             raise RuntimeError(f"the writer of {self.dir} is closed")
         with self._lock:
             self.log.append({"skipped": {str(sid): reason}}, sync=False)
-            self.skipped_ids[sid] = reason
+            self._skipped.add(sid)
 
     def done_ids(self) -> set:
         """Sample ids this dataset already holds or refused (committed or recorded as
         skipped): a resumed run does not submit them again."""
         with self._lock:
-            return set(self.committed) | self._skipped_before | set(self.skipped_ids)
+            return self.committed | self._skipped
 
     # -------------------------------------------------------------- adding samples
     def add(self, sid: int, input_ids: Sequence[int], loss_mask: Sequence[int],
