@@ -73,7 +73,8 @@ def main(argv=None) -> int:
     res = {"device": a.device, "model": a.model, "samples": a.samples,
            "prompt_len": a.prompt_len, "max_new_tokens": a.max_new_tokens}
     t = time.perf_counter()
-    eng = CaptureEngine(path, ModelConfig(path=path, tp_size=1), ec, layers, info)
+    eng = CaptureEngine(path, ModelConfig(path=path, tp_size=1), ec, layers, info,
+                        generates=True)
     res["engine_start_s"] = time.perf_counter() - t
     try:
         eng.generate([(i, p, sp) for i, p in enumerate(prompts[:8])])  # warm-up, both paths

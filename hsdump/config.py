@@ -174,6 +174,14 @@ class EngineConfig:
     max_running_requests: Optional[int] = None
     max_total_tokens: Optional[int] = None
     disable_cuda_graph: bool = False
+    """Turns off every CUDA graph (SGLang's own switch)."""
+    decode_cuda_graph: Optional[bool] = None
+    """Capture SGLang's decode CUDA graphs. null: only when the run generates
+    (regenerate.turns != none): a capture-only run never decodes, and capturing them costs
+    engine start time (BENCHMARKS.md section 12)."""
+    prefill_cuda_graph_max_tokens: Optional[int] = None
+    """Largest prefill forward (in tokens) that gets a prefill CUDA graph; 0 turns prefill
+    graphs off, null keeps SGLang's sizes (up to the chunk size: 74 graphs at 16,384)."""
     chunked_prefill_size: int = -1
     """Tokens per prefill chunk; -1 disables chunking. hsdump stitches every chunk's rows."""
     max_prefill_tokens: int = 16384
@@ -187,6 +195,9 @@ class EngineConfig:
     def __post_init__(self) -> None:
         if self.inflight_tokens < 1:
             raise ValueError("engine.inflight_tokens must be >= 1")
+        if (self.prefill_cuda_graph_max_tokens or 0) < 0:
+            raise ValueError("engine.prefill_cuda_graph_max_tokens must be >= 0 (0: no prefill "
+                             "CUDA graphs) or null (SGLang's own sizes)")
 
 
 # Writer defaults, measured on the H200 host (BENCHMARKS.md section 7): 6 threads x 256 MiB

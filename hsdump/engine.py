@@ -386,12 +386,31 @@ def check_layout(extra: dict) -> None:
             "states back. Remove it; use " + WORKING_LAYOUTS)
 
 
+def graph_kwargs(c: "EngineConfig", generates: bool) -> dict:
+    """SGLang's CUDA-graph settings for a run: decode graphs only for a run that decodes,
+    prefill graphs up to engine.prefill_cuda_graph_max_tokens (BENCHMARKS.md section 12)."""
+    if c.device != "cuda" or c.disable_cuda_graph:
+        return {}
+    kw = {}
+    decode = generates if c.decode_cuda_graph is None else c.decode_cuda_graph
+    if not decode:
+        kw["disable_decode_cuda_graph"] = True
+    if c.prefill_cuda_graph_max_tokens == 0:
+        kw["disable_prefill_cuda_graph"] = True
+    elif c.prefill_cuda_graph_max_tokens is not None:
+        kw["cuda_graph_max_bs_prefill"] = c.prefill_cuda_graph_max_tokens
+    return kw
+
+
 class CaptureEngine:
     """open -> run(samples, sink) -> close. Samples are (sample_id, input_ids)."""
 
     def __init__(self, model_path: str, model_cfg: "ModelConfig", engine_cfg: "EngineConfig",
-                 layers: Sequence[int], info: ModelInfo, final: Sequence[str] = ()):
+                 layers: Sequence[int], info: ModelInfo, final: Sequence[str] = (),
+                 generates: bool = False):
+        """generates: the run will call `generate` (decode steps), not only `run` (prefill)."""
         self.version = check_supported(info, engine_cfg, model_cfg)
+        self.generates = generates
         self.layers = list(layers)
         self.final = [k for k in FINAL_KINDS if k in final]
         self.hidden = info.hidden_size
@@ -461,6 +480,7 @@ class CaptureEngine:
             # capture-only mode: aux capture with no draft model (the patch then sets the layers)
             kw.update(speculative_algorithm="EAGLE3", enable_return_aux_hidden_states=True,
                       return_aux_hidden_state_layer_ids=[k - 1 for k in sorted(self.layers)])
+        kw.update(graph_kwargs(c, self.generates))
         kw.update(c.extra)
         return kw
 

@@ -348,7 +348,8 @@ def start_engine(r: Run):
             from .engine import CaptureEngine  # the sglang import happens only now
 
             engine = CaptureEngine(r.model_path, cfg.model, engine_cfg, r.layers, r.info,
-                                   final=cfg.capture.final)
+                                   final=cfg.capture.final,
+                                   generates=cfg.regenerate.turns != "none")
     except BaseException:
         r.writer.close(commit=False)
         raise
