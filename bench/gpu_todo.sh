@@ -4,8 +4,9 @@
 # SGLang 0.5.17 bundle) and .whl (extract.py's extra wheels) carried:
 #   source .gpu/part1/install.sh || exit 1; bash bench/gpu_todo.sh regen "$OUT"       # 1 H200, ~230 s
 #   source .gpu/part1/install.sh || exit 1; bash bench/gpu_todo.sh layouts "$OUT"     # 2 H200s, ~240 s
+#   source .gpu/part1/install.sh || exit 1; bash bench/gpu_todo.sh ab "$OUT"          # 1 H200, ~280 s
 set -u
-what=${1:?regen or layouts}
+what=${1:?regen, layouts or ab}
 out=${2:?output folder}
 pip install -q --no-index --no-deps --target /tmp/site2 .whl/*.whl >/dev/null 2>&1
 export PYTHONUNBUFFERED=1 PYTHONPATH=.:${PYTHONPATH:-}:/tmp/site2
@@ -21,5 +22,12 @@ layouts)  # issue 16 item 4: capture throughput of the TP 2 layouts (first call:
         --throughput tp2-dpattn,tp2,tp2-ep2 --out "$out/gpu-layouts-throughput.json" \
         >"$out/layouts.log" 2>&1
     echo "rc=$?"; filter "$out/layouts.log" ;;
-*)  echo "regen or layouts" >&2; exit 2 ;;
+ab)  # issue 13 item 5 / issue 15: whole-run b/a (and b8, fp8 in the writer threads) on the 8B
+    # shape with the GPU preset's graph settings (b: no decode or prefill graphs; a: SGLang's)
+    timeout -k 10 ${T:-300} python3 bench/bench.py --device cuda --models llama8b:2048:512:2 \
+        --modes a,b,b8 --weights dummy --fp8-tokens 524288 --dd-mib 2048 \
+        --writer-stages-mib 0 --name gpu-llama8b-graphs --results-dir "$out" \
+        >"$out/bench.log" 2>&1
+    echo "rc=$?"; filter "$out/bench.log" ;;
+*)  echo "regen, layouts or ab" >&2; exit 2 ;;
 esac
