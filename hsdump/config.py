@@ -182,6 +182,10 @@ class EngineConfig:
     prefill_cuda_graph_max_tokens: Optional[int] = None
     """Largest prefill forward (in tokens) that gets a prefill CUDA graph; 0 turns prefill
     graphs off, null keeps SGLang's sizes (up to the chunk size: 74 graphs at 16,384)."""
+    flashinfer_allreduce_fusion: bool = False
+    """Let SGLang fuse all-reduce with the norm through FlashInfer (GPU, TP > 1). Off: on an H200
+    at TP 2 SGLang 0.5.17 spent about 3 minutes JIT-building those kernels at engine start,
+    and the fusion serves small decode batches, not hsdump's prefill (BENCHMARKS.md sec. 9)."""
     chunked_prefill_size: int = -1
     """Tokens per prefill chunk; -1 disables chunking. hsdump stitches every chunk's rows."""
     max_prefill_tokens: int = 16384

@@ -387,11 +387,15 @@ def check_layout(extra: dict) -> None:
 
 
 def graph_kwargs(c: "EngineConfig", generates: bool) -> dict:
-    """SGLang's CUDA-graph settings for a run: decode graphs only for a run that decodes,
-    prefill graphs up to engine.prefill_cuda_graph_max_tokens (BENCHMARKS.md section 12)."""
-    if c.device != "cuda" or c.disable_cuda_graph:
+    """SGLang's start-time settings for a run on the GPU: decode CUDA graphs only for a run that
+    decodes, prefill graphs up to engine.prefill_cuda_graph_max_tokens (BENCHMARKS.md section
+    12), FlashInfer's all-reduce fusion (and its JIT build) only if asked for."""
+    if c.device != "cuda":
         return {}
-    kw = {}
+    kw = {} if c.flashinfer_allreduce_fusion else {
+        "enforce_disable_flashinfer_allreduce_fusion": True}
+    if c.disable_cuda_graph:
+        return kw
     decode = generates if c.decode_cuda_graph is None else c.decode_cuda_graph
     if not decode:
         kw["disable_decode_cuda_graph"] = True

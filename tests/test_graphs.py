@@ -14,7 +14,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def gpu(**kw):
-    return EngineConfig(device="cuda", **kw)
+    return EngineConfig(device="cuda", flashinfer_allreduce_fusion=True, **kw)
 
 
 def test_capture_run_drops_decode_graphs():
@@ -43,6 +43,12 @@ def test_nothing_on_cpu_or_with_graphs_off():
                         False) == {}
 
 
+def test_flashinfer_allreduce_fusion_off_unless_asked():
+    off = {"enforce_disable_flashinfer_allreduce_fusion": True}
+    assert graph_kwargs(EngineConfig(device="cuda", disable_cuda_graph=True), False) == off
+    assert graph_kwargs(EngineConfig(device="cuda"), True) == off
+
+
 def test_gpu_preset_and_keys_are_sglang_server_args():
     from hydra import compose, initialize_config_dir
 
@@ -52,7 +58,8 @@ def test_gpu_preset_and_keys_are_sglang_server_args():
     with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
         cfg = to_config(compose("config", overrides=["engine=gpu"]))
     kw = graph_kwargs(cfg.engine, generates=False)
-    assert kw == {"disable_decode_cuda_graph": True, "disable_prefill_cuda_graph": True}
+    assert kw == {"disable_decode_cuda_graph": True, "disable_prefill_cuda_graph": True,
+                  "enforce_disable_flashinfer_allreduce_fusion": True}
     kw.update(graph_kwargs(gpu(prefill_cuda_graph_max_tokens=64), generates=False))
     from sglang.srt.server_args import ServerArgs
 
