@@ -123,15 +123,19 @@ def rows_in_flight(out: OutputConfig, inflight_tokens: int, max_seq_len: int,
     """Tokens of captured rows the engine may have in flight under `out.max_host_bytes`.
 
     The budget holds writer_threads + 2 shards (one filling, one queued, the rest being
-    written; see writer.py), the rows in flight, and one more sample of max_seq_len rows: a
-    sample prefilled in several chunks is stitched into one copy per slot before its chunks
-    are freed (rows.Receiver.take). Raises when that leaves less than one sample."""
-    held = (out.writer_threads + 2) * out.shard_bytes + max_seq_len * row_bytes
+    written; see writer.py), each of up to max(shard_bytes, one sample) bytes (a sample larger
+    than a shard is a shard of its own), the rows in flight, and one more sample of
+    max_seq_len rows: a sample prefilled in several chunks is stitched into one copy per slot
+    before its chunks are freed (rows.Receiver.take). Raises when that leaves less than one
+    sample."""
+    sample = max_seq_len * row_bytes
+    held = (out.writer_threads + 2) * max(out.shard_bytes, sample) + sample
     inflight = min(inflight_tokens, max(0, out.max_host_bytes - held) // row_bytes)
     if inflight < max_seq_len:
         raise ValueError(
             f"output.max_host_bytes={out.max_host_bytes} holds {out.writer_threads + 2} shards "
-            f"of {out.shard_bytes} bytes, one stitched sample and only {inflight} tokens of "
+            f"of {max(out.shard_bytes, sample)} bytes, one stitched sample and only {inflight} "
+            "tokens of "
             f"rows in flight ({row_bytes} bytes per token), less than one sample of "
             f"dataset.max_seq_len={max_seq_len}; raise output.max_host_bytes, or lower "
             "output.shard_bytes or output.writer_threads")

@@ -164,6 +164,8 @@ class DatasetWriter:
         self._pending_masked: List[int] = []
         self._pending_convs: Dict[str, list] = {}
         self._pending_bytes = 0
+        self._shard_bytes_held = 0  # shards queued or being written (their tensors' bytes)
+        self.peak_host_bytes = 0  # the most row bytes this writer held at once
         self._lock = threading.Lock()  # guards the log, self.committed and the stats
         self.bytes_written = 0
         self.samples_written = 0
@@ -283,16 +285,26 @@ class DatasetWriter:
             # feeds the engine (BENCHMARKS section 8). A shard is held unencoded until then,
             # so its flush threshold counts the unencoded bytes (the host budget holds).
             t[name] = h if self.fp8 else h.to(self.dtype)  # no copy when the dtype matches
+        nbytes = sum(x.numel() * x.element_size() for x in t.values())
+        if self._pending_bytes and self._pending_bytes + nbytes > self.shard_bytes:
+            self._flush()  # a shard holds at most max(shard_bytes, one sample) bytes
         self._pending.update(t)
         self._pending_ids.append(sid)
         if conversation is not None:
             self._pending_convs[str(sid)] = conversation
         self._pending_lens.append(len(input_ids))
         self._pending_masked.append(int(t[f"{sid}/loss_mask"].sum()))
-        self._pending_bytes += sum(x.numel() * x.element_size() for x in t.values())
+        self._pending_bytes += nbytes
+        self.peak_host_bytes = max(self.peak_host_bytes, self.host_bytes)
         if self._pending_bytes >= self.shard_bytes:
             self._flush()
         return True
+
+    @property
+    def host_bytes(self) -> int:
+        """Bytes of sample tensors this writer holds now: the shard filling, the one queued
+        and those being written; at most (writer_threads + 2) x max(shard_bytes, one sample)."""
+        return self._pending_bytes + self._shard_bytes_held
 
     def _flush(self) -> None:
         if not self._pending_ids:
@@ -300,8 +312,10 @@ class DatasetWriter:
         name = commits.shard_name(self.tag, self._next)
         self._next += 1
         t0 = time.perf_counter()
-        self._q.put((name, self._pending, self._pending_ids, self._pending_lens,
-                     self._pending_masked, self._pending_convs))
+        with self._lock:
+            self._shard_bytes_held += self._pending_bytes
+        self._q.put((self._pending_bytes, name, self._pending, self._pending_ids,
+                     self._pending_lens, self._pending_masked, self._pending_convs))
         self.timing["queue_wait_s"] += time.perf_counter() - t0
         self._pending, self._pending_ids, self._pending_bytes = {}, [], 0
         self._pending_lens, self._pending_masked, self._pending_convs = [], [], {}
@@ -311,6 +325,7 @@ class DatasetWriter:
             item = self._q.get()
             if item is None:
                 return
+            nbytes, item = item[0], item[1:]
             if self._error is None:
                 t0 = time.perf_counter()
                 try:
@@ -320,6 +335,9 @@ class DatasetWriter:
                 except BaseException as e:  # reported on the next add()/close()
                     self._error = e
                     log.error("writing %s to %s failed: %s", item[0], self.dir, e)
+            item = None  # the shard's tensors are freed here, before it is counted out
+            with self._lock:
+                self._shard_bytes_held -= nbytes
             self._q.task_done()
 
     def _commit(self, name: str, tensors: Dict[str, torch.Tensor], ids: List[int],

@@ -295,3 +295,28 @@ def test_overwrite_replaces_a_whole_dataset_and_nothing_else(tmp_path):
     with pytest.raises(ValueError, match=r"holds no hsdump dataset \(notes.txt\)"):
         writer(tmp_path, overwrite=True)
     assert (tmp_path / "notes.txt").read_text() == "mine"
+
+
+def test_a_shard_holds_at_most_one_shard_size_or_one_sample(tmp_path):
+    """The host budget (pipeline.rows_in_flight) counts each held shard as
+    max(shard_bytes, one sample): a sample that would overflow the filling shard starts a new
+    one, and the writer never holds more than writer_threads + 2 such shards."""
+    w = writer(tmp_path, shard_bytes=3000, threads=2)
+    lens = [5, 17, 40, 1, 60, 3, 22, 9, 33, 12]
+    data = {sid: sample(sid, n) for sid, n in enumerate(lens)}
+    size = {}
+    for sid, (ids, mask, hs) in data.items():
+        size[sid] = len(ids) * 8 * 2 + sum(h.numel() * 2 for h in hs)  # int64 ids+mask, bf16
+        assert w.add(sid, ids, mask, hs)
+        assert w.host_bytes <= (2 + 2) * max(3000, max(size.values()))
+    w.close()
+    assert w.host_bytes == 0 and 0 < w.peak_host_bytes <= 4 * max(3000, max(size.values()))
+    index = json.loads((tmp_path / "index.json").read_text())
+    sa = index["samples"]
+    pos = 0
+    for count in index["shards"]["count"]:
+        ids = sa["id"][pos: pos + count]
+        pos += count
+        total = sum(size[i] for i in ids)
+        assert total <= max(3000, max(size[i] for i in ids)), (ids, total)
+        assert count == 1 or total <= 3000
