@@ -19,12 +19,15 @@ It also measures the output disk's sequential write bandwidth (dd with oflag=dir
 conv=fdatasync) and the serial stages of the writer thread (safetensors serialize, sha256,
 write+fsync) on one shard's worth of data. Peak host memory is the summed RSS of this process
 and all its descendants (SGLang's scheduler and detokenizer), peak GPU memory is NVML's
-device-wide `used`; both are sampled every 0.2 s during the timed window.
+device-wide `used` (summed over the engine's `--tp` GPUs); both are sampled every 0.2 s during
+the timed window.
 
     make bench                                       # CPU-sized: tiny Llama, SGLang CPU engine
     python3 bench/bench.py --device cuda --models llama8b:2048:128:8 --name gpu-llama8b
     python3 bench/bench.py --device cuda --models llama8b:2048/8192 --deadline-s 560
     python3 bench/bench.py --device cuda --models kimi-width:2048 --modes a,b,b8,c --weights dummy
+    python3 bench/bench.py --device cuda --tp 2 --models llama8b:2048:512:2 --modes a,b \
+        --weights dummy                              # TP 2 on two GPUs (bench/gpu_x2.sh)
     python3 bench/writer_bench.py --dir /output/disk               # DatasetWriter alone
 
 On the GPU machine, first `source .gpu/part1/install.sh` and put the repo on PYTHONPATH
@@ -184,31 +187,38 @@ class _NvmlMem(ctypes.Structure):
 
 
 class Gpu:
-    """Device-wide memory use through NVML (no CUDA context in this process)."""
+    """Device-wide memory use through NVML (no CUDA context in this process), summed over the
+    first `count` visible GPUs (the engine's TP ranks)."""
 
-    def __init__(self):
-        self.handle = None
+    def __init__(self, count: int = 1):
+        self.handles: List[ctypes.c_void_p] = []
         try:
             self.lib = ctypes.CDLL("libnvidia-ml.so.1")
             if self.lib.nvmlInit_v2() != 0:
                 return
-            idx = 0
-            vis = os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",")[0].strip()
-            if vis.isdigit():
-                idx = int(vis)
-            h = ctypes.c_void_p()
-            if self.lib.nvmlDeviceGetHandleByIndex_v2(idx, ctypes.byref(h)) == 0:
-                self.handle = h
+            vis = [x.strip() for x in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",")
+                   if x.strip()][:count]
+            ok = len(vis) == count and all(x.isdigit() for x in vis)
+            idxs = [int(x) for x in vis] if ok else list(range(count))
+            for idx in idxs:
+                h = ctypes.c_void_p()
+                if self.lib.nvmlDeviceGetHandleByIndex_v2(idx, ctypes.byref(h)) != 0:
+                    self.handles = []
+                    return
+                self.handles.append(h)
         except OSError:
             pass
 
     def used(self) -> Optional[int]:
-        if self.handle is None:
+        if not self.handles:
             return None
-        m = _NvmlMem()
-        if self.lib.nvmlDeviceGetMemoryInfo(self.handle, ctypes.byref(m)) != 0:
-            return None
-        return int(m.used)
+        total = 0
+        for h in self.handles:
+            m = _NvmlMem()
+            if self.lib.nvmlDeviceGetMemoryInfo(h, ctypes.byref(m)) != 0:
+                return None
+            total += int(m.used)
+        return total
 
 
 def tree_rss(root: int) -> int:
@@ -240,10 +250,10 @@ def tree_rss(root: int) -> int:
 
 
 class Monitor(threading.Thread):
-    def __init__(self, period: float = 0.2):
+    def __init__(self, period: float = 0.2, gpus: int = 1):
         super().__init__(name="bench-monitor", daemon=True)
         self.period = period
-        self.gpu = Gpu()
+        self.gpu = Gpu(gpus)
         self.lock = threading.Lock()
         self.peak_rss = 0
         self.peak_gpu: Optional[int] = None
@@ -338,7 +348,9 @@ def _prepare(device: str) -> None:
 
 
 def engine_config(device: str, mem_fraction: Optional[float]):
-    """conf/engine/cpu.yaml or conf/engine/gpu.yaml (mem_fraction_static overridable)."""
+    """conf/engine/cpu.yaml or conf/engine/gpu.yaml (mem_fraction_static overridable; as in
+    gpu.yaml no prefill CUDA graphs, and plain_kwargs/CaptureEngine skip the decode graphs of
+    a run that never decodes)."""
     from hsdump.config import EngineConfig
 
     if device == "cpu":
@@ -350,12 +362,12 @@ def engine_config(device: str, mem_fraction: Optional[float]):
     return EngineConfig(device="cuda", attention_backend="triton", sampling_backend="pytorch",
                         mem_fraction_static=mem_fraction or 0.5, max_prefill_tokens=16384,
                         inflight_tokens=131072, disable_cuda_graph=False,
-                        chunked_prefill_size=16384)
+                        prefill_cuda_graph_max_tokens=0, chunked_prefill_size=16384)
 
 
-def plain_kwargs(model_path: str, ec) -> dict:
+def plain_kwargs(model_path: str, ec, tp: int = 1) -> dict:
     """The keyword arguments CaptureEngine gives sglang, minus everything about capture."""
-    kw = dict(model_path=model_path, tp_size=1, dtype="bfloat16", device=ec.device,
+    kw = dict(model_path=model_path, tp_size=tp, dtype="bfloat16", device=ec.device,
               skip_tokenizer_init=True, disable_radix_cache=True,
               chunked_prefill_size=ec.chunked_prefill_size,
               max_prefill_tokens=ec.max_prefill_tokens, disable_cuda_graph=ec.disable_cuda_graph,
@@ -364,6 +376,9 @@ def plain_kwargs(model_path: str, ec) -> dict:
                 "max_running_requests", "max_total_tokens"):
         if getattr(ec, key) is not None:
             kw[key] = getattr(ec, key)
+    from hsdump.engine import graph_kwargs
+
+    kw.update(graph_kwargs(ec, False))  # CaptureEngine's CUDA graphs for a run that never decodes
     kw.update(ec.extra)  # e.g. load_format="dummy" (--weights dummy), as CaptureEngine does
     return kw
 
@@ -389,10 +404,10 @@ def aux_scheduler_process(*args, **kwargs):
     return run_scheduler_process(*args, **kwargs)
 
 
-def builtin_engine(model_path: str, ec, layers: List[int], version: str):
+def builtin_engine(model_path: str, ec, layers: List[int], version: str, tp: int = 1):
     from sglang.srt.entrypoints.engine import Engine
 
-    kw = plain_kwargs(model_path, ec)
+    kw = plain_kwargs(model_path, ec, tp)
     kw["enable_return_hidden_states"] = True
     if version == "0.5.17":
         os.environ[AUX_ENV] = ",".join(str(k) for k in layers)
@@ -446,13 +461,14 @@ class Workload:
         self.tokens = sum(len(s) for s in samples)
 
 
-def mode_plain(model_path, ec, loads: List[Workload], mon, repeat: int = 1) -> dict:
+def mode_plain(model_path, ec, loads: List[Workload], mon, repeat: int = 1,
+               tp: int = 1) -> dict:
     """Mode a. Returns {seq: result} plus "_engine" facts."""
     from sglang.srt.entrypoints.engine import Engine
 
     out = {"_engine": {"baseline": mon.reset()}}
     t0 = time.time()
-    eng = Engine(**plain_kwargs(model_path, ec))
+    eng = Engine(**plain_kwargs(model_path, ec, tp))
     out["_engine"]["engine_start_s"] = time.time() - t0
     try:
         for w in loads:
@@ -476,7 +492,7 @@ def mode_plain(model_path, ec, loads: List[Workload], mon, repeat: int = 1) -> d
 
 def mode_hsdump(model_path, ec, loads: List[Workload], layers, info, out_dir, mon,
                 repeat: int = 1, storages=("bfloat16",), fp8_tokens: int = 0,
-                on_partial=None) -> dict:
+                on_partial=None, tp: int = 1) -> dict:
     """Modes b0 (capture, rows dropped), b (capture + DatasetWriter to disk) and b8 (the same
     with storage fp8, if "fp8" is in `storages`), one engine. b8 runs on the first samples
     holding `fp8_tokens` tokens (0: all of b's). `on_partial(seq, results)` is called after
@@ -488,7 +504,7 @@ def mode_hsdump(model_path, ec, loads: List[Workload], layers, info, out_dir, mo
 
     out = {"_engine": {"baseline": mon.reset()}}
     t0 = time.time()
-    eng = CaptureEngine(model_path, ModelConfig(path=model_path), ec, layers, info)
+    eng = CaptureEngine(model_path, ModelConfig(path=model_path, tp_size=tp), ec, layers, info)
     out["_engine"].update(engine_start_s=time.time() - t0, sglang=eng.version)
     k_bytes = len(layers) * info.hidden_size * 2
     ds_dir = os.path.join(out_dir, "dataset")
@@ -610,11 +626,11 @@ def fp8_host_cost(hidden: int, slots: int, seq: int = 2048, reps: int = 3) -> di
 
 
 def mode_builtin(model_path, ec, loads: List[Workload], layers, info, version, mon,
-                 repeat: int = 1) -> dict:
+                 repeat: int = 1, tp: int = 1) -> dict:
     """Mode c: SGLang's own return path, the caller keeping every returned list."""
     out = {"_engine": {"baseline": mon.reset()}}
     t0 = time.time()
-    eng = builtin_engine(model_path, ec, layers, version)
+    eng = builtin_engine(model_path, ec, layers, version, tp)
     out["_engine"]["engine_start_s"] = time.time() - t0
     width = len(layers) * info.hidden_size
     try:
@@ -655,13 +671,13 @@ def _mb(x):
     return "-" if x is None else f"{x / 1e6:,.1f}"
 
 
-def table(name: str, r: dict) -> str:
+def table(name: str, r: dict, tp: int = 1) -> str:
     b = r.get("b") or {}
     rows = [("a plain prefill", r.get("a")), ("b0 hsdump capture only", b.get("b0")),
             ("b hsdump -> disk", b.get("b")), ("c built-in lists", r.get("c"))]
     if b.get("b8"):
         rows.insert(3, ("b8 hsdump -> disk, fp8", b.get("b8")))
-    lines = [f"{name}: {r['model']} seq {r['seq']} layers {r['layers']} "
+    lines = [f"{name}: {r['model']} seq {r['seq']} tp {r.get('tp', tp)} layers {r['layers']} "
              f"(samples a/b {r['samples']}, c {r['samples_builtin']})",
              f"| mode | tokens/s | samples/s | write MB/s | payload MB/s | peak RSS GB "
              f"| peak GPU GB | wall s |",
@@ -724,6 +740,9 @@ def main(argv=None) -> int:
     ap.add_argument("--results-dir", default=str(HERE / "results"))
     ap.add_argument("--out-dir", default="/tmp/hsdump-bench", help="dataset and dd target")
     ap.add_argument("--model-dir", default="/tmp/hsdump-bench-models")
+    ap.add_argument("--tp", type=int, default=1,
+                    help="SGLang tensor-parallel size of every mode's engine (a, b0, b, b8, c); "
+                    "above 1 also enforce_disable_flashinfer_allreduce_fusion=True")
     ap.add_argument("--mem-fraction", type=float, default=None)
     ap.add_argument("--dd-mib", type=int, default=None)
     ap.add_argument("--repeat", type=int, default=None,
@@ -747,6 +766,9 @@ def main(argv=None) -> int:
     ap.add_argument("--writer-stages-mib", type=int, default=None,
                     help="MiB of the serial writer-stage probe (default 1024 GPU, 64 CPU; 0 skips)")
     args = ap.parse_args(argv)
+    if args.tp < 1:
+        ap.error(f"--tp {args.tp}: must be >= 1")
+    tp = args.tp
     if args.writer_threads:
         WRITER_OPTS["threads"] = args.writer_threads
     if args.shard_mib:
@@ -764,20 +786,25 @@ def main(argv=None) -> int:
 
     version = sglang_version()
     report = {"name": name, "command": " ".join([sys.executable] + sys.argv),
-              "env": environment(dev), "sglang": version, "runs": {}}
+              "env": environment(dev), "sglang": version, "tp": tp, "runs": {}}
     out_json = Path(args.results_dir) / f"{name}.json"
 
     def save():
         out_json.parent.mkdir(parents=True, exist_ok=True)
         out_json.write_text(json.dumps(report, indent=1, default=str))
 
-    mon = Monitor()
+    mon = Monitor(gpus=tp)
     mon.start()
+    report["gpu_memory"] = f"NVML used, summed over the first {tp} visible GPU(s)"
     ec = engine_config(dev, args.mem_fraction)
     if args.no_cuda_graph:
         ec.disable_cuda_graph = True
     if args.weights == "dummy":
         ec.extra["load_format"] = "dummy"
+    if tp > 1:
+        # SGLang 0.5.17 on SM90 otherwise JIT-builds FlashInfer's all-reduce fusion kernels for
+        # about 3 minutes at the first engine start (BENCHMARKS.md section 9)
+        ec.extra["enforce_disable_flashinfer_allreduce_fusion"] = True
     report["weights"] = args.weights
     report["writer_opts"] = dict(WRITER_OPTS)
     report["engine_config"] = {k: getattr(ec, k) for k in ec.__dataclass_fields__}
@@ -839,7 +866,7 @@ def main(argv=None) -> int:
                 "model": mname, "model_path": model_path, "architecture": info.architecture,
                 "hidden_size": info.hidden_size, "num_hidden_layers": info.num_hidden_layers,
                 "seq": seq, "samples": n, "samples_builtin": nc, "layers": layers,
-                "weights": args.weights,
+                "weights": args.weights, "tp": tp,
                 "tokens": loads[-1].tokens,
                 "repeat": repeat, "model_build_s": build_s}
         engines = report.setdefault("engines", {}).setdefault(mname, {})
@@ -868,14 +895,14 @@ def main(argv=None) -> int:
 
             def run_mode():
                 if mode == "a":
-                    return mode_plain(model_path, ec, loads, mon, repeat)
+                    return mode_plain(model_path, ec, loads, mon, repeat, tp)
                 if mode in ("b", "b8"):
                     storages = ["bfloat16"] * (mode == "b") + ["fp8"] * ("b8" in modes)
                     return mode_hsdump(model_path, ec, loads, layers, info, args.out_dir, mon,
-                                       repeat, storages, args.fp8_tokens, partial)
+                                       repeat, storages, args.fp8_tokens, partial, tp)
                 if mode == "c":
                     return mode_builtin(model_path, ec, loads, layers, info, version, mon,
-                                        repeat)
+                                        repeat, tp)
                 raise ValueError(f"unknown mode {mode}")
 
             try:
@@ -913,7 +940,7 @@ def main(argv=None) -> int:
             save()
         for seq in seqs:
             print()
-            print(table(name, runs[seq]))
+            print(table(name, runs[seq], tp))
         print("engine start s: " + ", ".join(
             f"{m} {e.get('engine_start_s', float('nan')):.1f}" for m, e in engines.items()))
         print()

@@ -1,16 +1,19 @@
-"""Serving layouts of a DeepSeek-V3-architecture model through extract.py, on 2 GPUs.
+"""Serving layouts of a DeepSeek-V3-architecture model and a Llama through extract.py, on 2 GPUs.
 
 For each layout, one `extract.py` run writes the embedded 100 conversations (99 samples,
 DeepSeek tokenizer, `dataset.max_seq_len=256`) captured at layers [1, 3, 4] of a random
-DeepSeek-V3-config model (real MLA dims, 8 experts top-2, hidden 512, 6 layers; built here),
-with 128-token chunked prefill (64 per rank under DP attention) so requests span chunks and
-DP ranks sit idle while others prefill. Each dataset is checked with `python -m hsdump
-verify` and every stored tensor is compared with transformers (float32, the project's
-tolerance rule of bench/gpu_check.py, against transformers' own bf16 error) and with the
-TP 1 dataset (same rule, TP 1 in place of the float32 reference).
+model built here: a DeepSeek-V3-config model (real MLA dims, 8 experts top-2, hidden 512,
+6 layers) or a Llama (bench/gpu_check.py's: hidden 256, 6 layers, 4 heads, 2 KV heads), both
+with the DeepSeek tokenizer's vocabulary. 128-token chunked prefill (64 per rank under DP
+attention) so requests span chunks and DP ranks sit idle while others prefill. Each dataset
+is checked with `python -m hsdump verify` and every stored tensor is compared with
+transformers (float32, the project's tolerance rule of bench/gpu_check.py, against
+transformers' own bf16 error) and with its model's TP 1 dataset (same rule, TP 1 in place of
+the float32 reference).
 
-Layouts: tp1 (reference), tp2 (`model.tp_size=2`), tp2-dpattn (+ `dp_size=2
-enable_dp_attention=true`), tp2-ep2 (+ `ep_size=2`, default moe_a2a_backend=none).
+Layouts of the DeepSeek-V3 model: tp1 (reference), tp2 (`model.tp_size=2`), tp2-dpattn
+(+ `dp_size=2 enable_dp_attention=true`), tp2-ep2 (+ `ep_size=2`, default
+moe_a2a_backend=none). Of the Llama: llama-tp1 (its reference), llama-tp2.
 
 Throughput (`--throughput`): per layout, CaptureEngine with the GPU preset (16,384-token
 chunks), 2,048-token random prompts, rows dropped by the sink (capture only: the small MoE's
@@ -21,6 +24,8 @@ timed passes.
         --target /tmp/site .whl/*.whl; export PYTHONPATH=.:/tmp/site
     python3 bench/gpu_layouts.py --out results.json                      # everything
     python3 bench/gpu_layouts.py --layouts tp1,tp2-dpattn --throughput ""  # a subset
+    python3 bench/gpu_layouts.py --layouts llama-tp1,llama-tp2 --throughput ""
+    python3 bench/gpu_layouts.py --device cpu --layouts llama-tp1 --throughput ""  # CPU debug
 
 tests/test_gpu_layouts.py runs the same through pytest (marked gpu; needs 2 GPUs).
 """
@@ -58,16 +63,31 @@ CHUNK = 128
 COMMON = ["engine=gpu", "engine.mem_fraction_static=0.5", f"engine.chunked_prefill_size={CHUNK}",
           f"capture.layers=[{','.join(map(str, LAYERS))}]", "output.overwrite=true",
           "progress=false", "+engine.extra.enforce_disable_flashinfer_allreduce_fusion=true"]
+# the models (built by build_model) and each one's reference layout
+MODELS = {"dsv3": {"name": "dsv3-small", "reference": "tp1"},
+          "llama": {"name": "llama-small", "reference": "llama-tp1"}}
 LAYOUTS: Dict[str, Dict] = {
-    "tp1": {"tp": 1, "extra": {}},
-    "tp2": {"tp": 2, "extra": {}},
-    "tp2-dpattn": {"tp": 2, "extra": {"dp_size": 2, "enable_dp_attention": True}},
-    "tp2-ep2": {"tp": 2, "extra": {"ep_size": 2}},
+    "tp1": {"tp": 1, "extra": {}, "model": "dsv3"},
+    "tp2": {"tp": 2, "extra": {}, "model": "dsv3"},
+    "tp2-dpattn": {"tp": 2, "extra": {"dp_size": 2, "enable_dp_attention": True},
+                   "model": "dsv3"},
+    "tp2-ep2": {"tp": 2, "extra": {"ep_size": 2}, "model": "dsv3"},
+    "llama-tp1": {"tp": 1, "extra": {}, "model": "llama"},
+    "llama-tp2": {"tp": 2, "extra": {}, "model": "llama"},
 }
-REFERENCE = "tp1"
+REFERENCE = "tp1"  # the DeepSeek-V3 model's; reference_of() gives any layout's
 LAST_REPORT: dict = {}  # main()'s report, for tests/test_gpu_layouts.py
 DEVICE = {"name": "cuda"}
 REUSE = {"on": False}  # --device cpu: a debug run of this script (tiny Llama, SGLang's CPU engine)
+
+
+def model_of(name: str) -> str:
+    return LAYOUTS[name]["model"]
+
+
+def reference_of(name: str) -> str:
+    """The layout whose dataset `name`'s is compared with (its model's TP 1)."""
+    return MODELS[model_of(name)]["reference"]
 
 
 def overrides(name: str) -> List[str]:
@@ -79,9 +99,10 @@ def overrides(name: str) -> List[str]:
 
 
 # --------------------------------------------------------------------------- model
-def build_model(dest: str, seed: int = 0) -> str:
-    """gpu_check's DeepSeek-V3 config with the DeepSeek tokenizer's vocabulary (129,280),
-    saved with that tokenizer and hsdump's DeepSeek-V3 chat template."""
+def build_model(dest: str, seed: int = 0, family: str = "dsv3") -> str:
+    """gpu_check's DeepSeek-V3 config (family "dsv3") or Llama config ("llama") with the
+    DeepSeek tokenizer's vocabulary (129,280), saved with that tokenizer and hsdump's
+    DeepSeek-V3 chat template."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from hsdump.tiny import save_tokenizer
@@ -91,7 +112,7 @@ def build_model(dest: str, seed: int = 0) -> str:
     tmp = dest + ".tmp"
     shutil.rmtree(tmp, ignore_errors=True)
     save_tokenizer(Path(tmp))
-    cfg = gc.deepseek_v3_config()
+    cfg = {"dsv3": gc.deepseek_v3_config, "llama": gc.llama_config}[family]()
     cfg.vocab_size = len(AutoTokenizer.from_pretrained(tmp))
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16)
@@ -106,7 +127,7 @@ def run_extract(name: str, model: str, workdir: str, timeout_s: float) -> dict:
     common = COMMON if DEVICE["name"] == "cuda" else (
         ["engine=cpu", f"engine.chunked_prefill_size={CHUNK}"] + COMMON[3:-1])
     cmd = [sys.executable, str(ROOT / "extract.py"), f"model.path={model}",
-           "model.name=dsv3-small", f"output.dir={out_dir}",
+           f"model.name={MODELS[model_of(name)]['name']}", f"output.dir={out_dir}",
            f"hydra.run.dir={workdir}/hydra-{name}"] + common + overrides(name)
     log_path = os.path.join(workdir, f"extract-{name}.log")
     t0 = time.time()
@@ -187,17 +208,50 @@ def compare_with(recs: Dict[int, dict], base: Dict[int, dict], ids: List[int], r
             "tolerance_failures": fails}
 
 
-def fidelity(names: List[str], workdir: str, model: str, timeout_s: float,
+class Models:
+    """The models of the layouts asked for, each built in the workdir on first use."""
+
+    def __init__(self, workdir: str, report: dict):
+        self.workdir, self.report, self.paths = workdir, report, {}
+
+    def path(self, family: str) -> str:
+        if family not in self.paths:
+            t = time.time()
+            if DEVICE["name"] == "cpu" and family == "dsv3":
+                from hsdump.tiny import resolve_model_path
+
+                # SGLang's CPU engine runs no MLA: the DeepSeek-V3 layouts debug on the tiny Llama
+                self.paths[family] = resolve_model_path("tiny:llama")
+            else:
+                self.paths[family] = build_model(
+                    os.path.join(self.workdir, f"model-{MODELS[family]['name']}"), family=family)
+            self.report.setdefault("model_build_s", {})[family] = round(time.time() - t, 1)
+        return self.paths[family]
+
+
+def fidelity(names: List[str], workdir: str, models: Models, timeout_s: float,
              report: dict, save) -> None:
+    """The layouts `names`, grouped by model: extract.py runs, then the comparisons with
+    transformers and with the model's reference layout."""
     runs: Dict[str, dict] = report.setdefault("layouts", {})
+    for family in dict.fromkeys(model_of(n) for n in names):
+        _fidelity_of_model(family, [n for n in names if model_of(n) == family], workdir,
+                           models.path(family), timeout_s, report, runs, save)
+
+
+def _fidelity_of_model(family: str, names: List[str], workdir: str, model: str,
+                       timeout_s: float, report: dict, runs: Dict[str, dict], save) -> None:
+    reference = MODELS[family]["reference"]
     records: Dict[str, Dict[int, dict]] = {}
     for name in names:
-        print(f"\n== extract.py, layout {name}: {' '.join(overrides(name))}", flush=True)
+        print(f"\n== extract.py, layout {name} ({MODELS[family]['name']}): "
+              f"{' '.join(overrides(name))}", flush=True)
         done = os.path.join(workdir, f"ds-{name}")
         if REUSE["on"] and os.path.isdir(done):  # --reuse: compare what an earlier run wrote
             res = {"rc": 0, "out_dir": done, "reused": True}
         else:
             res = run_extract(name, model, workdir, timeout_s)
+        res.update(model=MODELS[family]["name"], reference=reference)
         runs[name] = res
         if res["rc"] == 0:
             res["verify"] = verify(res["out_dir"])
@@ -209,27 +263,27 @@ def fidelity(names: List[str], workdir: str, model: str, timeout_s: float,
         save()
     if not records:
         return
-    first = records[REFERENCE] if REFERENCE in records else next(iter(records.values()))
+    first = records[reference] if reference in records else next(iter(records.values()))
     ids = sorted(first)
     prompts = [first[sid]["input_ids"].tolist() for sid in ids]
     t0 = time.time()
     ref32 = gc.hf_hidden_states(model, prompts, LAYERS, torch.float32, DEVICE["name"])
     ref16 = gc.hf_hidden_states(model, prompts, LAYERS, torch.bfloat16, DEVICE["name"])
-    report["reference_s"] = round(time.time() - t0, 1)
+    report.setdefault("reference_s", {})[family] = round(time.time() - t0, 1)
     for name, recs in records.items():
         res = compare_records(recs, ids, prompts, ref32, ref16)
         runs[name]["vs_transformers"] = {"summary": res["summary"],
                                          "tolerance_failures": res["tolerance_failures"],
                                          "problems": res["problems"]}
-        if name != REFERENCE and REFERENCE in records:
-            runs[name]["vs_" + REFERENCE] = compare_with(
-                recs, records[REFERENCE], ids, res["hf_bf16_vs_hf_fp32"])
+        if name != reference and reference in records:
+            runs[name]["vs_" + reference] = compare_with(
+                recs, records[reference], ids, res["hf_bf16_vs_hf_fp32"])
         s = res["summary"]
         print(f"{name}: worst vs transformers fp32 "
               f"{max(v['sglang_max'] for v in s.values()):.4f} (HF bf16 worst "
               f"{max(v['hf_bf16_max'] for v in s.values()):.4f}); tolerance failures "
-              f"{len(res['tolerance_failures'])}; vs {REFERENCE}: "
-              f"{runs[name].get('vs_' + REFERENCE, {}).get('summary')}", flush=True)
+              f"{len(res['tolerance_failures'])}; vs {reference}: "
+              f"{runs[name].get('vs_' + reference, {}).get('summary')}", flush=True)
     save()
 
 
@@ -241,7 +295,8 @@ def throughput(name: str, model: str, n: int, length: int, repeat: int) -> dict:
 
     lay = LAYOUTS[name]
     extra = dict(lay["extra"], enforce_disable_flashinfer_allreduce_fusion=True)
-    ecfg = gc.engine_config(DEVICE["name"], 16384, extra=extra)
+    # prefill CUDA graphs off as in conf/engine/gpu.yaml (the extract.py runs' preset)
+    ecfg = gc.engine_config(DEVICE["name"], 16384, extra=extra, prefill_cuda_graph_max_tokens=0)
     info = read_model_info(model)
     prompts = gc.make_prompts([length] * n, seed=1, vocab=info.vocab_size)
     t0 = time.time()
@@ -275,10 +330,12 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--device", default="cuda", choices=["cuda", "cpu"],
                     help="cpu: debug this script with the tiny Llama on SGLang's CPU engine")
-    ap.add_argument("--layouts", default=",".join(LAYOUTS))
+    ap.add_argument("--layouts", default=",".join(LAYOUTS),
+                    help="comma list of layouts to check (default: all): " + ", ".join(LAYOUTS))
     ap.add_argument("--reuse", action="store_true",
                     help="compare the datasets an earlier run left in --workdir")
-    ap.add_argument("--throughput", default="tp2-dpattn,tp2,tp2-ep2")
+    ap.add_argument("--throughput", default="tp2-dpattn,tp2,tp2-ep2",
+                    help="comma list of layouts whose capture throughput is measured")
     ap.add_argument("--workdir", default=None)
     ap.add_argument("--out", default=None, help="results JSON")
     ap.add_argument("--extract-timeout-s", type=float, default=300)
@@ -290,6 +347,11 @@ def main(argv=None) -> int:
     ap.add_argument("--est-throughput-s", type=float, default=75,
                     help="time one throughput layout is expected to take (for the deadline)")
     args = ap.parse_args(argv)
+    names = [x for x in args.layouts.split(",") if x]
+    tp_names = [x for x in args.throughput.split(",") if x]
+    unknown = [x for x in names + tp_names if x not in LAYOUTS]
+    if unknown:
+        ap.error(f"unknown layouts {unknown}; use any of {', '.join(LAYOUTS)}")
     t_start = time.time()
     gc.enable_child_tracebacks()
     workdir = args.workdir or tempfile.mkdtemp(prefix="hsdump-layouts-")
@@ -307,21 +369,13 @@ def main(argv=None) -> int:
             Path(args.out).parent.mkdir(parents=True, exist_ok=True)
             Path(args.out).write_text(json.dumps(report, indent=1))
 
-    t = time.time()
     DEVICE["name"] = args.device
     REUSE["on"] = args.reuse
-    if args.device == "cpu":
-        from hsdump.tiny import resolve_model_path
-
-        model = resolve_model_path("tiny:llama")
-    else:
-        model = build_model(os.path.join(workdir, "model-dsv3-small"))
-    report["model_build_s"] = round(time.time() - t, 1)
-    names = [x for x in args.layouts.split(",") if x]
+    models = Models(workdir, report)
     if names:
-        fidelity(names, workdir, model, args.extract_timeout_s, report, save)
+        fidelity(names, workdir, models, args.extract_timeout_s, report, save)
     tp = report.setdefault("throughput", {})
-    for name in [x for x in args.throughput.split(",") if x]:
+    for name in tp_names:
         left = args.deadline_s - (time.time() - t_start)
         if args.deadline_s and left < args.est_throughput_s:
             tp[name] = {"skipped": f"deadline ({left:.0f} s left)"}
@@ -330,6 +384,7 @@ def main(argv=None) -> int:
             continue
         print(f"\n== throughput {name}", flush=True)
         try:
+            model = models.path(model_of(name))  # built outside the watchdog's time
             with gc.Watchdog(150, f"throughput {name}"):
                 tp[name] = throughput(name, model, args.prompts, args.length, args.repeat)
         except Exception as e:
@@ -339,8 +394,8 @@ def main(argv=None) -> int:
         save()
     ok = all(r.get("rc") == 0 and r.get("verify", {}).get("rc") == 0
              and not r.get("vs_transformers", {}).get("tolerance_failures", ["missing"])
-             and not r.get("vs_" + REFERENCE, {}).get("tolerance_failures")
-             for r in report.get("layouts", {}).values())
+             and not r.get("vs_" + reference_of(name), {}).get("tolerance_failures")
+             for name, r in report.get("layouts", {}).items())
     report["all_ok"] = ok
     save()
     print(f"\nall_ok={ok} elapsed {time.time() - t_start:.0f} s", flush=True)

@@ -1,16 +1,20 @@
-"""Serving layouts on two GPUs: DeepSeek-V3 architecture through extract.py (bench/gpu_layouts.py).
+"""Serving layouts on two GPUs: DeepSeek-V3 architecture and Llama through extract.py
+(bench/gpu_layouts.py).
 
-TP 1 (reference), TP 2, TP 2 + DP attention (dp_size=2, enable_dp_attention) and TP 2 + EP 2
-each write the embedded 100 conversations (99 samples) with 128-token chunked prefill; every
-stored tensor must match transformers float32 by the project's tolerance rule
-(bench/gpu_check.py) and the TP 1 dataset by the same rule, `python -m hsdump verify` must be
-clean, and the rows must come from the processes the layout says: one (attention-TP rank 0)
-under TP, one per DP group under DP attention.
+DeepSeek-V3: TP 1 (reference), TP 2, TP 2 + DP attention (dp_size=2, enable_dp_attention) and
+TP 2 + EP 2; Llama: TP 1 (its reference) and TP 2. Each writes the embedded 100 conversations
+(99 samples) with 128-token chunked prefill; every stored tensor must match transformers
+float32 by the project's tolerance rule (bench/gpu_check.py) and its model's TP 1 dataset by
+the same rule, `python -m hsdump verify` must be clean, and the rows must come from the
+processes the layout says: one (attention-TP rank 0) under TP, one per DP group under DP
+attention.
 
 Run on the 2-GPU machine (SGLang 0.5.17 bundle and the extract.py wheels, see
 bench/gpu_layouts.sh): python3 -m pytest -q -s tests/test_gpu_layouts.py
 HSDUMP_GPU_LAYOUTS_JSON=path writes the results; HSDUMP_GPU_LAYOUTS_THROUGHPUT=1 adds the
-capture-throughput comparison of the three TP 2 layouts.
+capture-throughput comparison of the three DeepSeek-V3 TP 2 layouts;
+HSDUMP_GPU_LAYOUTS=llama-tp1,llama-tp2 (a comma list) runs only those layouts (with their
+references) and skips the tests of the others.
 """
 
 import json
@@ -32,9 +36,19 @@ gl = load_bench("gpu_layouts")
 LAYOUTS = list(gl.LAYOUTS)
 
 
+def selected() -> list:
+    """The layouts this run checks: HSDUMP_GPU_LAYOUTS plus their references (default all)."""
+    want = [x for x in os.environ.get("HSDUMP_GPU_LAYOUTS", "").split(",") if x]
+    if not want:
+        return LAYOUTS
+    want += [gl.reference_of(x) for x in want if x in gl.LAYOUTS]
+    return [x for x in LAYOUTS if x in want]
+
+
 @pytest.fixture(scope="module")
 def report(tmp_path_factory):
-    argv = ["--workdir", str(tmp_path_factory.mktemp("layouts")), "--throughput",
+    argv = ["--workdir", str(tmp_path_factory.mktemp("layouts")),
+            "--layouts", ",".join(selected()), "--throughput",
             "tp2-dpattn,tp2,tp2-ep2" if os.environ.get("HSDUMP_GPU_LAYOUTS_THROUGHPUT") else ""]
     if os.environ.get("HSDUMP_GPU_LAYOUTS_DEADLINE_S"):
         argv += ["--deadline-s", os.environ["HSDUMP_GPU_LAYOUTS_DEADLINE_S"]]
@@ -47,14 +61,18 @@ def report(tmp_path_factory):
 
 @pytest.mark.parametrize("layout", LAYOUTS)
 def test_layout_matches_transformers_and_tp1(layout, report):
+    if layout not in selected():
+        pytest.skip(f"{layout} is not in HSDUMP_GPU_LAYOUTS")
     r = report["layouts"][layout]
+    ref = gl.reference_of(layout)
+    assert r["reference"] == ref
     assert r["rc"] == 0, r.get("log_tail", "")[-3000:]
     assert r["samples_in_dataset"] == 99
     assert r["verify"]["rc"] == 0, r["verify"]["tail"]
     fid = r["vs_transformers"]
     assert not fid["problems"] and not fid["tolerance_failures"], fid
-    if layout != gl.REFERENCE:
-        assert not r["vs_" + gl.REFERENCE]["tolerance_failures"], r["vs_" + gl.REFERENCE]
+    if layout != ref:  # against its model's TP 1 (tp1 or llama-tp1)
+        assert not r["vs_" + ref]["tolerance_failures"], r["vs_" + ref]
     # rows come from attention-TP rank 0 of each DP group: two groups under DP attention
     want = 2 if gl.LAYOUTS[layout]["extra"].get("enable_dp_attention") else 1
     assert r["n_row_sources"] == want, r["row_sources"]
