@@ -376,9 +376,9 @@ def plain_kwargs(model_path: str, ec, tp: int = 1) -> dict:
                 "max_running_requests", "max_total_tokens"):
         if getattr(ec, key) is not None:
             kw[key] = getattr(ec, key)
-    from hsdump.engine import graph_kwargs
+    from hsdump.engine import start_kwargs
 
-    kw.update(graph_kwargs(ec, False))  # CaptureEngine's CUDA graphs for a run that never decodes
+    kw.update(start_kwargs(ec, False))  # CaptureEngine's CUDA graphs for a run that never decodes
     kw.update(ec.extra)  # e.g. load_format="dummy" (--weights dummy), as CaptureEngine does
     return kw
 

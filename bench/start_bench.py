@@ -94,7 +94,7 @@ def child(a) -> int:
     ec = dataclasses.replace(bench.engine_config(a.device, 0.5), log_level="info",
                              extra={"load_format": "dummy"} if a.dummy else {},
                              **SETTINGS[a.child])
-    mark("engine_kwargs", kwargs=he.graph_kwargs(ec, generates=False))
+    mark("engine_kwargs", kwargs=he.start_kwargs(ec, generates=False))
     eng = he.CaptureEngine(a.model_path, ModelConfig(path=a.model_path), ec, layers, info)
     mark("ready")
     g = torch.Generator().manual_seed(0)

@@ -186,6 +186,11 @@ class EngineConfig:
     """Let SGLang fuse all-reduce with the norm through FlashInfer (GPU, TP > 1). Off: on an H200
     at TP 2 SGLang 0.5.17 spent about 3 minutes JIT-building those kernels at engine start,
     and the fusion serves small decode batches, not hsdump's prefill (BENCHMARKS.md sec. 9)."""
+    watchdog_timeout: Optional[float] = None
+    """SGLang's limit in seconds on one forward batch (null: SGLang's 300). Without CUDA graphs
+    a fresh machine JIT-compiles kernels inside the first forward (64 s for an 8B Llama,
+    more than 150 s for an MLA model at TP 2: BENCHMARKS.md sections 9 and 12), so the GPU
+    preset allows 1,800 s."""
     chunked_prefill_size: int = -1
     """Tokens per prefill chunk; -1 disables chunking. hsdump stitches every chunk's rows."""
     max_prefill_tokens: int = 16384

@@ -386,14 +386,17 @@ def check_layout(extra: dict) -> None:
             "states back. Remove it; use " + WORKING_LAYOUTS)
 
 
-def graph_kwargs(c: "EngineConfig", generates: bool) -> dict:
+def start_kwargs(c: "EngineConfig", generates: bool) -> dict:
     """SGLang's start-time settings for a run on the GPU: decode CUDA graphs only for a run that
     decodes, prefill graphs up to engine.prefill_cuda_graph_max_tokens (BENCHMARKS.md section
-    12), FlashInfer's all-reduce fusion (and its JIT build) only if asked for."""
+    12), FlashInfer's all-reduce fusion (and its JIT build) only if asked for, and a forward
+    time limit that leaves room for the first forward's JIT (engine.watchdog_timeout)."""
     if c.device != "cuda":
         return {}
     kw = {} if c.flashinfer_allreduce_fusion else {
         "enforce_disable_flashinfer_allreduce_fusion": True}
+    if c.watchdog_timeout is not None:
+        kw["watchdog_timeout"] = c.watchdog_timeout
     if c.disable_cuda_graph:
         return kw
     decode = generates if c.decode_cuda_graph is None else c.decode_cuda_graph
@@ -484,7 +487,7 @@ class CaptureEngine:
             # capture-only mode: aux capture with no draft model (the patch then sets the layers)
             kw.update(speculative_algorithm="EAGLE3", enable_return_aux_hidden_states=True,
                       return_aux_hidden_state_layer_ids=[k - 1 for k in sorted(self.layers)])
-        kw.update(graph_kwargs(c, self.generates))
+        kw.update(start_kwargs(c, self.generates))
         kw.update(c.extra)
         return kw
 
