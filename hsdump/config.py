@@ -234,8 +234,9 @@ class OutputConfig:
     space_check: str = "raise"
     """Estimated output larger than the free disk space: `raise`, `warn` or `off`."""
     max_host_bytes: int = 8 << 30
-    """Host memory for captured rows: rows in flight, writer_threads + 2 shards, and one
-    max_seq_len sample being stitched from its prefill chunks (pipeline.rows_in_flight)."""
+    """Host memory for captured rows: rows in flight, writer_threads + 2 shards (each at most
+    max(shard_bytes, one sample)), and one max_seq_len sample being stitched from its prefill
+    chunks (pipeline.rows_in_flight)."""
     writer_threads: int = WRITER_THREADS
     """Shards written at once; their hashing and writing overlap (the writer's ceiling)."""
 
