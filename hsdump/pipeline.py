@@ -135,8 +135,7 @@ def rows_in_flight(out: OutputConfig, inflight_tokens: int, max_seq_len: int,
         raise ValueError(
             f"output.max_host_bytes={out.max_host_bytes} holds {out.writer_threads + 2} shards "
             f"of {max(out.shard_bytes, sample)} bytes, one stitched sample and only {inflight} "
-            "tokens of "
-            f"rows in flight ({row_bytes} bytes per token), less than one sample of "
+            f"tokens of rows in flight ({row_bytes} bytes per token), less than one sample of "
             f"dataset.max_seq_len={max_seq_len}; raise output.max_host_bytes, or lower "
             "output.shard_bytes or output.writer_threads")
     return inflight
