@@ -1,12 +1,16 @@
 #!/usr/bin/env bash
-# The GPU runs the 2026-11-30 session had no device time left for (see the closing note and
-# BENCHMARKS sections 10-11), one device call each, from the repository root with .gpu (the
+# GPU runs that sessions had no device time left for (see the closing notes and BENCHMARKS),
+# one device call each, from the repository root with .gpu (the
 # SGLang 0.5.17 bundle) and .whl (extract.py's extra wheels) carried:
 #   source .gpu/part1/install.sh || exit 1; bash bench/gpu_todo.sh regen "$OUT"       # 1 H200, ~230 s
 #   source .gpu/part1/install.sh || exit 1; bash bench/gpu_todo.sh layouts "$OUT"     # 2 H200s, ~240 s
 #   source .gpu/part1/install.sh || exit 1; bash bench/gpu_todo.sh ab "$OUT"          # 1 H200, ~280 s
+#   source .gpu/part1/install.sh || exit 1; bash bench/gpu_todo.sh mem "$OUT"         # 1 H200, ~200 s
+#   source .gpu/part1/install.sh || exit 1; bash bench/gpu_todo.sh kimi "$OUT"        # 1 H200, ~300 s
+# (regen and ab ran in the evening session, BENCHMARKS sections 11-12; layouts, mem and kimi
+# are still to run)
 set -u
-what=${1:?regen, layouts or ab}
+what=${1:?regen, layouts, ab, mem or kimi}
 out=${2:?output folder}
 pip install -q --no-index --no-deps --target /tmp/site2 .whl/*.whl >/dev/null 2>&1
 export PYTHONUNBUFFERED=1 PYTHONPATH=.:${PYTHONPATH:-}:/tmp/site2
@@ -29,5 +33,14 @@ ab)  # issue 13 item 5 / issue 15: whole-run b/a (and b8, fp8 in the writer thre
         --writer-stages-mib 0 --name gpu-llama8b-graphs --results-dir "$out" \
         >"$out/bench.log" 2>&1
     echo "rc=$?"; filter "$out/bench.log" ;;
-*)  echo "regen, layouts or ab" >&2; exit 2 ;;
+mem)  # issue 15 item 5: host memory per process at 2K and 32K tokens (BENCHMARKS section 13)
+    timeout -k 10 ${T:-300} python3 bench/mem_bench.py --seqs 2048:256,32768:16 \
+        --json "$out/gpu-mem-llama8b.json" >"$out/mem.log" 2>&1
+    echo "rc=$?"; filter "$out/mem.log" ;;
+kimi)  # issue 15: the Kimi-width row (b, b8 with fp8 in the writer threads) on today's code
+    timeout -k 10 ${T:-400} python3 bench/bench.py --device cuda --models kimi-width:2048:160:2 \
+        --modes a,b,b8 --weights dummy --fp8-tokens 98304 --dd-mib 1024 --writer-stages-mib 0 \
+        --name gpu-kimi-width-graphs --results-dir "$out" >"$out/bench.log" 2>&1
+    echo "rc=$?"; filter "$out/bench.log" ;;
+*)  echo "regen, layouts, ab, mem or kimi" >&2; exit 2 ;;
 esac
