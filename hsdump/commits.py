@@ -16,12 +16,16 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
-from array import array
+import itertools
 import json
 import os
 import re
+from array import array
 from pathlib import Path
-from typing import Dict, List, Optional, Tuple
+from collections.abc import Mapping
+from typing import Dict, List, Optional, Sequence, Tuple
+
+import numpy as np
 
 from .files import atomic_file, fault, fsync_dir, make_dirs, read_json
 
@@ -132,7 +136,6 @@ class Commits:
     def arrays(self):
         """(sorted unique sample ids, shard index of each, lengths or None, masked or None)
         as numpy arrays: the reader's lookup tables."""
-        import numpy as np
 
         ids = np.asarray(self.ids, dtype=np.int64)
         count = np.diff(np.asarray(self.starts, dtype=np.int64))
@@ -148,8 +151,7 @@ class Commits:
 
     # ------------------------------------------------------------------ building
     def _add_shard(self, rec: dict, where: str) -> None:
-        name = rec.get("shard") if isinstance(rec, dict) else None
-        ids = rec.get("ids") if isinstance(rec, dict) else None
+        name, ids = rec.get("shard"), rec.get("ids")
         bad = None
         if not safe_relpath(name):
             bad = f"shard path {name!r} is not a .safetensors path inside the dataset folder"
@@ -211,14 +213,10 @@ class Commits:
                                          "inside the dataset folder, twice, or without sha256; "
                                          "the commit logs are read from their start instead"))
             return False
-        self.names, self.nbytes, self.sha256 = list(paths), list(nbytes), list(sha)
+        self.names, self.nbytes, self.sha256 = paths, nbytes, sha
         self._names = set(paths)
-        starts, acc = [0], 0
-        for n in count:
-            acc += n
-            starts.append(acc)
-        self.starts = starts
-        self.ids, self.lens, self.masked_counts = list(scols[0]), list(scols[1]), list(scols[2])
+        self.starts = list(itertools.accumulate(count, initial=0))
+        self.ids, self.lens, self.masked_counts = scols
         return True
 
     def compact_columns(self) -> None:
@@ -231,7 +229,8 @@ class Commits:
             self.masked_counts = array("q", self.masked_counts)
 
     def finish(self) -> "Commits":
-        if len(set(self.ids)) != len(self.ids):  # rare: find each repeat and where
+        uniq = set(self.ids)
+        if len(uniq) != len(self.ids):  # rare: find each repeat and where
             seen: Dict[int, str] = {}
             first = []
             for k, name in enumerate(self.names):
@@ -244,7 +243,7 @@ class Commits:
                         seen[sid] = name
                         first.append(True)
             self.first = first
-        both = set(self.skipped).intersection(self.ids)
+        both = uniq.intersection(self.skipped)
         for sid in sorted(both):
             self.problems.append((f"sample {sid}", f"listed both as committed and as skipped "
                                                    f"({self.skipped[sid]!r})"))
@@ -469,7 +468,7 @@ def main(argv=None) -> int:
     except (OSError, ValueError) as e:
         print(f"python -m hsdump compact: {e}", file=sys.stderr)
         return 2
-    print(f"{args.out}/index.json: {len(c.samples)} samples in {len(c.shards)} shards, "
+    print(f"{args.out}/index.json: {len(c)} samples in {len(c.names)} shards, "
           f"{len(c.covers)} commit logs")
     return 0
 
@@ -545,3 +544,36 @@ class CommitLog:
         if self.fd >= 0:
             os.close(self.fd)  # releases the lock
             self.fd = -1
+
+
+class IdTable(Mapping):
+    """sample id -> shard name over sorted columns: a 1M-sample dataset holds three arrays
+    here, not a million-entry dict (lookups are a binary search)."""
+
+    def __init__(self, sids, shard, names: List[str]):
+        self.sids, self.shard, self.names = sids, shard, names
+
+    def position(self, sid: int) -> int:
+        i = int(np.searchsorted(self.sids, sid))
+        if i >= len(self.sids) or int(self.sids[i]) != sid:
+            raise KeyError(sid)
+        return i
+
+    def positions(self, ids: Sequence[int]):
+        return np.searchsorted(self.sids, np.asarray(ids, dtype=np.int64))
+
+    def __getitem__(self, sid: int) -> str:
+        return self.names[int(self.shard[self.position(sid)])]
+
+    def __contains__(self, sid) -> bool:
+        try:
+            self.position(int(sid))
+        except (KeyError, TypeError, ValueError):
+            return False
+        return True
+
+    def __len__(self) -> int:
+        return len(self.sids)
+
+    def __iter__(self):
+        return iter(self.sids.tolist())

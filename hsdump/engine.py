@@ -125,8 +125,8 @@ def _is_writer_rank() -> bool:
 def _source() -> str:
     """The sending process, named in every row header (rows.Receiver checks that each
     request's rows come from one process)."""
-    ranks = [f"{short}{_rank(name)}" for short, name in
-             (("dp", "attn_dp_rank"), ("tp", "tp_rank")) if _rank(name) is not None]
+    ranks = [(short, _rank(name)) for short, name in (("dp", "attn_dp_rank"), ("tp", "tp_rank"))]
+    ranks = [f"{short}{r}" for short, r in ranks if r is not None]
     return "-".join(ranks + [f"pid{os.getpid()}"])
 
 
@@ -222,7 +222,9 @@ def _install_patch(spec: dict) -> None:
 
     def process_batch_result_prefill(self, batch, result):
         if batch.return_hidden_states:
-            if _is_writer_rank():
+            if "writer" not in sender:  # a process's ranks are fixed: look them up once
+                sender["writer"] = _is_writer_rank()
+            if sender["writer"]:
                 if "s" not in sender:
                     sender["s"] = Sender(spec["endpoint"], _source())
                 _emit_rows(sender["s"], batch, result, spec["slots"], spec["hidden"])
@@ -291,6 +293,14 @@ def run_scheduler_process(*args, **kwargs):
 
 
 # --------------------------------------------------------------------------- caller side
+def _finish_reason(out: dict, what: str):
+    """A finished request's finish_reason; CaptureError if SGLang aborted it."""
+    reason = (out.get("meta_info") or {}).get("finish_reason") or {}
+    if isinstance(reason, dict) and reason.get("type") == "abort":
+        raise CaptureError(f"{what}: SGLang aborted the request: {reason.get('message')}")
+    return reason
+
+
 _ACTIVE: Optional["CaptureEngine"] = None
 
 
@@ -469,7 +479,6 @@ class CaptureEngine:
         self._watchdog = threading.Thread(target=self._watch, name="hsdump-watchdog", daemon=True)
         self._watchdog.start()
         log.info("engine ready in %.1f s", time.time() - t0)
-        self._tag = uuid.uuid4().hex[:8]
 
     def _engine_kwargs(self, model_path: str, model_cfg: "ModelConfig", info: ModelInfo) -> dict:
         c = self.cfg
@@ -563,15 +572,8 @@ class CaptureEngine:
         `on_stop_signal(name)` is called on SIGINT / SIGTERM while it runs.
         Returns False if `request_stop()` ended it early; raises KeyboardInterrupt after
         `abort()`, EngineDied if SGLang died."""
-        loop = self._engine.loop
-        self._loop = loop
         self._tag = uuid.uuid4().hex[:8]  # request ids unique per run: a sample id may recur
-        old_sigint = self._install_signal_handlers(on_stop_signal)
-        try:
-            return loop.run_until_complete(self._drive(iter(samples), sink))
-        finally:
-            if old_sigint is not None:
-                signal.signal(signal.SIGINT, old_sigint)
+        return self._run_on_loop(self._drive(iter(samples), sink), on_stop_signal)
 
     def generate(self, requests: Sequence[Tuple[object, List[int], dict]],
                  on_stop_signal: Optional[Callable[[str], None]] = None) -> Dict[object, dict]:
@@ -582,11 +584,15 @@ class CaptureEngine:
         ran at 0.86 of SGLang's own batched generate on an H200, BENCHMARKS section 10). The
         caller bounds the number (regenerate.window). Raises EngineDied if SGLang died;
         returns what finished if `request_stop()` ended it early."""
+        return self._run_on_loop(self._generate(list(requests)), on_stop_signal)
+
+    def _run_on_loop(self, coro, on_stop_signal):
+        """Run `coro` on SGLang's event loop with hsdump's stop-signal handlers."""
         loop = self._engine.loop
         self._loop = loop
         old_sigint = self._install_signal_handlers(on_stop_signal)
         try:
-            return loop.run_until_complete(self._generate(list(requests)))
+            return loop.run_until_complete(coro)
         finally:
             if old_sigint is not None:
                 signal.signal(signal.SIGINT, old_sigint)
@@ -597,23 +603,24 @@ class CaptureEngine:
         async def one(i, key, ids, sp):
             out = await self._engine.async_generate(input_ids=list(ids), sampling_params=sp,
                                                     rid=f"hsdump-gen-{tag}-{i}")
-            meta = out.get("meta_info") or {}
-            reason = meta.get("finish_reason") or {}
-            if isinstance(reason, dict) and reason.get("type") == "abort":
-                raise CaptureError(f"generation for {key}: SGLang aborted the request: "
-                                   f"{reason.get('message')}")
+            reason = _finish_reason(out, f"generation for {key}")
             return key, {"text": out.get("text", ""), "output_ids": out.get("output_ids"),
                          "finish_reason": reason}
 
         tasks = {asyncio.ensure_future(one(i, key, ids, sp))
                  for i, (key, ids, sp) in enumerate(requests)}
         results: Dict[object, dict] = {}
+        self._wake = asyncio.get_running_loop().create_future()
         try:
             while tasks and not self._stop_requested:  # stopped: the rest is cancelled
                 self._check_alive()
-                done, tasks = await asyncio.wait(tasks, timeout=0.5,
+                done, tasks = await asyncio.wait(tasks | {self._wake},
                                                  return_when=asyncio.FIRST_COMPLETED)
+                tasks.discard(self._wake)
                 for task in done:
+                    if task is self._wake:
+                        self._wake = asyncio.get_running_loop().create_future()
+                        continue
                     key, res = task.result()
                     results[key] = res
         finally:
@@ -635,10 +642,7 @@ class CaptureEngine:
             out = await self._engine.async_generate(
                 input_ids=ids, sampling_params={"max_new_tokens": 1, "temperature": 0.0},
                 return_hidden_states=True, rid=rid)
-            reason = (out.get("meta_info") or {}).get("finish_reason") or {}
-            if isinstance(reason, dict) and reason.get("type") == "abort":
-                raise CaptureError(f"sample {sid}: SGLang aborted the request: "
-                                   f"{reason.get('message')}")
+            _finish_reason(out, f"sample {sid}")
             loop = asyncio.get_running_loop()
             rows, bad = await loop.run_in_executor(None, self._rx.take, rid, len(ids),
                                                    ROWS_TIMEOUT_S)

@@ -220,7 +220,6 @@ def export_messages(ds: HsdumpDataset, dest: Path, progress: bool) -> Dict[str, 
     shard header read per shard; written under a temporary name, then renamed)."""
     from tqdm import tqdm
 
-    dest.mkdir(parents=True, exist_ok=True)
     missing = 0
     n = 0
 
@@ -234,10 +233,8 @@ def export_messages(ds: HsdumpDataset, dest: Path, progress: bool) -> Dict[str, 
                     continue
                 f.write(json.dumps({"id": sid, "messages": conv}, ensure_ascii=False) + "\n")
                 n += 1
-            f.flush()
-            os.fsync(f.fileno())
 
-    nbytes = _commit(dest / MESSAGES, write)
+    nbytes = _commit(dest / MESSAGES, write)  # fsyncs and renames
     if missing == len(ds):
         (dest / MESSAGES).unlink()
         raise ExportError(f"{ds.path} holds no regenerated conversations (it was extracted "

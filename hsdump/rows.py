@@ -214,9 +214,9 @@ class Receiver(threading.Thread):
                                "tokens; chunks were repeated")
         bad = sorted({s for p in parts for s in p[2]})
         if len(parts) == 1:
-            return [x[:n] for x in parts[0][1]], bad
+            return parts[0][1], bad
         # chunked prefill: one concatenation per slot (the only copy on the caller's side)
-        return [torch.cat([p[1][s] for p in parts])[:n] for s in range(len(parts[0][1]))], bad
+        return [torch.cat([p[1][s] for p in parts]) for s in range(len(parts[0][1]))], bad
 
     def discard(self, rid: str) -> None:
         with self.cond:

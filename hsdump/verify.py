@@ -40,6 +40,7 @@ from typing import Dict, List, Optional, Set, Tuple
 from .fp8 import SCALE_SUFFIX, STORAGE_ALIASES as FP8_ALIASES
 from . import commits
 from .commits import LOG_DIR, LOG_SUFFIX, SHARD_DIR
+from .stats import TOKEN_FREQ
 from .reader import FINAL_KINDS, FORMAT, SUPPORTED_VERSIONS
 
 MANIFEST = "manifest.json"
@@ -49,7 +50,7 @@ TMP_RE = re.compile(r"^(manifest|index)\.json\.tmp.*$")
 KEY_RE = re.compile(r"^(?P<sid>\d+)/(input_ids|loss_mask|"
                     r"(hidden_states/(?P<j>\d+)|final/(pre_norm|post_norm))(?P<scale>/scale)?)$")
 ST_DTYPES = {"bfloat16": "BF16", "float16": "F16", "float32": "F32", "float8_e4m3fn": "F8_E4M3"}
-KNOWN_FILES = (MANIFEST, INDEX, ".lock", LOG_DIR, SHARD_DIR, "token_freq.json")
+KNOWN_FILES = (MANIFEST, INDEX, ".lock", LOG_DIR, SHARD_DIR, TOKEN_FREQ)
 CHUNK = 1 << 22
 UNLISTED = "unlisted (ignored, garbage from an interrupted run)"
 
@@ -687,26 +688,18 @@ def verify(path, retokenize: bool = False, quick: bool = False) -> Report:
 def _entries(c: "commits.Commits"):
     """Version 2: (shard entries in name order, sample id -> owning shard lookup), from the
     records' columns (no per-sample dict: 1M samples stay a few arrays)."""
-    from .reader import IdTable
-
     sids, shard, _, _ = c.arrays()
-    table = IdTable(sids, shard, c.names)
-
-    def owner(sid):
-        return table[sid] if sid in table else None
+    owner = commits.IdTable(sids, shard, c.names).get
 
     def gen():
         for k in sorted(range(len(c.names)), key=c.names.__getitem__):
             name, a, b = c.names[k], c.starts[k], c.starts[k + 1]
-            ids = c.ids[a:b]
-            lens = c.lens[a:b] if c.lens is not None else [None] * len(ids)
-            masked = c.masked_counts[a:b] if c.masked_counts is not None else [None] * len(ids)
-            rows = [(i, n, mk) for i, n, mk in zip(ids, lens, masked)
+            rows = [(i, n, mk) for i, n, mk in zip(c.ids[a:b], c.lens[a:b],
+                                                   c.masked_counts[a:b])
                     if c.first is None or owner(i) == name]  # a repeat is checked where first
             rows.sort()
             yield (name, {"bytes": c.nbytes[k], "sha256": c.sha256[k]}, [x[0] for x in rows],
-                   [x[1] for x in rows if x[1] is not None],
-                   [x[2] for x in rows if x[2] is not None])
+                   [x[1] for x in rows], [x[2] for x in rows])
 
     return gen(), owner
 

@@ -32,13 +32,14 @@ from . import fp8
 from .commits import INDEX, LOG_DIR, MANIFEST, SHARD_DIR
 from .config import SHARD_BYTES, WRITER_THREADS
 from .files import atomic_file, fault, fsync_dir, make_dirs, read_json, write_json
+from .stats import TOKEN_FREQ
 
 log = logging.getLogger(__name__)
 
 FORMAT = commits.FORMAT
 FORMAT_VERSION = commits.VERSION
 SHARD_RE = re.compile(r"^shard-.*\.safetensors(\.tmp.*)?$")  # version 1 shard names
-SIDE_FILES = ("token_freq.json",)
+SIDE_FILES = (TOKEN_FREQ,)
 """Files an extraction writes beside the dataset (hsdump.stats): part of it for overwrite."""
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32,
           "fp8": fp8.FP8_DTYPE}
