@@ -29,7 +29,20 @@ def template_path(name: str) -> Path:
     if (TEMPLATES / f"{name}.jinja").exists():
         return TEMPLATES / f"{name}.jinja"
     raise FileNotFoundError(f"model.chat_template={name!r}: no such file (shipped: "
-                            f"{sorted(x.name for x in TEMPLATES.glob('*.jinja'))})")
+                            f"{shipped_templates()})")
+
+
+def shipped_templates() -> List[str]:
+    return sorted(x.name for x in TEMPLATES.glob("*.jinja"))
+
+
+def require_template(tok) -> str:
+    """The tokenizer's chat template; a ValueError naming the fix when it has none."""
+    template = chat_template_of(tok)
+    if not template:
+        raise ValueError("the tokenizer has no chat template; set model.chat_template=FILE.jinja "
+                         f"(shipped: {shipped_templates()})")
+    return template
 
 
 

@@ -6,6 +6,7 @@ these schemas, so a typo in an override fails at composition time.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional
 
@@ -157,12 +158,18 @@ class RegenerateConfig:
         if self.temperature < 0 or not 0 < self.top_p <= 1:
             raise ValueError("regenerate.temperature must be >= 0 and regenerate.top_p in (0, 1]")
 
+    @property
+    def enabled(self) -> bool:
+        return self.turns != "none"
+
     def key(self) -> Optional[dict]:
-        """What a resumed run must agree on (None when nothing is regenerated)."""
-        if self.turns == "none":
+        """What a resumed run must agree on (None when nothing is regenerated): every field
+        but `window`, which only sets how many samples are generated at a time."""
+        if not self.enabled:
             return None
-        return {k: getattr(self, k) for k in ("turns", "max_new_tokens", "temperature", "top_p",
-                                              "top_k", "seed", "reasoning")}
+        key = dataclasses.asdict(self)
+        del key["window"]
+        return key
 
 
 @dataclass

@@ -15,11 +15,13 @@ namespace package of the same name.
 """
 
 from .chat import (TEMPLATES, _render, chat_spans, chat_template_of,  # noqa: F401
-                   has_generation_markers, incremental_spans, template_path, template_sha256)
+                   has_generation_markers, incremental_spans, require_template,
+                   shipped_templates, template_path, template_sha256)
 from .formats import (DEFAULT_COLUMN, FORMATS, MESSAGE_KEYS, MESSAGE_ROLES,  # noqa: F401
                       SHAREGPT_ROLES, BadRow, _content, _record, _tool_call, _turn_kind,
                       detect_format, peek_records, row_to_sample, to_messages)
-from .masks import encode_with_spans, tokenize_conversation, tokenize_text  # noqa: F401
+from .masks import (encode_conversation, encode_with_spans,  # noqa: F401
+                    tokenize_conversation, tokenize_text)
 from .sources import (LOADER_VERSION, RAW, RAW_LINE, _is_saved_dataset,  # noqa: F401
                       _materialize_stream, _raw_dataset, _sha256_file, _source_info, cache_root,
                       dataset_fingerprint, load_json_file, load_rows, read_json_records,

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any, Dict, List, Tuple
 
-from .chat import TEMPLATES, chat_spans, chat_template_of
+from .chat import chat_spans, require_template
 from .formats import BadRow
 
 
@@ -57,10 +57,13 @@ def encode_with_spans(tok, text: str, spans: List[Tuple[int, int]]) -> Tuple[Lis
 def tokenize_conversation(tok, messages: List[Dict[str, Any]], tools=None
                           ) -> Tuple[List[int], List[int]]:
     """Full conversation -> (input_ids, loss_mask), mask 1 on assistant turns."""
-    if not chat_template_of(tok):
-        raise ValueError("the tokenizer has no chat template; set model.chat_template=FILE.jinja "
-                         f"(shipped: {sorted(x.name for x in TEMPLATES.glob('*.jinja'))})")
-    text, spans = chat_spans(tok, messages, tools)
+    return encode_conversation(tok, require_template(tok), messages, tools)
+
+
+def encode_conversation(tok, template: str, messages: List[Dict[str, Any]], tools=None
+                        ) -> Tuple[List[int], List[int]]:
+    """`template` applied to a conversation -> (input_ids, loss_mask on assistant turns)."""
+    text, spans = chat_spans(tok, messages, tools, template)
     return encode_with_spans(tok, text, spans)
 
 

@@ -208,6 +208,7 @@ class Run:
     writer: Optional[DatasetWriter] = None
     inflight: int = 0
     todo: List[int] = field(default_factory=list)
+    todo_tokens: int = 0
     summary: Optional[Summary] = None
 
 
@@ -250,7 +251,7 @@ def tokenize(r: Run) -> None:
     r.data = tokenize_dataset(r.rows, r.tok, cfg.dataset, progress=cfg.progress)
     if not r.data.ids:
         raise ValueError(f"no usable sample in {cfg.dataset.path} (skipped: {r.data.skipped})")
-    if cfg.regenerate.turns != "none" and r.data.format == "text":
+    if cfg.regenerate.enabled and r.data.format == "text":
         raise ValueError(f"regenerate.turns={cfg.regenerate.turns} needs conversations; "
                          f"{cfg.dataset.path} is read as plain text (dataset.format=text). Use a "
                          "chat dataset, or regenerate.turns=none")
@@ -271,7 +272,7 @@ def dataset_keys(r: Run, resolved_config: Optional[dict]):
         "max_seq_len": cfg.dataset.max_seq_len, "truncation": cfg.dataset.truncation,
         "min_seq_len": cfg.dataset.min_seq_len, "format": data.format,
     }
-    if cfg.regenerate.key() is not None:  # absent when off: older datasets still resume
+    if cfg.regenerate.enabled:  # absent when off: older datasets still resume
         compat["regenerate"] = cfg.regenerate.key()
     manifest = {
         "format": FORMAT, "format_version": FORMAT_VERSION, "versions": _versions(),
@@ -306,7 +307,8 @@ def open_dataset(r: Run, compat: dict, manifest: dict) -> bool:
     space check. False when nothing is left to do (the writer is then closed)."""
     cfg, d, data, info = r.cfg, r.cfg.dist, r.data, r.info
     # rows in flight are held once (bf16/fp16/fp32 as the engine runs) until written
-    row_bytes = _slots(cfg, r.layers) * info.hidden_size * STORAGE_BYTES[cfg.model.dtype]
+    slots = _slots(cfg, r.layers)
+    row_bytes = slots * info.hidden_size * STORAGE_BYTES[cfg.model.dtype]
     r.inflight = rows_in_flight(cfg.output, cfg.engine.inflight_tokens, cfg.dataset.max_seq_len,
                                 row_bytes)
     r.writer = writer = DatasetWriter(
@@ -321,8 +323,8 @@ def open_dataset(r: Run, compat: dict, manifest: dict) -> bool:
     r.todo = [i for i in mine if data.ids[i] not in done]
     r.summary = Summary(out_dir=cfg.output.dir, layers=r.layers, skipped=dict(data.skipped),
                         already_done=len(mine) - len(r.todo))
-    need = sum(data.lengths[i] for i in r.todo) * (
-        _slots(cfg, r.layers) * (info.hidden_size * STORAGE_BYTES[cfg.output.dtype] + 4) + 16)
+    r.todo_tokens = sum(data.lengths[i] for i in r.todo)
+    need = r.todo_tokens * (slots * (info.hidden_size * STORAGE_BYTES[cfg.output.dtype] + 4) + 16)
     try:
         check_space(cfg.output.dir, need + (need >> 6), cfg.output.space_check)
     except BaseException:
@@ -352,7 +354,7 @@ def start_engine(r: Run):
 
             engine = CaptureEngine(r.model_path, cfg.model, engine_cfg, r.layers, r.info,
                                    final=cfg.capture.final,
-                                   generates=cfg.regenerate.turns != "none")
+                                   generates=cfg.regenerate.enabled)
     except BaseException:
         r.writer.close(commit=False)
         raise
@@ -369,7 +371,7 @@ def capture(r: Run, engine):
 
     cfg, data, writer, summary, layers = r.cfg, r.data, r.writer, r.summary, r.layers
     log.info("capture: %d samples (%s tokens) to go, %d already committed; engine started in "
-             "%.1f s", len(r.todo), f"{sum(data.lengths[i] for i in r.todo):,}",
+             "%.1f s", len(r.todo), f"{r.todo_tokens:,}",
              summary.already_done, summary.engine_start_s)
     bar = tqdm(total=len(r.todo), unit="sample", disable=not cfg.progress, dynamic_ncols=True)
     pos = {data.ids[i]: i for i in r.todo}
@@ -408,7 +410,7 @@ def capture(r: Run, engine):
 
     ok, died = False, None
     try:
-        if cfg.regenerate.turns == "none":
+        if not cfg.regenerate.enabled:
             ok = engine.run(((data.ids[i], data.input_ids[i]) for i in r.todo), sink,
                             on_signal)
         else:
@@ -436,7 +438,8 @@ def regenerate_and_capture(r: Run, engine, sink, on_signal, masks, convs, bar) -
     policy, and those are captured and committed with their conversations. False if stopped."""
     from .chat import chat_template_of
     from .formats import BadRow, _record, row_to_sample
-    from .regenerate import Skip, regenerate, to_sample
+    from .regenerate import regenerate, to_sample
+    from .tokenization import Skip
 
     cfg, data, summary = r.cfg, r.data, r.summary
     template = chat_template_of(r.tok)
@@ -464,16 +467,13 @@ def regenerate_and_capture(r: Run, engine, sink, on_signal, masks, convs, bar) -
                 ids, mask = to_sample(r.tok, template, new[sid], tools, cfg.dataset)
             except (Skip, BadRow) as e:  # recorded: a resumed run does not generate it again
                 reason = f"{e.reason} after regeneration"
-                r.writer.skip(sid, reason)
-                summary.skipped[reason] = summary.skipped.get(reason, 0) + 1
+                r.writer.skip(sid, reason)  # counted in writer.skipped, summed by finish()
                 bar.update(1)
                 continue
             masks[sid], convs[sid] = mask, new[sid]
             batch.append((sid, ids))
-        if not engine.run(batch, sink, on_signal):
+        if not engine.run(batch, sink, on_signal):  # the sink pops each one's mask and conv
             return False
-        masks.clear()
-        convs.clear()
     return True
 
 

@@ -116,14 +116,6 @@ def job_cwd() -> Path:
     return ROOT if EXTRACT.is_file() else Path.cwd()
 
 
-def conf_dir() -> Path:
-    try:  # an installed hsdump ships its configs inside the package
-        from .cli import config_dir
-    except ImportError:
-        return ROOT / "conf"
-    return config_dir()
-
-
 def _die_with_parent() -> None:  # runs in the child between fork and exec
     try:  # PR_SET_PDEATHSIG: SIGKILL when the Ray worker that started the job dies
         ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)
@@ -323,10 +315,11 @@ def compose(overrides: List[str], num_jobs: int) -> Any:
     from hydra import compose as hydra_compose, initialize_config_dir
     from omegaconf import open_dict
 
+    from .cli import config_dir  # the checkout's conf/, or the installed package's
     from .config import register_configs, to_config
 
     register_configs()
-    with initialize_config_dir(config_dir=str(conf_dir()), version_base="1.3"):
+    with initialize_config_dir(config_dir=str(config_dir()), version_base="1.3"):
         cfg = hydra_compose("config", overrides=[*overrides, f"dist.num_jobs={num_jobs}",
                                                  "dist.job_index=0"],
                             return_hydra_config=True)

@@ -16,12 +16,12 @@ from __future__ import annotations
 
 import copy
 import re
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Sequence, Tuple
 
-from .chat import _render, chat_spans
+from .chat import _render
 from .config import DatasetConfig, RegenerateConfig
-from .masks import encode_with_spans
-from .tokenization import Skip, length_policy  # noqa: F401  (Skip: raised by to_sample)
+from .masks import encode_conversation
+from .tokenization import length_policy
 
 END_OF_TURN = ("<|eot_id|>", "<|im_end|>", "<｜end▁of▁sentence｜>", "<|end|>", "<|endoftext|>",
                "</s>", "<end_of_turn>", "<|end_of_text|>", "<|return|>")
@@ -120,8 +120,7 @@ def regenerate(items: Sequence[Tuple[int, List[Dict[str, Any]], Any]], tok, temp
 def to_sample(tok, template: str, messages: List[Dict[str, Any]], tools,
               cfg: DatasetConfig) -> Tuple[List[int], List[int]]:
     """(input_ids, loss_mask) of a rewritten conversation under the dataset's length policy
-    (hsdump.tokenization's, as for any sample); raises Skip(reason)."""
-    text, spans = chat_spans(tok, messages, tools, template)
-    ids, mask = encode_with_spans(tok, text, spans)
+    (hsdump.tokenization's, as for any sample); raises tokenization.Skip(reason)."""
+    ids, mask = encode_conversation(tok, template, messages, tools)
     ids, mask, _ = length_policy(ids, mask, cfg.max_seq_len, cfg.truncation, cfg.min_seq_len)
     return ids, mask

@@ -16,10 +16,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Dict, Iterator, List, Tuple
 
-from .chat import TEMPLATES, chat_spans, chat_template_of, has_generation_markers, template_sha256
+from .chat import chat_template_of, has_generation_markers, require_template, template_sha256
 from .config import DatasetConfig
 from .formats import BadRow, _record, detect_format, row_to_sample
-from .masks import encode_with_spans, tokenize_text
+from .masks import encode_conversation, tokenize_text
 from .sources import dataset_fingerprint, source_info
 from .tokenizer import tokenizer_sha256
 
@@ -142,8 +142,7 @@ def _sample_fn(tok, template, fmt, column, max_seq_len, truncation, min_seq_len)
                 messages, tools = sample
                 if not any(m["role"] == "assistant" for m in messages):
                     raise Skip("no_assistant_tokens")
-                text, spans = chat_spans(tok, messages, tools, template)
-                ids, mask = encode_with_spans(tok, text, spans)
+                ids, mask = encode_conversation(tok, template, messages, tools)
             res["length"] = len(ids)
             ids, mask, res["truncated"] = length_policy(ids, mask, max_seq_len, truncation,
                                                         min_seq_len)
@@ -152,7 +151,6 @@ def _sample_fn(tok, template, fmt, column, max_seq_len, truncation, min_seq_len)
             res["skip"], res["detail"] = e.reason, e.detail
         except Skip as e:
             res["skip"] = e.reason
-            res["truncated"] = False
         return res
 
     return fn
@@ -174,10 +172,7 @@ def tokenize_dataset(ds, tok, cfg: DatasetConfig, progress: bool = True) -> Toke
         return Tokenized(ids=[], input_ids=[], loss_mask=[], skipped={}, rows=0, truncated=0,
                          source=info)
     fmt, column = detect_format(ds, cfg)
-    template = chat_template_of(tok)
-    if fmt != "text" and not template:
-        raise ValueError("the tokenizer has no chat template; set model.chat_template=FILE.jinja "
-                         f"(shipped: {sorted(x.name for x in TEMPLATES.glob('*.jinja'))})")
+    template = chat_template_of(tok) if fmt == "text" else require_template(tok)
     mask_source = ("all_tokens" if fmt == "text" else
                    "generation_markers" if has_generation_markers(template) else "incremental")
     fn = _sample_fn(tok, template, fmt, column, cfg.max_seq_len, cfg.truncation, cfg.min_seq_len)

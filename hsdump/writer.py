@@ -15,7 +15,6 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import os
 import queue
 import re
 import shutil
@@ -219,15 +218,18 @@ class DatasetWriter:
         write_json(mpath, {**manifest, "format": FORMAT, "format_version": FORMAT_VERSION,
                            "resume_key": compat})
 
-    def skip(self, sid: int, reason: str) -> None:
+    def skip(self, sid: int, reason: str, count_as: Optional[str] = None) -> None:
         """Record that sample `sid` is left out (NaN/Inf, or a regenerated conversation too
         long): a resumed run does not make it again. Durable with the next commit's fsync (or
-        close); a crash that loses it only makes the sample again, and refused again."""
+        close); a crash that loses it only makes the sample again, and refused again. Counted
+        in `skipped` under `count_as` (default: the reason)."""
         if self._closed:
             raise RuntimeError(f"the writer of {self.dir} is closed")
+        key = count_as or reason
         with self._lock:
             self.log.append({"skipped": {str(sid): reason}}, sync=False)
             self._skipped.add(sid)
+            self.skipped[key] = self.skipped.get(key, 0) + 1
 
     def done_ids(self) -> set:
         """Sample ids this dataset already holds or refused (committed or recorded as
@@ -272,9 +274,7 @@ class DatasetWriter:
             if self.on_nonfinite == "raise":
                 raise SampleError(f"sample {sid}: {reason} (output.on_nonfinite=skip records and "
                                   "skips such samples)")
-            self.skip(sid, reason)
-            with self._lock:
-                self.skipped["nonfinite"] = self.skipped.get("nonfinite", 0) + 1
+            self.skip(sid, reason, "nonfinite")
             return False
         t = {f"{sid}/input_ids": torch.as_tensor(input_ids, dtype=torch.int64),
              f"{sid}/loss_mask": torch.as_tensor(loss_mask, dtype=torch.int64)}
