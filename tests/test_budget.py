@@ -23,9 +23,12 @@ def test_an_engine_limit_below_the_budget_is_kept():
 
 
 def test_shards_count_as_whole_samples_when_a_sample_exceeds_the_shard_size():
-    small = OutputConfig(dir="x", shard_bytes=1 << 20)
-    n = rows_in_flight(small, 1 << 20, 32768, ROW)
-    assert (small.writer_threads + 2 + 1) * 32768 * ROW + n * ROW <= small.max_host_bytes
+    out = OutputConfig(dir="x")  # 8 GiB, 6 threads + 2 shards of 256 MiB
+    # 32K: a sample (805 MB) is larger than a shard, so 8 held shards + 1 stitched = 9 samples
+    assert rows_in_flight(out, 1 << 20, 32768, ROW) == ((8 << 30) - 9 * 32768 * ROW) // ROW
+    # 8K: a sample (201 MB) is smaller than a shard: 8 shards of 256 MiB + 1 stitched sample
+    assert rows_in_flight(out, 1 << 20, 8192, ROW) == (
+        (8 << 30) - 8 * (256 << 20) - 8192 * ROW) // ROW
     # Kimi-K2.5's width (3 x 7168 bf16) at 32K: 9 whole samples do not fit in 8 GiB
     with pytest.raises(ValueError, match="shards of 1409286144 bytes"):
         rows_in_flight(OutputConfig(dir="x"), 131072, 32768, 3 * 7168 * 2)

@@ -158,8 +158,8 @@ def test_idle_rank_padded_to_the_others_length_is_not_packed(sgl, tmp_path):
                          req_pool_indices=torch.zeros(1, dtype=torch.long),
                          seq_lens=torch.tensor([8]), out_cache_loc=torch.zeros(8, dtype=torch.long),
                          seq_lens_sum=8, extend_seq_lens_cpu=[8],
-                         capture_hidden_mode=fm.CaptureHiddenMode.FULL)
-    fb._original_forward_mode = fm.ForwardMode.IDLE
+                         capture_hidden_mode=fm.CaptureHiddenMode.FULL,
+                         _original_forward_mode=fm.ForwardMode.IDLE)  # fails if SGLang renames it
     aux = torch.randn(8, 2 * H)
     assert rank.step(fb, aux).hidden_states is aux
     fb._original_forward_mode = None  # the same batch as a real extend is packed

@@ -19,15 +19,13 @@ import pytest
 import ray  # noqa: F401  (pinned in requirements.lock: no skip where it is missing)
 import torch
 
-from hsdump import __main__ as cli
 from hsdump import ray_launch
 from hsdump.reader import HsdumpDataset
 
 ROOT = Path(__file__).resolve().parents[1]
 ARGS = ["dataset.max_samples=20", "dataset.max_seq_len=64", "output.shard_bytes=40000",
         "progress=false", "dataset.on_bad_row=skip", "output.writer_threads=1"]
-# `python -m hsdump ray` once __main__ lists the command; the module itself until then
-LAUNCH = ["-m", "hsdump", "ray"] if "ray" in cli.COMMANDS else ["-m", "hsdump.ray_launch"]
+LAUNCH = ["-m", "hsdump", "ray"]
 
 
 def run(args, env=None, timeout=600):

@@ -57,7 +57,6 @@ def test_ids_masks_and_states_are_those_of_the_stored_conversation(regenerated, 
     out, log = regenerated
     assert "regenerated:" in log and "tokens generated" in log
     tok = tokenizer()
-    from hsdump.chat import chat_template_of
     from hsdump.masks import tokenize_conversation
 
     ds = HsdumpDataset(str(out))
@@ -143,9 +142,26 @@ def test_last_turn_and_truncation(tmp_path):
         assert rec["input_ids"].tolist() == ids[:48] and rec["loss_mask"].tolist() == mask[:48]
         cut += len(ids) > 48
     assert cut > 0  # some were truncated to max_seq_len
-    # a sample whose truncation leaves no answer is recorded as skipped, never captured
-    skipped = {int(k) for k in ds.skipped}
-    assert not skipped & set(ds.ids)
+
+
+@pytest.mark.engine
+def test_a_rewrite_too_long_for_the_policy_is_recorded_as_skipped(tmp_path):
+    """truncation=skip: a conversation that fits as written but not once its last answer is
+    regenerated (96 new tokens where the source answer was short) is recorded as skipped,
+    never captured, and a resumed run does not generate it again."""
+    out = tmp_path / "ds"
+    args = ["dataset.max_samples=20", "regenerate.turns=last", "dataset.truncation=skip",
+            "dataset.max_seq_len=256", "regenerate.max_new_tokens=96"]
+    rc, log = extract(out, *args)
+    assert rc == 0, log[-3000:]
+    ds = HsdumpDataset(str(out))
+    after = {int(k) for k, why in ds.skipped.items() if why == "too_long after regeneration"}
+    assert after and not after & set(ds.ids), (ds.skipped, log[-2000:])
+    assert "too_long after regeneration" in log
+    rc, log = extract(out, *args)  # resumed: nothing left, nothing generated again
+    assert rc == 0 and "regenerated:" not in log, log[-2000:]
+    assert f"already committed before this run: {len(ds.ids) + len(after)}" in log
+    assert HsdumpDataset(str(out)).ids == ds.ids
 
 
 def test_an_empty_or_immediately_stopped_answer():
