@@ -54,6 +54,7 @@ import json
 import os
 import re
 import shutil
+import statistics
 import subprocess
 import sys
 import threading
@@ -340,29 +341,22 @@ def writer_stages(out_dir: str, nbytes: int, width: int) -> dict:
 
 # --------------------------------------------------------------------------- engines
 def _prepare(device: str) -> None:
-    if device == "cpu":
-        from hsdump.engine import load_libcuda_stub
+    """SGLang's CPU engine switch and libcuda stub, as in every scheduler process."""
+    from hsdump.engine import _prepare_process
 
-        os.environ["SGLANG_USE_CPU_ENGINE"] = "1"
-        load_libcuda_stub()
+    _prepare_process(device)
 
 
 def engine_config(device: str, mem_fraction: Optional[float]):
-    """conf/engine/cpu.yaml or conf/engine/gpu.yaml (mem_fraction_static overridable; as in
-    gpu.yaml no prefill CUDA graphs, and plain_kwargs/CaptureEngine skip the decode graphs of
-    a run that never decodes)."""
-    from hsdump.config import EngineConfig
+    """conf/engine/cpu.yaml or conf/engine/gpu.yaml (gpu_check.engine_config;
+    mem_fraction_static overridable; as in gpu.yaml no prefill CUDA graphs, and
+    plain_kwargs/CaptureEngine skip the decode graphs of a run that never decodes)."""
+    import gpu_check
 
+    over = {"mem_fraction_static": mem_fraction} if mem_fraction else {}
     if device == "cpu":
-        return EngineConfig(device="cpu", attention_backend="torch_native",
-                            sampling_backend="pytorch", mem_fraction_static=mem_fraction or 0.3,
-                            max_total_tokens=8192, max_running_requests=16,
-                            max_prefill_tokens=4096, inflight_tokens=8192,
-                            disable_cuda_graph=True, chunked_prefill_size=-1)
-    return EngineConfig(device="cuda", attention_backend="triton", sampling_backend="pytorch",
-                        mem_fraction_static=mem_fraction or 0.5, max_prefill_tokens=16384,
-                        inflight_tokens=131072, disable_cuda_graph=False,
-                        prefill_cuda_graph_max_tokens=0, chunked_prefill_size=16384)
+        return gpu_check.engine_config("cpu", -1, **over)
+    return gpu_check.engine_config("cuda", 16384, prefill_cuda_graph_max_tokens=0, **over)
 
 
 def plain_kwargs(model_path: str, ec, tp: int = 1) -> dict:
@@ -424,14 +418,9 @@ def builtin_engine(model_path: str, ec, layers: List[int], version: str, tp: int
 SP = {"max_new_tokens": 1, "temperature": 0.0}
 
 
-def _median(xs: List[float]) -> float:
-    xs = sorted(xs)
-    return xs[len(xs) // 2] if len(xs) % 2 else (xs[len(xs) // 2 - 1] + xs[len(xs) // 2]) / 2
-
-
 def _rate(tokens: int, samples: int, walls: List[float], **extra) -> dict:
     """Rates from the median wall time of the repeats (all walls are kept)."""
-    wall = _median(walls)
+    wall = statistics.median(walls)
     d = {"wall_s": wall, "walls_s": walls, "tokens": tokens, "samples": samples,
          "tokens_per_s": tokens / wall, "samples_per_s": samples / wall}
     d.update(extra)
@@ -546,12 +535,12 @@ def mode_hsdump(model_path, ec, loads: List[Workload], layers, info, out_dir, mo
                             "writer_timing": dict(writer.timing),
                             "shards": writer.shards_written})
             shutil.rmtree(ds_dir, ignore_errors=True)
-        wall = _median(walls)
+        wall = statistics.median(walls)
         n_bytes = details[0]["bytes_written"]
         # run phase: until the engine has handed the last sample to the writer; the rest
         # of the wall is the final flush (the last shards written and fsynced), a fixed
         # cost per run that a long extraction amortizes
-        run_rate = tokens / _median([d["run_s"] for d in details])
+        run_rate = tokens / statistics.median([d["run_s"] for d in details])
         return _rate(tokens, len(samples), walls, storage_dtype=storage,
                      bytes_written=n_bytes, bytes_per_token=n_bytes / tokens,
                      run_tokens_per_s=run_rate, bytes_written_per_s=n_bytes / wall,
@@ -580,7 +569,7 @@ def mode_hsdump(model_path, ec, loads: List[Workload], layers, info, out_dir, mo
                 walls.append(time.time() - t)
                 assert got == [len(w.samples), w.tokens], got
             res["b0"] = _rate(w.tokens, len(w.samples), walls,
-                              payload_bytes_per_s=w.tokens * k_bytes / _median(walls),
+                              payload_bytes_per_s=w.tokens * k_bytes / statistics.median(walls),
                               idle=idle, **mon.peaks())
             if on_partial:
                 on_partial(w.seq, res)
@@ -620,7 +609,7 @@ def fp8_host_cost(hidden: int, slots: int, seq: int = 2048, reps: int = 3) -> di
         for x in xs:
             fp8.quantize(x)
         times.append(time.perf_counter() - t)
-    ms = _median(times) * 1e3
+    ms = statistics.median(times) * 1e3
     return {"seq": seq, "hidden": hidden, "slots": slots, "torch_threads": torch.get_num_threads(),
             "ms_per_sample": ms, "tokens_per_s_ceiling": seq / (ms / 1e3)}
 
@@ -655,7 +644,7 @@ def mode_builtin(model_path, ec, loads: List[Workload], layers, info, version, m
                         (len(hs), len(hs[0]), width)
                 del outs, collected
             out[w.seq] = _rate(n_tok, len(samples), walls,
-                               payload_bytes_per_s=n_tok * width * 2 / _median(walls),
+                               payload_bytes_per_s=n_tok * width * 2 / statistics.median(walls),
                                warmup_s=warm_s, idle=idle, **mon.peaks())
     finally:
         eng.shutdown()
@@ -741,8 +730,7 @@ def main(argv=None) -> int:
     ap.add_argument("--out-dir", default="/tmp/hsdump-bench", help="dataset and dd target")
     ap.add_argument("--model-dir", default="/tmp/hsdump-bench-models")
     ap.add_argument("--tp", type=int, default=1,
-                    help="SGLang tensor-parallel size of every mode's engine (a, b0, b, b8, c); "
-                    "above 1 also enforce_disable_flashinfer_allreduce_fusion=True")
+                    help="SGLang tensor-parallel size of every mode's engine (a, b0, b, b8, c)")
     ap.add_argument("--mem-fraction", type=float, default=None)
     ap.add_argument("--dd-mib", type=int, default=None)
     ap.add_argument("--repeat", type=int, default=None,
@@ -799,12 +787,8 @@ def main(argv=None) -> int:
     ec = engine_config(dev, args.mem_fraction)
     if args.no_cuda_graph:
         ec.disable_cuda_graph = True
-    if args.weights == "dummy":
-        ec.extra["load_format"] = "dummy"
-    if tp > 1:
-        # SGLang 0.5.17 on SM90 otherwise JIT-builds FlashInfer's all-reduce fusion kernels for
-        # about 3 minutes at the first engine start (BENCHMARKS.md section 9)
-        ec.extra["enforce_disable_flashinfer_allreduce_fusion"] = True
+    # FlashInfer's all-reduce fusion (a 3-minute JIT build at TP > 1) is off as in gpu.yaml:
+    # engine.start_kwargs, which plain_kwargs and CaptureEngine apply
     report["weights"] = args.weights
     report["writer_opts"] = dict(WRITER_OPTS)
     report["engine_config"] = {k: getattr(ec, k) for k in ec.__dataclass_fields__}

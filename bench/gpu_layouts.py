@@ -44,7 +44,7 @@ import tempfile
 import time
 import traceback
 from pathlib import Path
-from typing import Dict, List, Optional
+from typing import Dict, List
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
@@ -58,11 +58,11 @@ import gpu_check as gc  # noqa: E402  (bench/gpu_check.py: model config, referen
 
 LAYERS = [1, 3, 4]  # Kimi-K2.5's preset [3, 31, 59] of L = 61 scaled to L = 6
 CHUNK = 128
-# common to every layout: engine start without FlashInfer's all-reduce fusion JIT (about 3
-# minutes per fresh machine at TP 2)
+# common to every layout (the GPU preset already keeps FlashInfer's all-reduce fusion and its
+# 3-minute JIT build at TP 2 off: engine.flashinfer_allreduce_fusion=false)
 COMMON = ["engine=gpu", "engine.mem_fraction_static=0.5", f"engine.chunked_prefill_size={CHUNK}",
           f"capture.layers=[{','.join(map(str, LAYERS))}]", "output.overwrite=true",
-          "progress=false", "+engine.extra.enforce_disable_flashinfer_allreduce_fusion=true"]
+          "progress=false"]
 # the models (built by build_model) and each one's reference layout
 MODELS = {"dsv3": {"name": "dsv3-small", "reference": "tp1"},
           "llama": {"name": "llama-small", "reference": "llama-tp1"}}
@@ -75,7 +75,6 @@ LAYOUTS: Dict[str, Dict] = {
     "llama-tp1": {"tp": 1, "extra": {}, "model": "llama"},
     "llama-tp2": {"tp": 2, "extra": {}, "model": "llama"},
 }
-REFERENCE = "tp1"  # the DeepSeek-V3 model's; reference_of() gives any layout's
 LAST_REPORT: dict = {}  # main()'s report, for tests/test_gpu_layouts.py
 DEVICE = {"name": "cuda"}
 REUSE = {"on": False}  # --device cpu: a debug run of this script (tiny Llama, SGLang's CPU engine)
@@ -125,7 +124,7 @@ def build_model(dest: str, seed: int = 0, family: str = "dsv3") -> str:
 def run_extract(name: str, model: str, workdir: str, timeout_s: float) -> dict:
     out_dir = os.path.join(workdir, f"ds-{name}")
     common = COMMON if DEVICE["name"] == "cuda" else (
-        ["engine=cpu", f"engine.chunked_prefill_size={CHUNK}"] + COMMON[3:-1])
+        ["engine=cpu", f"engine.chunked_prefill_size={CHUNK}"] + COMMON[3:])
     cmd = [sys.executable, str(ROOT / "extract.py"), f"model.path={model}",
            f"model.name={MODELS[model_of(name)]['name']}", f"output.dir={out_dir}",
            f"hydra.run.dir={workdir}/hydra-{name}"] + common + overrides(name)
@@ -168,9 +167,12 @@ def read_dataset(out_dir: str) -> Dict[int, dict]:
 
     ds = HsdumpDataset(out_dir)
     assert list(ds.layers) == LAYERS, (ds.layers, LAYERS)
-    return {sid: {"input_ids": ds.get(sid)["input_ids"].clone(),
-                  "hidden_states": [h.clone() for h in ds.get(sid)["hidden_states"]]}
-            for sid in ds.ids}
+    out = {}
+    for sid in ds.ids:
+        rec = ds.get(sid)
+        out[sid] = {"input_ids": rec["input_ids"].clone(),
+                    "hidden_states": [h.clone() for h in rec["hidden_states"]]}
+    return out
 
 
 def compare_records(recs: Dict[int, dict], ids: List[int], prompts, ref32, ref16) -> dict:
@@ -294,7 +296,7 @@ def throughput(name: str, model: str, n: int, length: int, repeat: int) -> dict:
     from hsdump.layers import read_model_info
 
     lay = LAYOUTS[name]
-    extra = dict(lay["extra"], enforce_disable_flashinfer_allreduce_fusion=True)
+    extra = dict(lay["extra"])  # all-reduce fusion: off by EngineConfig's default
     # prefill CUDA graphs off as in conf/engine/gpu.yaml (the extract.py runs' preset)
     ecfg = gc.engine_config(DEVICE["name"], 16384, extra=extra, prefill_cuda_graph_max_tokens=0)
     info = read_model_info(model)

@@ -48,7 +48,7 @@ def make(path: Path, samples: int, seq: int, hidden: int, k: int) -> None:
             return
         raise SystemExit(f"{path} holds another dataset; remove it or use another --dir")
     layers = list(range(2, 2 + k))
-    manifest = {"format": "hsdump/speculators-v1", "format_version": 1, "layers": layers,
+    manifest = {"format": "hsdump/speculators-v1", "layers": layers,
                 "storage_dtype": "bfloat16",
                 "model": {"path": "bench", "hidden_size": hidden, "dtype": "bfloat16"}}
     w = DatasetWriter(str(path), manifest, {"bench": [samples, seq, hidden, k]},
@@ -64,6 +64,13 @@ def make(path: Path, samples: int, seq: int, hidden: int, k: int) -> None:
           f"{time.time() - t0:.0f} s", flush=True)
 
 
+def shard_paths(path: Path):
+    """The dataset's committed shard files (format version 2 keeps them in subfolders)."""
+    from hsdump import commits
+
+    return [path / name for name in sorted(commits.load(path).names)]
+
+
 def make_fp8(src: Path, dst: Path) -> None:
     """An fp8 copy of `src`: the same shards with hidden states encoded by hsdump.fp8."""
     if (dst / "index.json").exists():
@@ -75,7 +82,7 @@ def make_fp8(src: Path, dst: Path) -> None:
 
     dst.mkdir(parents=True, exist_ok=True)
     c = commits.load(src)
-    for name, meta in c.shards.items():
+    for k, name in enumerate(c.names):
         out = {}
         with safe_open(str(src / name), framework="pt") as f:
             shard_meta = f.metadata()
@@ -84,17 +91,15 @@ def make_fp8(src: Path, dst: Path) -> None:
                 out.update(fp8.encode(key, t) if "/hidden_states/" in key else {key: t})
         (dst / name).parent.mkdir(parents=True, exist_ok=True)
         save_file(out, str(dst / name), metadata={**shard_meta, **fp8.shard_metadata()})
-        meta["bytes"] = (dst / name).stat().st_size
-        meta["sha256"] = hashlib.sha256((dst / name).read_bytes()).hexdigest()
+        c.nbytes[k] = (dst / name).stat().st_size  # the copy's own sizes and checksums
+        c.sha256[k] = hashlib.sha256((dst / name).read_bytes()).hexdigest()
     m = json.loads((src / "manifest.json").read_text())
     m["storage_dtype"] = fp8.STORAGE_NAME
     (dst / "manifest.json").write_text(json.dumps(m))
     c.covers = {}  # the copy has no logs: its index.json holds every record
     commits.write_index(dst, c)
-    index = {"shards": c.shards}
     os.sync()
-    print(f"made {dst}: {sum(s['bytes'] for s in index['shards'].values()) / 1e9:.2f} GB",
-          flush=True)
+    print(f"made {dst}: {sum(c.nbytes) / 1e9:.2f} GB", flush=True)
 
 
 def drop_caches(path: Path) -> str:
@@ -104,7 +109,7 @@ def drop_caches(path: Path) -> str:
             f.write("3\n")
         return "drop_caches"
     except OSError:
-        for p in path.glob("shard-*.safetensors"):
+        for p in shard_paths(path):
             fd = os.open(p, os.O_RDONLY)
             try:
                 os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
@@ -147,7 +152,7 @@ def pass_loader(ds, workers: int):
 def pass_raw(path: Path):
     nbytes, t0 = 0, time.perf_counter()
     buf = bytearray(64 << 20)
-    for p in sorted(path.glob("shard-*.safetensors")):
+    for p in shard_paths(path):
         with open(p, "rb", buffering=0) as f:
             while (r := f.readinto(buf)):
                 nbytes += r
@@ -235,7 +240,7 @@ def main() -> int:
     base = Path(a.dir)
     bf16 = base / "bf16"
     make(bf16, a.samples, a.seq, a.hidden, a.layers)
-    first = read_safetensors_header(next(bf16.glob("shard-*.safetensors")))
+    first = read_safetensors_header(shard_paths(bf16)[0])
     print(f"{os.cpu_count()} CPUs, torch threads {torch.get_num_threads()}, "
           f"load average {os.getloadavg()}", flush=True)
     results: list = []

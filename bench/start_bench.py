@@ -80,7 +80,7 @@ def child(a) -> int:
     import torch
 
     import bench
-    from hsdump.config import EngineConfig, ModelConfig
+    from hsdump.config import ModelConfig
     from hsdump.layers import read_model_info, resolve_layers
 
     mark("python")
