@@ -16,14 +16,19 @@ Layouts of the DeepSeek-V3 model: tp1 (reference), tp2 (`model.tp_size=2`), tp2-
 moe_a2a_backend=none). Of the Llama: llama-tp1 (its reference), llama-tp2.
 
 Throughput (`--throughput`): per layout, CaptureEngine with the GPU preset (16,384-token
-chunks), 2,048-token random prompts, rows dropped by the sink (capture only: the small MoE's
-rows outrun the disk, which would hide the layouts' differences); one warm-up pass, then
-timed passes.
+chunks, or `layout@chunk`, e.g. `tp2-dpattn@32768`: SGLang divides the chunk by dp_size under
+DP attention), 2,048-token random prompts, rows dropped by the sink (capture only: the small
+MoE's rows outrun the disk, which would hide the layouts' differences); one warm-up pass, then
+timed passes. `--throughput-model kimi-width` runs bench/bench.py's DeepSeek-V3 model at
+Kimi-K2.5's widths (hidden 7168, its MLA and expert dims, 8 layers, 16 experts top-8; SGLang's
+dummy weights) at layers [3, 5, 6] instead of the small MoE.
 
     source .gpu/part1/install.sh || exit 1; python3 -m pip install -q --no-index --no-deps \
         --target /tmp/site .whl/*.whl; export PYTHONPATH=.:/tmp/site
     python3 bench/gpu_layouts.py --out results.json                      # everything
     python3 bench/gpu_layouts.py --layouts tp1,tp2-dpattn --throughput ""  # a subset
+    python3 bench/gpu_layouts.py --layouts '' --throughput-model kimi-width \
+        --throughput tp2,tp2-ep2,tp2-dpattn,tp2-dpattn@32768 --prompts 256 --repeat 3
     python3 bench/gpu_layouts.py --layouts llama-tp1,llama-tp2 --throughput ""
     python3 bench/gpu_layouts.py --device cpu --layouts llama-tp1 --throughput ""  # CPU debug
 
@@ -38,13 +43,14 @@ import os
 import re
 import shutil
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
 import time
 import traceback
 from pathlib import Path
-from typing import Dict, List
+from typing import Dict, List, Optional
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
@@ -290,21 +296,50 @@ def _fidelity_of_model(family: str, names: List[str], workdir: str, model: str,
 
 
 # --------------------------------------------------------------------------- throughput
-def throughput(name: str, model: str, n: int, length: int, repeat: int) -> dict:
+THROUGHPUT_MODELS = ("dsv3", "kimi-width")
+
+
+def split_layout(spec: str):
+    """'tp2-dpattn@32768' -> ('tp2-dpattn', 32768); 'tp2' -> ('tp2', 16384)."""
+    name, _, chunk = spec.partition("@")
+    if not chunk.isdigit() and chunk:
+        raise ValueError(f"{spec!r}: the chunk after '@' must be a token count, e.g. tp2@32768")
+    return name, int(chunk or 16384)
+
+
+def throughput_model(family: str, models: "Models", workdir: str):
+    """(model path, layers, engine extras) of the throughput runs."""
+    if family == "kimi-width":
+        import bench  # bench/bench.py: the Kimi-width config, written as config.json only
+
+        path = bench.build_model("kimi-width", os.path.join(workdir, "model-kimi-width"),
+                                 weights="dummy")
+        return path, bench.default_layers("kimi-width", 8), {"load_format": "dummy"}
+    return models.path(family), LAYERS, {}
+
+
+def throughput(name: str, model: str, n: int, length: int, repeat: int, chunk: int = 16384,
+               layers: List[int] = LAYERS, model_extra: Optional[dict] = None,
+               port: int = 30000) -> dict:
     from hsdump.config import ModelConfig
     from hsdump.engine import CaptureEngine
     from hsdump.layers import read_model_info
 
     lay = LAYOUTS[name]
-    extra = dict(lay["extra"])  # all-reduce fusion: off by EngineConfig's default
+    extra = dict(lay["extra"], **(model_extra or {}))  # all-reduce fusion: off by default
+    # under DP attention SGLang binds TCP ports derived from `port` alone, and the caller's
+    # socket of an earlier engine in this process may still hold them (seen 2026-11-30: the
+    # second DP-attention engine failed with "port_base at 30234 is not available")
+    extra["port"] = port
     # prefill CUDA graphs off as in conf/engine/gpu.yaml (the extract.py runs' preset)
-    ecfg = gc.engine_config(DEVICE["name"], 16384, extra=extra, prefill_cuda_graph_max_tokens=0)
+    ecfg = gc.engine_config(DEVICE["name"], chunk, extra=extra, max_prefill_tokens=chunk,
+                            prefill_cuda_graph_max_tokens=0)
     info = read_model_info(model)
     prompts = gc.make_prompts([length] * n, seed=1, vocab=info.vocab_size)
     t0 = time.time()
-    eng = CaptureEngine(model, ModelConfig(path=model, tp_size=lay["tp"]), ecfg, LAYERS, info)
+    eng = CaptureEngine(model, ModelConfig(path=model, tp_size=lay["tp"]), ecfg, layers, info)
     res = {"engine_start_s": round(time.time() - t0, 1), "prompts": n, "length": length,
-           "chunked_prefill_size": 16384, "runs_tokens_per_s": []}
+           "chunked_prefill_size": chunk, "layers": list(layers), "runs_tokens_per_s": []}
     try:
         count = {"n": 0}
 
@@ -325,6 +360,7 @@ def throughput(name: str, model: str, n: int, length: int, repeat: int) -> dict:
     finally:
         eng.close()
     res["tokens_per_s"] = max(res["runs_tokens_per_s"])
+    res["median_tokens_per_s"] = round(statistics.median(res["runs_tokens_per_s"]))
     return res
 
 
@@ -339,7 +375,10 @@ def main(argv=None) -> int:
     ap.add_argument("--reuse", action="store_true",
                     help="compare the datasets an earlier run left in --workdir")
     ap.add_argument("--throughput", default="tp2-dpattn,tp2,tp2-ep2",
-                    help="comma list of layouts whose capture throughput is measured")
+                    help="comma list of layouts whose capture throughput is measured; "
+                    "layout@N runs it with N-token chunks (default 16384)")
+    ap.add_argument("--throughput-model", default="dsv3", choices=THROUGHPUT_MODELS,
+                    help="dsv3: the small MoE (hidden 512); kimi-width: hidden 7168, dummy weights")
     ap.add_argument("--workdir", default=None)
     ap.add_argument("--out", default=None, help="results JSON")
     ap.add_argument("--extract-timeout-s", type=float, default=300)
@@ -352,8 +391,12 @@ def main(argv=None) -> int:
                     help="time one throughput layout is expected to take (for the deadline)")
     args = ap.parse_args(argv)
     names = [x for x in args.layouts.split(",") if x]
-    tp_names = [x for x in args.throughput.split(",") if x]
-    unknown = [x for x in names + tp_names if x not in LAYOUTS]
+    tp_specs = [x for x in args.throughput.split(",") if x]
+    try:
+        tp_split = [split_layout(x) for x in tp_specs]
+    except ValueError as e:
+        ap.error(str(e))
+    unknown = [x for x in names + [n for n, _ in tp_split] if x not in LAYOUTS]
     if unknown:
         ap.error(f"unknown layouts {unknown}; use any of {', '.join(LAYOUTS)}")
     t_start = time.time()
@@ -379,27 +422,43 @@ def main(argv=None) -> int:
     if names:
         fidelity(names, workdir, models, args.extract_timeout_s, report, save)
     tp = report.setdefault("throughput", {})
-    for name in tp_names:
+    report["throughput_model"] = args.throughput_model
+    for i, (spec, (name, chunk)) in enumerate(zip(tp_specs, tp_split)):
         left = args.deadline_s - (time.time() - t_start)
         if args.deadline_s and left < args.est_throughput_s:
-            tp[name] = {"skipped": f"deadline ({left:.0f} s left)"}
-            print(f"\n== throughput {name}: skipped (deadline)", flush=True)
+            tp[spec] = {"skipped": f"deadline ({left:.0f} s left)"}
+            print(f"\n== throughput {spec}: skipped (deadline)", flush=True)
             save()
             continue
-        print(f"\n== throughput {name}", flush=True)
+        print(f"\n== throughput {spec}", flush=True)
         try:
-            model = models.path(model_of(name))  # built outside the watchdog's time
+            family = model_of(name) if args.throughput_model == "dsv3" else args.throughput_model
+            # built outside the watchdog's time
+            model, layers, mextra = throughput_model(family, models, workdir)
             # 480 s: on a fresh machine the first forward JIT-builds SGLang's CUDA kernels
             # (2026-11-30 on two H200s, tp2-dpattn: set_mla_kv_buffer was still building
             # after 150 s, when a 150 s watchdog aborted it; with no prefill CUDA graphs that
             # build happens in the first batch, not at engine start)
-            with gc.Watchdog(args.throughput_watchdog_s, f"throughput {name}"):
-                tp[name] = throughput(name, model, args.prompts, args.length, args.repeat)
+            with gc.Watchdog(args.throughput_watchdog_s, f"throughput {spec}"):
+                tp[spec] = throughput(name, model, args.prompts, args.length, args.repeat,
+                                      chunk=chunk, layers=layers, model_extra=mextra,
+                                      port=30000 + 1000 * i)
         except Exception as e:
-            tp[name] = {"error": f"{type(e).__name__}: {e}",
+            tp[spec] = {"error": f"{type(e).__name__}: {e}",
                         "traceback": traceback.format_exc()[-3000:]}
-        print(json.dumps(tp[name], indent=1), flush=True)
+        print(json.dumps(tp[spec], indent=1), flush=True)
         save()
+    rows = [(k, v) for k, v in tp.items() if "tokens_per_s" in v]
+    if rows:
+        print(f"\ncapture throughput ({args.throughput_model}, {args.prompts} x {args.length} "
+              f"tokens per pass, rows dropped)\n| layout | chunk | engine start s | "
+              f"passes tokens/s | median | best | best / {rows[0][0]} |\n|---|---:|---:|---|"
+              "---:|---:|---:|")
+        for k, v in rows:
+            print(f"| {k} | {v['chunked_prefill_size']} | {v['engine_start_s']} | "
+                  f"{', '.join(f'{x:,}' for x in v['runs_tokens_per_s'])} | "
+                  f"{v['median_tokens_per_s']:,} | {v['tokens_per_s']:,} | "
+                  f"{v['tokens_per_s'] / rows[0][1]['tokens_per_s']:.3f} |")
     ok = all(r.get("rc") == 0 and r.get("verify", {}).get("rc") == 0
              and not r.get("vs_transformers", {}).get("tolerance_failures", ["missing"])
              and not r.get("vs_" + reference_of(name), {}).get("tolerance_failures")

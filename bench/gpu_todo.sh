@@ -4,13 +4,15 @@
 # SGLang 0.5.17 bundle) and .whl (extract.py's extra wheels) carried:
 #   source .gpu/part1/install.sh || exit 1; bash bench/gpu_todo.sh regen "$OUT"       # 1 H200, ~230 s
 #   source .gpu/part1/install.sh || exit 1; bash bench/gpu_todo.sh layouts "$OUT"     # 2 H200s, ~240 s
+#   source .gpu/part1/install.sh || exit 1; bash bench/gpu_todo.sh layouts-kimi "$OUT" # 2 H200s, ~450 s
 #   source .gpu/part1/install.sh || exit 1; bash bench/gpu_todo.sh ab "$OUT"          # 1 H200, ~280 s
 #   source .gpu/part1/install.sh || exit 1; bash bench/gpu_todo.sh mem "$OUT"         # 1 H200, ~200 s
 #   source .gpu/part1/install.sh || exit 1; bash bench/gpu_todo.sh kimi "$OUT"        # 1 H200, ~300 s
+#   source .gpu/part1/install.sh || exit 1; bash bench/gpu_todo.sh kimi-c "$OUT"      # 1 H200, ~250 s
 # (regen and ab ran in the evening session, BENCHMARKS sections 11-12; layouts, mem and kimi
-# are still to run)
+# in the night session, sections 9, 13 and 8)
 set -u
-what=${1:?regen, layouts, ab, mem or kimi}
+what=${1:?regen, layouts, layouts-kimi, ab, mem, kimi or kimi-c}
 out=${2:?output folder}
 pip install -q --no-index --no-deps --target /tmp/site2 .whl/*.whl >/dev/null 2>&1
 export PYTHONUNBUFFERED=1 PYTHONPATH=.:${PYTHONPATH:-}:/tmp/site2
@@ -33,6 +35,12 @@ ab)  # issue 13 item 5 / issue 15: whole-run b/a (and b8, fp8 in the writer thre
         --writer-stages-mib 0 --name gpu-llama8b-graphs --results-dir "$out" \
         >"$out/bench.log" 2>&1
     echo "rc=$?"; filter "$out/bench.log" ;;
+layouts-kimi)  # issue 16 item 4 at Kimi-K2.5's widths (hidden 7168, dummy weights), 2 H200s
+    timeout -k 5 560 python3 bench/gpu_layouts.py --layouts '' --throughput-model kimi-width \
+        --throughput tp2,tp2-dpattn,tp2-ep2,tp2-dpattn@32768 --prompts 384 --repeat 4 \
+        --deadline-s 500 --est-throughput-s 90 --out "$out/gpu-layouts-throughput-kimi.json" \
+        >"$out/layouts-kimi.log" 2>&1
+    echo "rc=$?"; filter "$out/layouts-kimi.log" ;;
 mem)  # issue 15 item 5: host memory per process at 2K and 32K tokens (BENCHMARKS section 13)
     timeout -k 10 ${T:-300} python3 bench/mem_bench.py --seqs 2048:256,32768:16 \
         --json "$out/gpu-mem-llama8b.json" >"$out/mem.log" 2>&1
@@ -42,5 +50,10 @@ kimi)  # issue 15: the Kimi-width row (b, b8 with fp8 in the writer threads) on 
         --modes a,b,b8 --weights dummy --fp8-tokens 98304 --dd-mib 1024 --writer-stages-mib 0 \
         --name gpu-kimi-width-graphs --results-dir "$out" >"$out/bench.log" 2>&1
     echo "rc=$?"; filter "$out/bench.log" ;;
-*)  echo "regen, layouts, ab, mem or kimi" >&2; exit 2 ;;
+kimi-c)  # issue 15 item 2: mode c (SGLang's built-in return) at Kimi's width, with a and b
+    timeout -k 10 ${T:-270} python3 bench/bench.py --device cuda --models kimi-width:2048:96:2 \
+        --modes a,b,c --weights dummy --dd-mib 1024 --writer-stages-mib 0 --deadline-s 250 \
+        --deadline-modes c --name gpu-kimi-width-c --results-dir "$out" >"$out/bench.log" 2>&1
+    echo "rc=$?"; filter "$out/bench.log" ;;
+*)  echo "regen, layouts, layouts-kimi, ab, mem, kimi or kimi-c" >&2; exit 2 ;;
 esac

@@ -419,6 +419,44 @@ def start_kwargs(c: "EngineConfig", generates: bool) -> dict:
     return kw
 
 
+def _port_free(port: int) -> bool:
+    import socket
+
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def dp_attention_port(kw: dict, rng=None) -> Optional[int]:
+    """A `port` for a one-node DP-attention engine whose derived TCP ports are free, or None.
+
+    Under DP attention SGLang binds TCP ports port + ZMQ_TCP_PORT_DELTA + 0..6 (233 in 0.5.17
+    and 0.5.23; PortArgs.init_new) from `port` alone (default 30000) instead of its per-engine
+    IPC files, so a second such engine on the host (two jobs on one node, or a second engine in
+    one process whose first still holds its sockets) waited 30 s and failed with "port_base at
+    30234 is not available". A port the user gives (engine.extra.port) or a multi-node setup
+    (dist_init_addr) is left alone."""
+    if not kw.get("enable_dp_attention") or "port" in kw or kw.get("dist_init_addr") \
+            or kw.get("nnodes", 1) > 1:
+        return None
+    try:
+        from sglang.srt.server_args import ZMQ_TCP_PORT_DELTA as delta
+    except ImportError:
+        delta = 233
+    import random
+
+    starts = list(range(30000, 40000, 100))
+    (rng or random.Random()).shuffle(starts)  # two jobs starting together rarely pick the same
+    for port in starts:
+        if all(_port_free(port + delta + i) for i in range(8)):
+            return port
+    raise RuntimeError("DP attention: no free TCP ports found in 30233-40240 for SGLang's "
+                       "engine; give one with +engine.extra.port=<free port>")
+
+
 class CaptureEngine:
     """open -> run(samples, sink) -> close. Samples are (sample_id, input_ids)."""
 
@@ -498,6 +536,9 @@ class CaptureEngine:
                       return_aux_hidden_state_layer_ids=[k - 1 for k in sorted(self.layers)])
         kw.update(start_kwargs(c, self.generates))
         kw.update(c.extra)
+        port = dp_attention_port(kw)
+        if port is not None:
+            kw["port"] = port
         return kw
 
     # ---------------------------------------------------------------- health

@@ -1,0 +1,68 @@
+"""The TCP port a one-node DP-attention engine gets (engine.dp_attention_port).
+
+Under DP attention SGLang derives its TCP ports from `port` alone (port + 233 + 0..6), so a
+second such engine on one host failed to start (2026-11-30, two H200s: "port_base at 30234 is
+not available in 30 seconds"). hsdump picks a `port` whose derived ports are free, unless the
+user gave one or the engine spans nodes."""
+
+import socket
+from types import SimpleNamespace
+
+from hsdump.config import EngineConfig, ModelConfig
+from hsdump.engine import CaptureEngine, dp_attention_port
+
+
+class InOrder:
+    """An rng whose shuffle keeps the candidates in order (30000, 30100, ...)."""
+
+    def shuffle(self, xs):
+        pass
+
+
+def sglang_delta() -> int:
+    from sglang.srt.server_args import ZMQ_TCP_PORT_DELTA
+
+    return ZMQ_TCP_PORT_DELTA
+
+
+def bindable(port: int) -> bool:
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def test_left_alone_without_dp_attention_or_with_a_given_port():
+    assert dp_attention_port({"tp_size": 2}) is None
+    assert dp_attention_port({"enable_dp_attention": False}) is None
+    assert dp_attention_port({"enable_dp_attention": True, "port": 31000}) is None
+    assert dp_attention_port({"enable_dp_attention": True, "dist_init_addr": "n1:5000"}) is None
+    assert dp_attention_port({"enable_dp_attention": True, "nnodes": 2}) is None
+
+
+def test_skips_a_port_whose_derived_ports_are_taken():
+    delta = sglang_delta()  # the installed SGLang's offset: the one hsdump must check
+    first = dp_attention_port({"enable_dp_attention": True}, rng=InOrder())
+    assert first is not None and 30000 <= first < 40000 and first % 100 == 0
+    assert all(bindable(first + delta + i) for i in range(8))
+    with socket.socket() as held:  # what an earlier DP-attention engine leaves bound
+        held.bind(("127.0.0.1", first + delta + 1))  # its port_base
+        held.listen()
+        port = dp_attention_port({"enable_dp_attention": True}, rng=InOrder())
+        assert port is not None and port > first and port % 100 == 0
+        assert all(bindable(port + delta + i) for i in range(8))
+    assert dp_attention_port({"enable_dp_attention": True}, rng=InOrder()) == first
+
+
+def test_engine_kwargs_carry_the_port():
+    def kwargs(extra):
+        fake = SimpleNamespace(cfg=EngineConfig(device="cpu", extra=extra), version="0.5.17",
+                               layers=[1, 2], generates=False)
+        return CaptureEngine._engine_kwargs(fake, "/m", ModelConfig(path="/m"), None)
+
+    assert "port" not in kwargs({})
+    got = kwargs({"dp_size": 2, "enable_dp_attention": True})
+    assert isinstance(got["port"], int) and 30000 <= got["port"] < 40000
+    assert kwargs({"dp_size": 2, "enable_dp_attention": True, "port": 41000})["port"] == 41000
