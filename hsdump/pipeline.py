@@ -34,6 +34,7 @@ from .tiny import resolve_model_path
 from .tokenization import Tokenized, tokenize_dataset
 from .tokenizer import load_tokenizer
 from .files import fault
+from .formats import detect_format
 from .writer import FORMAT, FORMAT_VERSION, DatasetWriter
 
 log = logging.getLogger(__name__)
@@ -248,13 +249,14 @@ def tokenize(r: Run) -> None:
     cfg = r.cfg
     r.tok = load_tokenizer(cfg.model, r.model_path)
     r.rows = load_rows(cfg.dataset)
-    r.data = tokenize_dataset(r.rows, r.tok, cfg.dataset, progress=cfg.progress)
-    if not r.data.ids:
-        raise ValueError(f"no usable sample in {cfg.dataset.path} (skipped: {r.data.skipped})")
-    if cfg.regenerate.enabled and r.data.format == "text":
+    # refused from the columns, before the whole dataset is tokenized
+    if cfg.regenerate.enabled and detect_format(r.rows, cfg.dataset)[0] == "text":
         raise ValueError(f"regenerate.turns={cfg.regenerate.turns} needs conversations; "
                          f"{cfg.dataset.path} is read as plain text (dataset.format=text). Use a "
                          "chat dataset, or regenerate.turns=none")
+    r.data = tokenize_dataset(r.rows, r.tok, cfg.dataset, progress=cfg.progress)
+    if not r.data.ids:
+        raise ValueError(f"no usable sample in {cfg.dataset.path} (skipped: {r.data.skipped})")
 
 
 def dataset_keys(r: Run, resolved_config: Optional[dict]):

@@ -138,3 +138,20 @@ def test_hub_id_without_network(tmp_path):
         assert "model.path='example-org/no-such-model' is not a local folder" in out, out[-3000:]
         assert want in out and "hf download example-org/no-such-model --local-dir DIR" in out
         assert "engine: starting" not in out and "Traceback" not in out
+
+
+def test_regenerate_on_plain_text_refused_before_tokenizing(tmp_path, monkeypatch, no_engine):
+    from hsdump import pipeline
+
+    data = tmp_path / "text.jsonl"
+    data.write_text("".join(json.dumps({"text": f"plain words {i}"}) + "\n" for i in range(5)))
+
+    def tokenize(*a, **k):
+        raise AssertionError("the dataset was tokenized")
+
+    monkeypatch.setattr(pipeline, "tokenize_dataset", tokenize)
+    cfg = config("model=tiny", f"dataset.path={data}", "regenerate=last",
+                 f"output.dir={tmp_path}/out", "progress=false")
+    with pytest.raises(ValueError, match="needs conversations.*regenerate.turns=none"):
+        run(cfg)
+    assert not (tmp_path / "out").exists()
