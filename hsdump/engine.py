@@ -430,28 +430,37 @@ def _port_free(port: int) -> bool:
     return True
 
 
+def dp_attention_offsets() -> List[int]:
+    """Offsets from `port` of the TCP ports a one-node DP-attention engine binds."""
+    try:
+        from sglang.srt import server_args as sa
+
+        zmq_delta = sa.ZMQ_TCP_PORT_DELTA
+        handshake = getattr(sa, "DP_ATTENTION_HANDSHAKE_PORT_DELTA", 13)
+    except (ImportError, AttributeError):
+        zmq_delta, handshake = 233, 13
+    return [handshake] + [zmq_delta + i for i in range(8)]
+
+
 def dp_attention_port(kw: dict, rng=None) -> Optional[int]:
     """A `port` for a one-node DP-attention engine whose derived TCP ports are free, or None.
 
     Under DP attention SGLang binds TCP ports port + ZMQ_TCP_PORT_DELTA + 0..6 (233 in 0.5.17
-    and 0.5.23; PortArgs.init_new) from `port` alone (default 30000) instead of its per-engine
-    IPC files, so a second such engine on the host (two jobs on one node, or a second engine in
+    and 0.5.23; PortArgs.init_new) and port + DP_ATTENTION_HANDSHAKE_PORT_DELTA (13; the DP
+    controller's worker-port handshake) from `port` alone (default 30000) instead of its
+    per-engine IPC files, so a second such engine on the host (two jobs on one node, or a second engine in
     one process whose first still holds its sockets) waited 30 s and failed with "port_base at
     30234 is not available". A port the user gives (engine.extra.port) or a multi-node setup
     (dist_init_addr) is left alone."""
     if not kw.get("enable_dp_attention") or "port" in kw or kw.get("dist_init_addr") \
             or kw.get("nnodes", 1) > 1:
         return None
-    try:
-        from sglang.srt.server_args import ZMQ_TCP_PORT_DELTA as delta
-    except ImportError:
-        delta = 233
     import random
 
     starts = list(range(30000, 40000, 100))
     (rng or random.Random()).shuffle(starts)  # two jobs starting together rarely pick the same
     for port in starts:
-        if all(_port_free(port + delta + i) for i in range(8)):
+        if all(_port_free(port + d) for d in dp_attention_offsets()):
             return port
     raise RuntimeError("DP attention: no free TCP ports found in 30233-40240 for SGLang's "
                        "engine; give one with +engine.extra.port=<free port>")

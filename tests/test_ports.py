@@ -1,6 +1,7 @@
 """The TCP port a one-node DP-attention engine gets (engine.dp_attention_port).
 
-Under DP attention SGLang derives its TCP ports from `port` alone (port + 233 + 0..6), so a
+Under DP attention SGLang derives its TCP ports from `port` alone (port + 13 for the DP
+controller's handshake, port + 233 + 0..6 for its sockets), so a
 second such engine on one host failed to start (2026-11-30, two H200s: "port_base at 30234 is
 not available in 30 seconds"). hsdump picks a `port` whose derived ports are free, unless the
 user gave one or the engine spans nodes."""
@@ -8,8 +9,10 @@ user gave one or the engine spans nodes."""
 import socket
 from types import SimpleNamespace
 
+import pytest
+
 from hsdump.config import EngineConfig, ModelConfig
-from hsdump.engine import CaptureEngine, dp_attention_port
+from hsdump.engine import CaptureEngine, dp_attention_offsets, dp_attention_port
 
 
 class InOrder:
@@ -19,10 +22,11 @@ class InOrder:
         pass
 
 
-def sglang_delta() -> int:
-    from sglang.srt.server_args import ZMQ_TCP_PORT_DELTA
+def sglang_offsets():
+    """The offsets the installed SGLang derives from `port` under DP attention."""
+    from sglang.srt.server_args import DP_ATTENTION_HANDSHAKE_PORT_DELTA, ZMQ_TCP_PORT_DELTA
 
-    return ZMQ_TCP_PORT_DELTA
+    return [DP_ATTENTION_HANDSHAKE_PORT_DELTA] + [ZMQ_TCP_PORT_DELTA + i for i in range(8)]
 
 
 def bindable(port: int) -> bool:
@@ -42,17 +46,22 @@ def test_left_alone_without_dp_attention_or_with_a_given_port():
     assert dp_attention_port({"enable_dp_attention": True, "nnodes": 2}) is None
 
 
-def test_skips_a_port_whose_derived_ports_are_taken():
-    delta = sglang_delta()  # the installed SGLang's offset: the one hsdump must check
+def test_offsets_are_sglangs():
+    assert dp_attention_offsets() == sglang_offsets()
+
+
+@pytest.mark.parametrize("taken", [1, 0])  # port_base (233 + 1), the handshake (13)
+def test_skips_a_port_whose_derived_ports_are_taken(taken):
+    offsets = sglang_offsets()  # the installed SGLang's: the ones hsdump must check
     first = dp_attention_port({"enable_dp_attention": True}, rng=InOrder())
     assert first is not None and 30000 <= first < 40000 and first % 100 == 0
-    assert all(bindable(first + delta + i) for i in range(8))
+    assert all(bindable(first + d) for d in offsets)
     with socket.socket() as held:  # what an earlier DP-attention engine leaves bound
-        held.bind(("127.0.0.1", first + delta + 1))  # its port_base
+        held.bind(("127.0.0.1", first + offsets[taken]))
         held.listen()
         port = dp_attention_port({"enable_dp_attention": True}, rng=InOrder())
         assert port is not None and port > first and port % 100 == 0
-        assert all(bindable(port + delta + i) for i in range(8))
+        assert all(bindable(port + d) for d in offsets)
     assert dp_attention_port({"enable_dp_attention": True}, rng=InOrder()) == first
 
 
