@@ -43,7 +43,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
-from typing import Dict, List
+from typing import Dict, List, Optional
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
@@ -67,9 +67,9 @@ def proc_role(p: psutil.Process) -> str:
 
 
 class Sampler(threading.Thread):
-    def __init__(self, eng, period: float = 0.1):
+    def __init__(self, eng, period: float = 0.1, tracker: "Optional[Tracker]" = None):
         super().__init__(name="mem-sampler", daemon=True)
-        self.eng, self.writer, self.period = eng, None, period
+        self.eng, self.writer, self.period, self.tracker = eng, None, period, tracker
         self.me = psutil.Process()
         self.samples: List[dict] = []
         self.stop_evt = threading.Event()
@@ -87,8 +87,14 @@ class Sampler(threading.Thread):
             parts = [p for ps in rx.parts.values() for p in ps]
         recv = sum(t.numel() * t.element_size() for p in parts for t in p[1])
         w = self.writer
+        # the Tracker's stages (install_tracker): chunks popped by take, its stitched copy,
+        # a sample between take and add, written rows still referenced, bare frames
+        c = self.tracker.counts() if self.tracker is not None else {}
         return {"t": time.time(), "rss": rss, "tree": sum(rss.values()), "receiver": recv,
-                "writer": w.host_bytes if w is not None else 0}
+                "writer": w.host_bytes if w is not None else 0,
+                "tracked": {"chunks_in_take": max(c.get("chunk", 0) - recv, 0),
+                            **{k: c.get(k, 0) for k in ("stitch", "in_hand", "written",
+                                                         "frames_no_tensor")}}}
 
     def run(self):
         while not self.stop_evt.is_set():
@@ -103,14 +109,17 @@ class Sampler(threading.Thread):
 def itemise(idle: dict, samples: List[dict], expected_staging: int) -> dict:
     peak = max(samples, key=lambda s: s["tree"])
     grow = {k: v - idle["rss"].get(k, 0) for k, v in peak["rss"].items()}
-    caller_known = peak["receiver"] + peak["writer"]
+    tracked = peak.get("tracked", {})
+    caller_known = peak["receiver"] + peak["writer"] + sum(tracked.values())
     return {
         "idle_rss": idle["rss"], "peak_rss": peak["rss"], "peak_tree": peak["tree"],
-        "growth": grow, "at_peak": {"receiver": peak["receiver"], "writer": peak["writer"]},
+        "growth": grow, "at_peak": {"receiver": peak["receiver"], "writer": peak["writer"],
+                                    **tracked},
         "caller_unaccounted": grow.get("caller", 0) - caller_known,
         "max": {"receiver": max(s["receiver"] for s in samples),
                 "writer": max(s["writer"] for s in samples),
                 "tree": peak["tree"],
+                **{k: max(s.get("tracked", {}).get(k, 0) for s in samples) for k in tracked},
                 **{f"rss_{k}": max(s["rss"].get(k, 0) for s in samples) for k in peak["rss"]}},
         "scheduler_expected_staging": expected_staging,
     }
@@ -264,6 +273,59 @@ class Tracker:
         return out
 
 
+def install_tracker(tr: "Tracker") -> Dict[str, int]:
+    """Counters on hsdump's real code path in this process (wrappers call the originals):
+    received frames and their tensors ("chunk"), rows.py's concatenations ("stitch"), what
+    Receiver.take returns ("in_hand"), what the writer has written ("written"). Returns the
+    live counts of calls inside take and add. Install before the engine starts."""
+    from hsdump import rows as rowsmod
+    from hsdump import writer as writermod
+
+    orig_frame_tensor = rowsmod.frame_tensor
+
+    def frame_tensor(h, body):
+        x = orig_frame_tensor(h, body)
+        tr.add_frame(body)
+        tr.add(x, "chunk", True)
+        return x
+
+    rowsmod.frame_tensor = frame_tensor
+
+    class TorchInRows:  # rows.py's `torch`, with cat's outputs counted as "stitch"
+        def __getattr__(self, name):
+            return getattr(torch, name)
+
+        @staticmethod
+        def cat(*args, **kw):
+            x = torch.cat(*args, **kw)
+            tr.add(x, "stitch")
+            return x
+
+    rowsmod.torch = TorchInRows()
+    Receiver = rowsmod.Receiver
+    orig_take = Receiver.take
+    busy = {"take": 0, "add": 0}
+
+    def take(self, rid, n, timeout):
+        busy["take"] += 1
+        try:
+            rows, bad = orig_take(self, rid, n, timeout)
+        finally:
+            busy["take"] -= 1
+        tr.mark(rows, "in_hand")
+        return rows, bad
+
+    Receiver.take = take
+    orig_commit = writermod.DatasetWriter._commit
+
+    def commit(self, name, tensors, *rest):
+        orig_commit(self, name, tensors, *rest)
+        tr.mark(tensors.values(), "written")
+
+    writermod.DatasetWriter._commit = commit
+    return busy
+
+
 def _fake_scheduler(endpoint: str, req_q, ack_q, hidden: int, slots: int, chunk: int,
                     forward_s: float) -> None:
     """Child process: SGLang's scheduler as the caller sees it. Requests are prefilled FIFO in
@@ -370,28 +432,6 @@ def caller_run(a) -> int:
     libc = ctypes.CDLL("libc.so.6")
     tr = Tracker()
 
-    # ---- instrumentation: counters on the real code path (wrappers call the originals)
-    orig_frame_tensor = rowsmod.frame_tensor
-
-    def frame_tensor(h, body):
-        x = orig_frame_tensor(h, body)
-        tr.add_frame(body)
-        tr.add(x, "chunk", True)
-        return x
-
-    rowsmod.frame_tensor = frame_tensor
-
-    class TorchInRows:  # rows.py's `torch`, with cat's outputs counted as "stitch"
-        def __getattr__(self, name):
-            return getattr(torch, name)
-
-        @staticmethod
-        def cat(*args, **kw):
-            x = torch.cat(*args, **kw)
-            tr.add(x, "stitch")
-            return x
-
-    rowsmod.torch = TorchInRows()
     Receiver = rowsmod.Receiver
     if variant in ("fix-drive-rx", "fix-all"):
         Receiver.run = _patched(Receiver.run, "                self.cond.notify_all()\n",
@@ -409,26 +449,7 @@ def caller_run(a) -> int:
             "            for p in parts:\n"
             "                p[1][s] = None  # this slot's chunks are freed once stitched\n"
             "        return out, bad\n")
-    orig_take = Receiver.take
-    busy = {"take": 0, "add": 0}
-
-    def take(self, rid, n, timeout):
-        busy["take"] += 1
-        try:
-            rows, bad = orig_take(self, rid, n, timeout)
-        finally:
-            busy["take"] -= 1
-        tr.mark(rows, "in_hand")
-        return rows, bad
-
-    Receiver.take = take
-    orig_commit = writermod.DatasetWriter._commit
-
-    def commit(self, name, tensors, *rest):
-        orig_commit(self, name, tensors, *rest)
-        tr.mark(tensors.values(), "written")
-
-    writermod.DatasetWriter._commit = commit
+    busy = install_tracker(tr)  # counters on the real code path
     drive = engmod.CaptureEngine._drive
     if variant.startswith("fix-"):
         drive = _patched(drive, "                    sink(*task.result())\n",
@@ -739,6 +760,8 @@ def main(argv=None) -> int:
     if a.weights == "dummy" and a.device == "cuda":
         ec = dataclasses.replace(ec, extra={"load_format": "dummy"})
     out_dir = a.out_dir or tempfile.mkdtemp(prefix="hsdump-mem-")
+    tracker = Tracker()
+    install_tracker(tracker)  # before the engine's receiver starts
     t = time.time()
     eng = CaptureEngine(path, ModelConfig(path=path), ec, layers, info)
     report = {"model": model, "layers": layers, "row_bytes_per_token": row_bytes,
@@ -747,7 +770,7 @@ def main(argv=None) -> int:
               "max_host_bytes": out.max_host_bytes, "runs": {}}
     g = torch.Generator().manual_seed(0)
     hi = min(info.vocab_size, 30000)
-    sampler = Sampler(eng)
+    sampler = Sampler(eng, tracker=tracker)
     sampler.start()
     chunk = ec.chunked_prefill_size if ec.chunked_prefill_size > 0 else ec.max_prefill_tokens
     base = 0
@@ -775,6 +798,7 @@ def main(argv=None) -> int:
             sampler.writer = w
 
             def sink(sid, ids, hs, bad):
+                tracker.mark(hs, "writer")  # counted by the writer's host_bytes from here
                 w.add(sid, ids, [1] * len(ids), hs, nonfinite=bad)
 
             t = time.time()
@@ -810,15 +834,19 @@ def main(argv=None) -> int:
 def table(report: dict) -> str:
     gb = lambda x: f"{x / 1e9:.2f}"  # noqa: E731
     rows = ["| length x samples | peak tree RSS | caller idle -> growth | receiver rows (at peak / max) "
-            "| writer held (at peak / max; bound) | caller unaccounted | scheduler idle -> growth "
+            "| writer held (at peak / max; bound) | in take / in hand / written / bare frames "
+            "(at peak) | caller unaccounted | scheduler idle -> growth "
             "(expected staging) | detokenizer growth | rows in flight bound |",
-            "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+            "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for seq, r in report["runs"].items():
         g, idle, ap, mx = r["growth"], r["idle_rss"], r["at_peak"], r["max"]
         rows.append(
             f"| {seq} x {r['samples']} | {gb(r['peak_tree'])} | {gb(idle.get('caller', 0))} -> "
             f"+{gb(g.get('caller', 0))} | {gb(ap['receiver'])} / {gb(mx['receiver'])} | "
             f"{gb(ap['writer'])} / {gb(mx['writer'])}; {gb(r['writer_bound'])} | "
+            f"{gb(ap.get('chunks_in_take', 0) + ap.get('stitch', 0))} / "
+            f"{gb(ap.get('in_hand', 0))} / {gb(ap.get('written', 0))} / "
+            f"{gb(ap.get('frames_no_tensor', 0))} | "
             f"{gb(r['caller_unaccounted'])} | {gb(idle.get('scheduler', 0))} -> "
             f"+{gb(g.get('scheduler', 0))} ({gb(r['scheduler_expected_staging'])}) | "
             f"+{gb(g.get('detokenizer', 0))} | {gb(r['rows_in_flight_bound'])} |")
