@@ -29,7 +29,7 @@ from .dist import owns, writer_tag
 from .layers import CONVENTION, ModelInfo, read_model_info, resolve_layers
 from .locate import check_model_path
 from .sources import dataset_fingerprint, load_rows
-from .stats import write_token_freq
+from .stats import write_committed_token_freq, write_token_freq
 from .tiny import resolve_model_path
 from .tokenization import Tokenized, tokenize_dataset
 from .tokenizer import load_tokenizer
@@ -319,7 +319,8 @@ def open_dataset(r: Run, compat: dict, manifest: dict) -> bool:
         overwrite=cfg.output.overwrite, on_nonfinite=cfg.output.on_nonfinite,
         writer_tag=writer_tag(d.num_jobs, d.job_index), final=cfg.capture.final,
         threads=cfg.output.writer_threads)
-    write_token_freq(data, cfg.output.dir, target_vocab_size=info.vocab_size)
+    if not cfg.regenerate.enabled:  # regenerated answers are counted when the job ends
+        write_token_freq(data, cfg.output.dir, target_vocab_size=info.vocab_size)
     done = writer.done_ids()
     mine = [i for i, sid in enumerate(data.ids) if owns(sid, d.num_jobs, d.job_index)]
     r.todo = [i for i in mine if data.ids[i] not in done]
@@ -489,6 +490,12 @@ def finish(r: Run, ok: bool, stopped_by: Optional[str], died) -> Summary:
     summary.wall_s = time.time() - r.t0
     resume = (f"{writer.samples_written} samples were committed in this run and are safe; "
               "run the same command again to resume.")
+    if r.cfg.regenerate.enabled and writer.samples_written + summary.already_done:
+        # the stored answers are the model's, not the source's: count what was committed
+        t = time.time()
+        write_committed_token_freq(r.cfg.output.dir, target_vocab_size=r.info.vocab_size)
+        log.info("token_freq.json: counted over the committed samples in %.1f s",
+                 time.time() - t)
     if died is not None:
         raise Interrupted(f"the SGLang engine died: {died}. {resume}") from died
     if not ok:

@@ -28,23 +28,28 @@ FORMAT = "hsdump/token_freq"
 VERSION = 1
 
 
+def _add_counts(counts: np.ndarray, ids: np.ndarray, mask: np.ndarray) -> np.ndarray:
+    """counts (dense, by token id) plus the loss-masked ids; may return a longer array."""
+    sel = ids[mask.astype(bool)].astype(np.int64)
+    if sel.size == 0:
+        return counts
+    if sel.min() < 0:
+        raise ValueError("negative token id in input_ids")
+    c = np.bincount(sel)
+    if c.size > counts.size:
+        c[: counts.size] += counts
+        return c
+    counts[: c.size] += c
+    return counts
+
+
 def token_counts(tokenized) -> np.ndarray:
     """Dense int64 counts indexed by token id, over loss-masked tokens of kept samples."""
     counts = np.zeros(0, dtype=np.int64)
 
     def add(ids: np.ndarray, mask: np.ndarray) -> None:
         nonlocal counts
-        sel = ids[mask.astype(bool)].astype(np.int64)
-        if sel.size == 0:
-            return
-        if sel.min() < 0:
-            raise ValueError("negative token id in input_ids")
-        c = np.bincount(sel)
-        if c.size > counts.size:
-            c[: counts.size] += counts
-            counts = c
-        else:
-            counts[: c.size] += c
+        counts = _add_counts(counts, ids, mask)
 
     table = getattr(tokenized, "table", None)
     if table is not None:  # Arrow-backed: skipped rows hold empty lists, so count every row
@@ -73,11 +78,44 @@ def write_token_freq(tokenized, out_dir: str, target_vocab_size: Optional[int] =
     `target_vocab_size` (the model's config.vocab_size) is recorded so `hsdump vocab` can size
     t2d; token ids must be below it. Returns the file's path.
     """
-    freq = token_frequencies(tokenized)
+    return _write(token_counts(tokenized), len(tokenized.ids), out_dir, target_vocab_size,
+                  "input_ids where loss_mask == 1")
+
+
+COMMITTED = "input_ids where loss_mask == 1, of the committed samples"
+
+
+def write_committed_token_freq(out_dir: str, target_vocab_size: Optional[int] = None) -> Path:
+    """OUT/token_freq.json counted over what the dataset stores: the committed samples'
+    input_ids and loss_mask, read back (ids and masks only). With regenerated answers these
+    are not the source dataset's tokens. Each job writes it when it ends; a file that already
+    counts more committed samples (another job's, written later) is kept."""
+    from .reader import HsdumpDataset
+
+    ds = HsdumpDataset(out_dir)
+    counts = np.zeros(0, dtype=np.int64)
+    for sid in ds.ids:
+        rec = ds.get(sid, hidden=False)
+        counts = _add_counts(counts, rec["input_ids"].numpy(), rec["loss_mask"].numpy())
+    path = Path(out_dir) / TOKEN_FREQ
+    if path.exists():
+        try:
+            old = json.loads(path.read_text())
+        except ValueError:
+            old = {}
+        if old.get("counted") == COMMITTED and old.get("samples", 0) > len(ds.ids):
+            return path
+    return _write(counts, len(ds.ids), out_dir, target_vocab_size, COMMITTED)
+
+
+def _write(counts: np.ndarray, samples: int, out_dir: str, target_vocab_size: Optional[int],
+           counted: str) -> Path:
+    nz = np.nonzero(counts)[0]
+    freq = {int(i): int(counts[i]) for i in nz}
     if target_vocab_size is not None and freq and max(freq) >= target_vocab_size:
         raise ValueError(f"token id {max(freq)} >= target_vocab_size={target_vocab_size}")
-    doc = {"format": FORMAT, "version": VERSION, "counted": "input_ids where loss_mask == 1",
-           "samples": len(tokenized.ids), "loss_tokens": int(sum(freq.values())),
+    doc = {"format": FORMAT, "version": VERSION, "counted": counted,
+           "samples": samples, "loss_tokens": int(sum(freq.values())),
            "distinct": len(freq), "target_vocab_size": target_vocab_size,
            "counts": {str(k): v for k, v in freq.items()}}
     out = Path(out_dir)

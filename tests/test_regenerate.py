@@ -95,6 +95,17 @@ def test_ids_masks_and_states_are_those_of_the_stored_conversation(regenerated, 
         for h, k in zip(rec["hidden_states"], ds.layers):
             assert rel_err(h, ref[k]) <= 3 * rel_err(ref16[k], ref[k]) + 0.002, (sid, k)
     assert differs == len(ds)  # the ids are not the source conversations' tokenization
+    # token_freq.json counts the stored (regenerated) tokens, not the source's
+    from collections import Counter
+
+    from hsdump.stats import COMMITTED, read_token_freq
+
+    want = Counter()
+    for sid in ds.ids:
+        rec = ds.get(sid, hidden=False)
+        want.update(rec["input_ids"][rec["loss_mask"].bool()].tolist())
+    counts, meta = read_token_freq(str(out))
+    assert counts == dict(want) and meta["counted"] == COMMITTED and meta["samples"] == 5
 
 
 @pytest.mark.engine
@@ -111,6 +122,9 @@ def test_greedy_regeneration_is_the_same_across_a_kill_and_resume(regenerated, t
     assert f"already committed before this run: {len(partial)}" in log
     a, b = HsdumpDataset(str(ref)), HsdumpDataset(str(out))
     assert a.ids == b.ids
+    from hsdump.stats import read_token_freq  # counted over all 5, not the resumed run's
+
+    assert read_token_freq(str(out)) == read_token_freq(str(ref))
     for sid in a.ids:
         assert a.conversation(sid) == b.conversation(sid)
         assert torch.equal(a.get(sid)["input_ids"], b.get(sid)["input_ids"])

@@ -98,3 +98,29 @@ def test_vocab_size_from_the_manifest_model(tmp_path):
     (tmp_path / "manifest.json").write_text(json.dumps({"model": {"resolved_path": str(model)}}))
     assert vocab_main([str(tmp_path), "-n", "2"]) == 0
     assert load_file(str(tmp_path / MAPPING))["t2d"].shape == (20,)
+
+
+def test_committed_counts_come_from_the_stored_samples(tmp_path):
+    """With regenerated answers, token_freq.json counts what the dataset stores (read back
+    from its shards), written when a job ends; a file counting more samples is kept."""
+    import torch
+
+    from hsdump.stats import COMMITTED, write_committed_token_freq
+    from hsdump.writer import DatasetWriter
+
+    w = DatasetWriter(str(tmp_path), {"format": "hsdump/speculators-v1", "layers": [1]},
+                      {"k": 1}, layers=[1], hidden_size=4)
+    stored = {0: ([5, 7, 7, 9], [0, 1, 1, 1]), 1: ([7, 3, 5], [1, 1, 0]), 4: ([2, 2], [1, 0])}
+    for sid, (ids, mask) in stored.items():
+        w.add(sid, ids, mask, [torch.zeros(len(ids), 4)])
+    w.close(commit=True)
+    write_token_freq(hand_built(), str(tmp_path), target_vocab_size=16)  # the source's counts
+    p = write_committed_token_freq(str(tmp_path), target_vocab_size=16)
+    doc = json.loads(p.read_text())
+    assert doc["counted"] == COMMITTED and doc["samples"] == 3
+    assert read_token_freq(str(tmp_path))[0] == {7: 3, 9: 1, 3: 1, 2: 1}
+    # another job that ended later and counted more committed samples keeps its file
+    doc["samples"], doc["counts"] = 10, {"1": 1}
+    p.write_text(json.dumps(doc))
+    write_committed_token_freq(str(tmp_path), target_vocab_size=16)
+    assert read_token_freq(str(tmp_path))[0] == {1: 1}
