@@ -89,7 +89,9 @@ def write_committed_token_freq(out_dir: str, target_vocab_size: Optional[int] = 
     """OUT/token_freq.json counted over what the dataset stores: the committed samples'
     input_ids and loss_mask, read back (ids and masks only). With regenerated answers these
     are not the source dataset's tokens. Each job writes it when it ends; a file that already
-    counts more committed samples (another job's, written later) is kept."""
+    counts more committed samples (another job's) is kept, checked and replaced under the
+    dataset's lock."""
+    from .commits import dataset_lock
     from .reader import HsdumpDataset
 
     ds = HsdumpDataset(out_dir)
@@ -98,14 +100,15 @@ def write_committed_token_freq(out_dir: str, target_vocab_size: Optional[int] = 
         rec = ds.get(sid, hidden=False)
         counts = _add_counts(counts, rec["input_ids"].numpy(), rec["loss_mask"].numpy())
     path = Path(out_dir) / TOKEN_FREQ
-    if path.exists():
-        try:
-            old = json.loads(path.read_text())
-        except ValueError:
-            old = {}
-        if old.get("counted") == COMMITTED and old.get("samples", 0) > len(ds.ids):
-            return path
-    return _write(counts, len(ds.ids), out_dir, target_vocab_size, COMMITTED)
+    with dataset_lock(Path(out_dir)):  # jobs ending together: the larger count wins
+        if path.exists():
+            try:
+                old = json.loads(path.read_text())
+            except ValueError:
+                old = {}
+            if old.get("counted") == COMMITTED and old.get("samples", 0) > len(ds.ids):
+                return path
+        return _write(counts, len(ds.ids), out_dir, target_vocab_size, COMMITTED)
 
 
 def _write(counts: np.ndarray, samples: int, out_dir: str, target_vocab_size: Optional[int],
