@@ -457,10 +457,11 @@ def dp_attention_port(kw: dict, rng=None) -> Optional[int]:
         return None
     import random
 
+    offsets = dp_attention_offsets()
     starts = list(range(30000, 40000, 100))
     (rng or random.Random()).shuffle(starts)  # two jobs starting together rarely pick the same
     for port in starts:
-        if all(_port_free(port + d) for d in dp_attention_offsets()):
+        if all(_port_free(port + d) for d in offsets):
             return port
     raise RuntimeError("DP attention: no free TCP ports found in 30233-40240 for SGLang's "
                        "engine; give one with +engine.extra.port=<free port>")

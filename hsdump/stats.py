@@ -67,9 +67,11 @@ def token_counts(tokenized) -> np.ndarray:
 
 def token_frequencies(tokenized) -> Dict[int, int]:
     """{token id: count} over loss-masked tokens, ids with a zero count left out."""
-    c = token_counts(tokenized)
-    nz = np.nonzero(c)[0]
-    return {int(i): int(c[i]) for i in nz}
+    return _as_dict(token_counts(tokenized))
+
+
+def _as_dict(counts: np.ndarray) -> Dict[int, int]:
+    return {int(i): int(counts[i]) for i in np.nonzero(counts)[0]}
 
 
 def write_token_freq(tokenized, out_dir: str, target_vocab_size: Optional[int] = None) -> Path:
@@ -113,8 +115,7 @@ def write_committed_token_freq(out_dir: str, target_vocab_size: Optional[int] = 
 
 def _write(counts: np.ndarray, samples: int, out_dir: str, target_vocab_size: Optional[int],
            counted: str) -> Path:
-    nz = np.nonzero(counts)[0]
-    freq = {int(i): int(counts[i]) for i in nz}
+    freq = _as_dict(counts)
     if target_vocab_size is not None and freq and max(freq) >= target_vocab_size:
         raise ValueError(f"token id {max(freq)} >= target_vocab_size={target_vocab_size}")
     doc = {"format": FORMAT, "version": VERSION, "counted": counted,
