@@ -250,6 +250,88 @@ def tree_rss(root: int) -> int:
     return sum(rss.get(p, 0) for p in keep)
 
 
+_TICK = os.sysconf("SC_CLK_TCK")
+
+
+def _tree_pids(root: int) -> List[int]:
+    parent: Dict[int, int] = {}
+    for d in os.listdir("/proc"):
+        if d.isdigit():
+            try:
+                with open(f"/proc/{d}/stat") as f:
+                    st = f.read()
+                parent[int(d)] = int(st[st.rindex(")") + 2:].split()[1])
+            except (OSError, ValueError, IndexError):
+                continue
+    keep, changed = {root}, True
+    while changed:
+        changed = False
+        for pid, pp in parent.items():
+            if pp in keep and pid not in keep:
+                keep.add(pid)
+                changed = True
+    return sorted(keep)
+
+
+def thread_cpu(root: int) -> Dict[tuple, float]:
+    """CPU seconds (user + system) of every thread of `root` and its descendants, keyed by
+    (pid, process name, tid, thread name). The root's Python threads are named by their
+    `threading` names (the writer threads, the receiver), the others by their OS names."""
+    py_names = {t.native_id: t.name for t in threading.enumerate()}
+    out: Dict[tuple, float] = {}
+    for pid in _tree_pids(root):
+        try:
+            with open(f"/proc/{pid}/comm") as f:
+                pname = f.read().strip()
+            tids = os.listdir(f"/proc/{pid}/task")
+        except OSError:
+            continue
+        for tid in tids:
+            try:
+                with open(f"/proc/{pid}/task/{tid}/stat") as f:
+                    st = f.read()
+            except OSError:
+                continue
+            name = st[st.index("(") + 1:st.rindex(")")]
+            fields = st[st.rindex(")") + 2:].split()
+            if pid == root:
+                name = py_names.get(int(tid), name)
+            out[(pid, pname, int(tid), name)] = (int(fields[11]) + int(fields[12])) / _TICK
+    return out
+
+
+def host_cpu() -> List[int]:
+    """/proc/stat's aggregate line: user nice system idle iowait irq softirq steal (ticks)."""
+    with open("/proc/stat") as f:
+        return [int(x) for x in f.readline().split()[1:9]]
+
+
+def cpu_window(t0: dict, t1: dict, h0: List[int], h1: List[int], wall: float) -> dict:
+    """Where the host's CPU went between two snapshots: the whole host's busy, iowait and
+    steal shares of its cores, each process of the tree in cores (CPU s / wall s), and the
+    busiest threads."""
+    d = [b - a for a, b in zip(h0, h1)]
+    total = sum(d) or 1
+    procs: Dict[str, float] = {}
+    threads = []
+    for key, v in t1.items():
+        used = v - t0.get(key, 0.0)
+        if used <= 0:
+            continue
+        pid, pname, tid, name = key
+        procs[f"{pname}[{pid}]"] = procs.get(f"{pname}[{pid}]", 0.0) + used
+        threads.append((used, f"{pname}[{pid}]/{name}[{tid}]"))
+    threads.sort(reverse=True)
+    wall = max(wall, 1e-9)
+    return {"cpus": os.cpu_count(), "wall_s": wall,
+            "host_busy_cores": (d[0] + d[1] + d[2] + d[5] + d[6]) / total * os.cpu_count(),
+            "host_iowait_cores": d[4] / total * os.cpu_count(),
+            "host_steal_cores": d[7] / total * os.cpu_count(),
+            "tree_cores": {k: round(v / wall, 3) for k, v in
+                           sorted(procs.items(), key=lambda kv: -kv[1])},
+            "top_threads_cores": {n: round(u / wall, 3) for u, n in threads[:16]}}
+
+
 class Monitor(threading.Thread):
     def __init__(self, period: float = 0.2, gpus: int = 1):
         super().__init__(name="bench-monitor", daemon=True)
@@ -281,12 +363,24 @@ class Monitor(threading.Thread):
         with self.lock:
             self.peak_rss, self.peak_gpu = 0, None
         r, g = self.sample()
+        try:
+            self._cpu0 = (time.time(), thread_cpu(os.getpid()), host_cpu())
+        except Exception:  # CPU accounting is a diagnostic; never fail the run over it
+            self._cpu0 = None
         return {"rss_bytes": r, "gpu_used_bytes": g}
 
     def peaks(self) -> dict:
         self.sample()
+        cpu = None
+        if getattr(self, "_cpu0", None):
+            try:
+                t, th, h = self._cpu0
+                cpu = cpu_window(th, thread_cpu(os.getpid()), h, host_cpu(), time.time() - t)
+            except Exception:
+                cpu = None
         with self.lock:
-            return {"peak_rss_bytes": self.peak_rss, "peak_gpu_used_bytes": self.peak_gpu}
+            return {"peak_rss_bytes": self.peak_rss, "peak_gpu_used_bytes": self.peak_gpu,
+                    "cpu": cpu}
 
     def stop(self):
         self._halt.set()
@@ -694,6 +788,13 @@ def table(name: str, r: dict, tp: int = 1) -> str:
                      f"(blocked on the shard queue {wt.get('queue_wait_s', 0):.1f} s), "
                      f"final close {d['final_close_s']:.1f} s, shard commits "
                      f"{wt.get('commit_s', 0):.1f} thread-s over {d['shards']} shards")
+    for label, m in rows:
+        cpu = (m or {}).get("cpu") if isinstance(m, dict) else None
+        if cpu:
+            top = ", ".join(f"{k} {v:.2f}" for k, v in list(cpu["tree_cores"].items())[:4])
+            lines.append(f"{label.split()[0]} cpu: host busy {cpu['host_busy_cores']:.1f} of "
+                         f"{cpu['cpus']} cores (iowait {cpu['host_iowait_cores']:.1f}, steal "
+                         f"{cpu['host_steal_cores']:.1f}); cores by process: {top}")
     return "\n".join(lines)
 
 
