@@ -323,13 +323,22 @@ def cpu_window(t0: dict, t1: dict, h0: List[int], h1: List[int], wall: float) ->
         threads.append((used, f"{pname}[{pid}]/{name}[{tid}]"))
     threads.sort(reverse=True)
     wall = max(wall, 1e-9)
+    cmdlines = {}
+    for name in procs:  # what each process is (a busy child with a bare name, e.g. a JIT build)
+        pid = name[name.rindex("[") + 1:-1]
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                cmdlines[name] = f.read().replace(b"\0", b" ").decode(errors="replace")[:200]
+        except OSError:
+            cmdlines[name] = "(exited)"
     return {"cpus": os.cpu_count(), "wall_s": wall,
             "host_busy_cores": (d[0] + d[1] + d[2] + d[5] + d[6]) / total * os.cpu_count(),
             "host_iowait_cores": d[4] / total * os.cpu_count(),
             "host_steal_cores": d[7] / total * os.cpu_count(),
             "tree_cores": {k: round(v / wall, 3) for k, v in
                            sorted(procs.items(), key=lambda kv: -kv[1])},
-            "top_threads_cores": {n: round(u / wall, 3) for u, n in threads[:16]}}
+            "top_threads_cores": {n: round(u / wall, 3) for u, n in threads[:16]},
+            "cmdlines": cmdlines}
 
 
 class Monitor(threading.Thread):

@@ -57,5 +57,11 @@ kimi-c)  # issue 15 item 2: mode c (SGLang's built-in return) at Kimi's width, w
         --modes a,b,c --weights dummy --dd-mib 1024 --writer-stages-mib 0 --deadline-s 250 \
         --deadline-modes c --name gpu-kimi-width-c --results-dir "$out" >"$out/bench.log" 2>&1
     echo "rc=$?"; filter "$out/bench.log" ;;
-*)  echo "regen, layouts, layouts-kimi, ab, mem, kimi or kimi-c" >&2; exit 2 ;;
+kimi-repeat)  # issue 15: is the first timed pass after an engine start slower (JIT builds)?
+    # a, b0, b at Kimi's width, 3 passes each, with the CPU of every process in each window
+    timeout -k 10 ${T:-300} python3 bench/bench.py --device cuda --models kimi-width:2048:96:2 \
+        --modes a,b --weights dummy --dd-mib 1024 --writer-stages-mib 0 --repeat 3 \
+        --name gpu-kimi-width-repeat3 --results-dir "$out" >"$out/bench.log" 2>&1
+    echo "rc=$?"; filter "$out/bench.log" ;;
+*)  echo "regen, layouts, layouts-kimi, ab, mem, kimi, kimi-c or kimi-repeat" >&2; exit 2 ;;
 esac
