@@ -320,7 +320,8 @@ def throughput_model(family: str, models: "Models", workdir: str):
 
 def throughput(name: str, model: str, n: int, length: int, repeat: int, chunk: int = 16384,
                layers: List[int] = LAYERS, model_extra: Optional[dict] = None,
-               port: int = 30000) -> dict:
+               port: Optional[int] = 30000) -> dict:
+    """port None: hsdump chooses it (engine.dp_attention_port under DP attention)."""
     from hsdump.config import ModelConfig
     from hsdump.engine import CaptureEngine
     from hsdump.layers import read_model_info
@@ -330,7 +331,8 @@ def throughput(name: str, model: str, n: int, length: int, repeat: int, chunk: i
     # under DP attention SGLang binds TCP ports derived from `port` alone, and the caller's
     # socket of an earlier engine in this process may still hold them (seen 2026-11-30: the
     # second DP-attention engine failed with "port_base at 30234 is not available")
-    extra["port"] = port
+    if port is not None:
+        extra["port"] = port
     # prefill CUDA graphs off as in conf/engine/gpu.yaml (the extract.py runs' preset)
     ecfg = gc.engine_config(DEVICE["name"], chunk, extra=extra, max_prefill_tokens=chunk,
                             prefill_cuda_graph_max_tokens=0)
@@ -357,6 +359,8 @@ def throughput(name: str, model: str, n: int, length: int, repeat: int, chunk: i
             assert count["n"] == n, (count["n"], n)
             res["runs_tokens_per_s"].append(round(n * length / dt))
         res["row_sources"] = eng.sources()
+        res["port"] = getattr(getattr(getattr(eng, "_engine", None), "server_args", None),
+                              "port", None)
     finally:
         eng.close()
     res["tokens_per_s"] = max(res["runs_tokens_per_s"])
@@ -379,6 +383,9 @@ def main(argv=None) -> int:
                     "layout@N runs it with N-token chunks (default 16384)")
     ap.add_argument("--throughput-model", default="dsv3", choices=THROUGHPUT_MODELS,
                     help="dsv3: the small MoE (hidden 512); kimi-width: hidden 7168, dummy weights")
+    ap.add_argument("--auto-port", action="store_true",
+                    help="throughput engines get no explicit port: hsdump picks one "
+                    "(checks that consecutive DP-attention engines in one process start)")
     ap.add_argument("--workdir", default=None)
     ap.add_argument("--out", default=None, help="results JSON")
     ap.add_argument("--extract-timeout-s", type=float, default=300)
@@ -442,7 +449,7 @@ def main(argv=None) -> int:
             with gc.Watchdog(args.throughput_watchdog_s, f"throughput {spec}"):
                 tp[spec] = throughput(name, model, args.prompts, args.length, args.repeat,
                                       chunk=chunk, layers=layers, model_extra=mextra,
-                                      port=30000 + 1000 * i)
+                                      port=None if args.auto_port else 30000 + 1000 * i)
         except Exception as e:
             tp[spec] = {"error": f"{type(e).__name__}: {e}",
                         "traceback": traceback.format_exc()[-3000:]}

@@ -63,5 +63,12 @@ kimi-repeat)  # issue 15: is the first timed pass after an engine start slower (
         --modes a,b --weights dummy --dd-mib 1024 --writer-stages-mib 0 --repeat 3 \
         --name gpu-kimi-width-repeat3 --results-dir "$out" >"$out/bench.log" 2>&1
     echo "rc=$?"; filter "$out/bench.log" ;;
-*)  echo "regen, layouts, layouts-kimi, ab, mem, kimi, kimi-c or kimi-repeat" >&2; exit 2 ;;
+ports)  # the DP-attention port hsdump picks (c563ecd, 6250057), on 2 H200s: extract.py's tp2-dpattn
+    # run checked against transformers and TP 1, then two DP-attention engines one after the
+    # other in one process, neither given a port (the case that failed with fixed ports)
+    timeout -k 5 560 python3 bench/gpu_layouts.py --layouts tp1,tp2-dpattn \
+        --throughput tp2-dpattn,tp2-dpattn@32768 --auto-port --prompts 128 --repeat 1 \
+        --out "$out/gpu-layouts-autoport.json" >"$out/ports.log" 2>&1
+    echo "rc=$?"; filter "$out/ports.log" ;;
+*)  echo "regen, layouts, layouts-kimi, ab, mem, kimi, kimi-c, kimi-repeat or ports" >&2; exit 2 ;;
 esac
