@@ -14,7 +14,7 @@
 # Kimi's width: the device time ran out during its engine start), mem again after c7e2081
 # (the caller's retention fixes, measured on the CPU only) and ab on today's code.
 set -u
-what=${1:?regen, layouts, layouts-kimi, ab, mem, kimi, kimi-c, kimi-repeat, ports or tp2}
+what=${1:?regen, layouts, layouts-kimi, ab, mem, kimi, kimi-c, kimi-repeat, ports, c8b or tp2}
 out=${2:?output folder}
 pip install -q --no-index --no-deps --target /tmp/site2 .whl/*.whl >/dev/null 2>&1
 export PYTHONUNBUFFERED=1 PYTHONPATH=.:${PYTHONPATH:-}:/tmp/site2
@@ -70,11 +70,16 @@ ports)  # the DP-attention port hsdump picks (c563ecd, 6250057), on 2 H200s: ext
         --throughput tp2-dpattn,tp2-dpattn@32768 --auto-port --prompts 128 --repeat 1 \
         --out "$out/gpu-layouts-autoport.json" >"$out/ports.log" 2>&1
     echo "rc=$?"; filter "$out/ports.log" ;;
+c8b)  # issue 15 item 1: mode c (SGLang's built-in return) on the 8B shape, with a and b
+    timeout -k 10 ${T:-230} python3 bench/bench.py --device cuda --models llama8b:2048:128:2 \
+        --modes a,b,c --weights dummy --dd-mib 1024 --writer-stages-mib 0 \
+        --name gpu-llama8b-c --results-dir "$out" >"$out/bench.log" 2>&1
+    echo "rc=$?"; filter "$out/bench.log" ;;
 tp2)  # issue 15 item 4: whole-run b/a of the 8B shape at TP 2 on 2 H200s, on today's code
     timeout -k 10 ${T:-400} python3 bench/bench.py --device cuda --tp 2 \
         --models llama8b:2048:512:2 --modes a,b --weights dummy --dd-mib 1024 \
         --writer-stages-mib 0 --name gpu-llama8b-tp2 --results-dir "$out" >"$out/bench.log" 2>&1
     echo "rc=$?"; filter "$out/bench.log" ;;
-*)  echo "regen, layouts, layouts-kimi, ab, mem, kimi, kimi-c, kimi-repeat, ports or tp2" >&2
+*)  echo "regen, layouts, layouts-kimi, ab, mem, kimi, kimi-c, kimi-repeat, ports, c8b or tp2" >&2
     exit 2 ;;
 esac
