@@ -274,8 +274,8 @@ def _tree_pids(root: int) -> List[int]:
 
 
 def thread_cpu(root: int) -> Dict[tuple, float]:
-    """CPU seconds (user + system) of every thread of `root` and its descendants, keyed by
-    (pid, process name, tid, thread name). The root's Python threads are named by their
+    """CPU seconds (user + system) of every process (tid None) and every live thread of
+    `root` and its descendants, keyed by (pid, process name, tid, thread name). The root's Python threads are named by their
     `threading` names (the writer threads, the receiver), the others by their OS names."""
     py_names = {t.native_id: t.name for t in threading.enumerate()}
     out: Dict[tuple, float] = {}
@@ -283,9 +283,15 @@ def thread_cpu(root: int) -> Dict[tuple, float]:
         try:
             with open(f"/proc/{pid}/comm") as f:
                 pname = f.read().strip()
+            with open(f"/proc/{pid}/stat") as f:
+                st = f.read()
             tids = os.listdir(f"/proc/{pid}/task")
         except OSError:
             continue
+        # the process's own total also counts its threads that have exited (a DatasetWriter's
+        # threads end with it, inside the window); tid None marks it
+        fields = st[st.rindex(")") + 2:].split()
+        out[(pid, pname, None, "")] = (int(fields[11]) + int(fields[12])) / _TICK
         for tid in tids:
             try:
                 with open(f"/proc/{pid}/task/{tid}/stat") as f:
@@ -319,8 +325,10 @@ def cpu_window(t0: dict, t1: dict, h0: List[int], h1: List[int], wall: float) ->
         if used <= 0:
             continue
         pid, pname, tid, name = key
-        procs[f"{pname}[{pid}]"] = procs.get(f"{pname}[{pid}]", 0.0) + used
-        threads.append((used, f"{pname}[{pid}]/{name}[{tid}]"))
+        if tid is None:
+            procs[f"{pname}[{pid}]"] = used
+        else:
+            threads.append((used, f"{pname}[{pid}]/{name}[{tid}]"))
     threads.sort(reverse=True)
     wall = max(wall, 1e-9)
     cmdlines = {}
