@@ -29,7 +29,7 @@ from .dist import owns, writer_tag
 from .layers import CONVENTION, ModelInfo, read_model_info, resolve_layers
 from .locate import check_model_path
 from .sources import dataset_fingerprint, load_rows
-from .stats import write_committed_token_freq, write_token_freq
+from .stats import count_if_complete, write_token_freq
 from .tiny import resolve_model_path
 from .tokenization import Tokenized, tokenize_dataset
 from .tokenizer import load_tokenizer
@@ -491,11 +491,19 @@ def finish(r: Run, ok: bool, stopped_by: Optional[str], died) -> Summary:
     resume = (f"{writer.samples_written} samples were committed in this run and are safe; "
               "run the same command again to resume.")
     if r.cfg.regenerate.enabled and writer.samples_written + summary.already_done:
-        # the stored answers are the model's, not the source's: count what was committed
+        # the stored answers are the model's, not the source's: count what was committed,
+        # once, by the job whose end completes the dataset
         t = time.time()
-        write_committed_token_freq(r.cfg.output.dir, target_vocab_size=r.info.vocab_size)
-        log.info("token_freq.json: counted over the committed samples in %.1f s",
-                 time.time() - t)
+        path, left = count_if_complete(r.cfg.output.dir, r.data.ids,
+                                       target_vocab_size=r.info.vocab_size)
+        if path is not None:
+            log.info("token_freq.json: counted over the committed samples in %.1f s",
+                     time.time() - t)
+        else:
+            log.info("token_freq.json: not counted yet: %d of the dataset's %d samples are "
+                     "not committed (other jobs', or this run's if it stopped); the job that "
+                     "completes the dataset counts them, and `hsdump vocab` counts what is "
+                     "committed if it runs before that", left, len(r.data.ids))
     if died is not None:
         raise Interrupted(f"the SGLang engine died: {died}. {resume}") from died
     if not ok:

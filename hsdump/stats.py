@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any, Dict, Optional, Tuple
+from typing import Any, Dict, Iterable, Optional, Tuple
 
 import numpy as np
 
@@ -87,20 +87,62 @@ def write_token_freq(tokenized, out_dir: str, target_vocab_size: Optional[int] =
 COMMITTED = "input_ids where loss_mask == 1, of the committed samples"
 
 
+def uncommitted(out_dir: str, ids: Iterable[int]) -> int:
+    """How many of `ids` (the whole dataset's sample ids, every job's) the dataset neither
+    holds nor records as skipped, as its index and all its jobs' logs say now."""
+    from .commits import load
+
+    c = load(Path(out_dir))
+    skipped = c.skipped
+    held = c.sample_ids()
+    return sum(1 for i in ids if i not in held and i not in skipped)
+
+
+def count_if_complete(out_dir: str, ids: Iterable[int],
+                      target_vocab_size: Optional[int] = None) -> Tuple[Optional[Path], int]:
+    """A regenerated dataset's token_freq.json, written only by a job that finds the dataset
+    complete (`ids` all committed or skipped): (its path, 0), else (None, samples left).
+
+    Counting re-reads every committed sample's ids and mask (44.5 us a sample on the dev VM,
+    bench/token_freq_scale.py), so with J jobs each counting at its end a 1M-sample dataset
+    would be read J times; this way it is read once, by the last job to end (a job commits
+    before it checks, so of jobs ending together the last to check sees all). Until then
+    `hsdump vocab` counts what is committed itself (`stale_committed_count`)."""
+    left = uncommitted(out_dir, ids)
+    if left:
+        return None, left
+    return write_committed_token_freq(out_dir, target_vocab_size), 0
+
+
+def stale_committed_count(out_dir: str) -> bool:
+    """True for a regenerated dataset (manifest `regenerate` set) whose token_freq.json is
+    missing or counts fewer samples than the dataset holds: `hsdump vocab` recounts it."""
+    from .commits import load
+
+    man = Path(out_dir) / "manifest.json"
+    try:
+        regenerated = bool(json.loads(man.read_text()).get("regenerate"))
+    except (OSError, ValueError, AttributeError):
+        return False
+    if not regenerated:
+        return False
+    path = Path(out_dir) / TOKEN_FREQ
+    try:
+        doc = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return True
+    return doc.get("counted") != COMMITTED or doc.get("samples", 0) < len(load(Path(out_dir)))
+
+
 def write_committed_token_freq(out_dir: str, target_vocab_size: Optional[int] = None) -> Path:
     """OUT/token_freq.json counted over what the dataset stores: the committed samples'
     input_ids and loss_mask, read back (ids and masks only). With regenerated answers these
-    are not the source dataset's tokens. Each job writes it when it ends; a file that already
-    counts more committed samples (another job's) is kept, checked and replaced under the
-    dataset's lock."""
+    are not the source dataset's tokens. Written by the job that completes the dataset
+    (`count_if_complete`) or by `hsdump vocab`; a file that already counts more committed
+    samples (another job's) is kept, checked and replaced under the dataset's lock."""
     from .commits import dataset_lock
-    from .reader import HsdumpDataset
 
-    ds = HsdumpDataset(out_dir)
-    counts = np.zeros(0, dtype=np.int64)
-    for sid in ds.ids:
-        rec = ds.get(sid, hidden=False)
-        counts = _add_counts(counts, rec["input_ids"].numpy(), rec["loss_mask"].numpy())
+    counts, samples = committed_counts(out_dir)
     path = Path(out_dir) / TOKEN_FREQ
     with dataset_lock(Path(out_dir)):  # jobs ending together: the larger count wins
         if path.exists():
@@ -108,9 +150,32 @@ def write_committed_token_freq(out_dir: str, target_vocab_size: Optional[int] = 
                 old = json.loads(path.read_text())
             except ValueError:
                 old = {}
-            if old.get("counted") == COMMITTED and old.get("samples", 0) > len(ds.ids):
+            if old.get("counted") == COMMITTED and old.get("samples", 0) > samples:
                 return path
-        return _write(counts, len(ds.ids), out_dir, target_vocab_size, COMMITTED)
+        return _write(counts, samples, out_dir, target_vocab_size, COMMITTED)
+
+
+def committed_counts(out_dir: str) -> Tuple[np.ndarray, int]:
+    """(dense counts by token id, samples counted) over the committed samples' loss-masked
+    input_ids, read back from the shards (ids and masks only, no hidden states)."""
+    from .reader import HsdumpDataset
+
+    ds = HsdumpDataset(out_dir)
+    counts = np.zeros(0, dtype=np.int64)
+    for sid in ds.ids:
+        rec = ds.get(sid, hidden=False)
+        counts = _add_counts(counts, rec["input_ids"].numpy(), rec["loss_mask"].numpy())
+    return counts, len(ds.ids)
+
+
+def committed_frequencies(out_dir: str) -> Tuple[Dict[int, int], Dict[str, Any]]:
+    """What read_token_freq would give for a token_freq.json written now, without writing it
+    (for a dataset folder that cannot be written)."""
+    counts, samples = committed_counts(out_dir)
+    freq = _as_dict(counts)
+    return freq, {"format": FORMAT, "version": VERSION, "counted": COMMITTED,
+                  "samples": samples, "loss_tokens": int(sum(freq.values())),
+                  "distinct": len(freq), "target_vocab_size": None}
 
 
 def _write(counts: np.ndarray, samples: int, out_dir: str, target_vocab_size: Optional[int],

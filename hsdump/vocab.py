@@ -21,7 +21,8 @@ from typing import Dict, Optional, Tuple
 
 import numpy as np
 
-from .stats import read_token_freq
+from .stats import (committed_frequencies, read_token_freq, stale_committed_count,
+                    write_committed_token_freq)
 from .files import atomic_write
 
 MAPPING = "vocab_mapping.safetensors"
@@ -55,6 +56,15 @@ def _target_vocab_size(out: Path, meta: dict, given: Optional[int]) -> int:
         return given
     if meta.get("target_vocab_size"):
         return int(meta["target_vocab_size"])
+    v = _manifest_vocab_size(out)
+    if v is None:
+        raise ValueError("cannot tell the target vocabulary size: pass --target-vocab-size V "
+                         "(the model's config.vocab_size)")
+    return v
+
+
+def _manifest_vocab_size(out: Path) -> Optional[int]:
+    """The model's vocab size as the dataset's manifest gives it or its config.json says."""
     man = out / "manifest.json"
     if man.exists():
         m = json.loads(man.read_text()).get("model", {})
@@ -68,8 +78,7 @@ def _target_vocab_size(out: Path, meta: dict, given: Optional[int]) -> int:
                 c = c.get("text_config", c)
                 if c.get("vocab_size"):
                     return int(c["vocab_size"])
-    raise ValueError("cannot tell the target vocabulary size: pass --target-vocab-size V "
-                     "(the model's config.vocab_size)")
+    return None
 
 
 def write_mapping(out_dir: str, d2t: np.ndarray, t2d: np.ndarray, meta: Dict[str, str]) -> Path:
@@ -83,6 +92,22 @@ def write_mapping(out_dir: str, d2t: np.ndarray, t2d: np.ndarray, meta: Dict[str
     return path
 
 
+def _frequencies(out: Path) -> Tuple[Dict[int, int], dict]:
+    """token_freq.json's counts; for a regenerated dataset that its jobs have not counted in
+    full yet (its last job counts it, hsdump.stats.count_if_complete), the committed samples
+    counted now, and the file rewritten when the folder can be written."""
+    if not stale_committed_count(str(out)):
+        return read_token_freq(str(out))
+    print(f"hsdump vocab: counting the committed samples of {out} (its token_freq.json is "
+          "missing or counts fewer samples than the dataset holds)", file=sys.stderr)
+    try:
+        write_committed_token_freq(str(out), target_vocab_size=_manifest_vocab_size(out))
+    except PermissionError as e:
+        print(f"hsdump vocab: {e}; using the counts without saving them", file=sys.stderr)
+        return committed_frequencies(str(out))
+    return read_token_freq(str(out))
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m hsdump vocab", description=__doc__.split("\n")[0])
     ap.add_argument("out", help="dataset directory holding token_freq.json")
@@ -93,7 +118,7 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     out = Path(args.out)
     try:
-        counts, meta = read_token_freq(str(out))
+        counts, meta = _frequencies(out)
         v = _target_vocab_size(out, meta, args.target_vocab_size)
         d2t, t2d = build_mapping(counts, args.draft_vocab_size, v)
     except (ValueError, FileNotFoundError) as e:

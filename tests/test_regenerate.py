@@ -226,3 +226,22 @@ def test_which_turns_and_config_errors():
     from hsdump.regenerate import clean
     assert clean("<think>x\ny</think>\n\nanswer", "drop") == "answer"
     assert clean("<think>x</think>answer", "keep") == "<think>x</think>answer"
+
+
+@pytest.mark.engine
+def test_two_jobs_count_token_freq_once_when_the_dataset_is_complete(regenerated, tmp_path):
+    """dist.num_jobs=2: the first job to end leaves token_freq.json uncounted (the other's
+    samples are not committed yet); the second counts the whole dataset, as one job would."""
+    ref, _ = regenerated
+    out = tmp_path / "ds"
+    rc, log = extract(out, "regenerate.turns=all", "dist.num_jobs=2", "dist.job_index=0")
+    assert rc == 0, log[-3000:]
+    assert "token_freq.json: not counted yet" in log, log[-3000:]
+    assert not (out / "token_freq.json").exists()
+    rc, log = extract(out, "regenerate.turns=all", "dist.num_jobs=2", "dist.job_index=1")
+    assert rc == 0, log[-3000:]
+    assert "token_freq.json: counted over the committed samples" in log, log[-3000:]
+    from hsdump.stats import read_token_freq
+
+    assert HsdumpDataset(str(out)).ids == HsdumpDataset(str(ref)).ids
+    assert read_token_freq(str(out)) == read_token_freq(str(ref))

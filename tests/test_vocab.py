@@ -124,3 +124,78 @@ def test_committed_counts_come_from_the_stored_samples(tmp_path):
     p.write_text(json.dumps(doc))
     write_committed_token_freq(str(tmp_path), target_vocab_size=16)
     assert read_token_freq(str(tmp_path))[0] == {1: 1}
+
+
+def _regenerated_job(d, tag, stored, skipped=()):
+    """One job of a regenerated dataset: its writer commits `stored` {sid: (ids, mask)}
+    under its own tag and records `skipped`."""
+    import torch
+
+    from hsdump.writer import DatasetWriter
+
+    w = DatasetWriter(str(d), {"format": "hsdump/speculators-v1", "layers": [1],
+                               "regenerate": {"turns": "all"}},
+                      {"k": 1}, layers=[1], hidden_size=4, writer_tag=tag)
+    for sid, (ids, mask) in stored.items():
+        w.add(sid, ids, mask, [torch.zeros(len(ids), 4)])
+    for sid in skipped:
+        w.skip(sid, "too long after regeneration")
+    w.close(commit=True)
+
+
+def test_regenerated_token_freq_is_counted_once_by_the_job_that_completes_it(tmp_path):
+    """Of several jobs, only one whose end finds every sample committed or skipped counts
+    the dataset (each job used to re-read the whole dataset at its end)."""
+    from hsdump.stats import COMMITTED, count_if_complete, stale_committed_count
+
+    ids = [0, 1, 2, 3]
+    _regenerated_job(tmp_path, "j0000of0002", {0: ([5, 7, 7, 9], [0, 1, 1, 1]),
+                                               2: ([2, 2], [1, 0])})
+    assert count_if_complete(str(tmp_path), ids, target_vocab_size=16) == (None, 2)
+    assert not (tmp_path / TOKEN_FREQ).exists()
+    assert stale_committed_count(str(tmp_path))
+    _regenerated_job(tmp_path, "j0001of0002", {1: ([7, 3, 5], [1, 1, 0])}, skipped=[3])
+    path, left = count_if_complete(str(tmp_path), ids, target_vocab_size=16)
+    assert left == 0 and path == tmp_path / TOKEN_FREQ
+    counts, meta = read_token_freq(str(tmp_path))
+    assert counts == {7: 3, 9: 1, 3: 1, 2: 1}
+    assert meta["counted"] == COMMITTED and meta["samples"] == 3
+    assert meta["target_vocab_size"] == 16
+    assert not stale_committed_count(str(tmp_path))
+
+
+def test_vocab_counts_a_regenerated_dataset_its_jobs_have_not_counted(tmp_path, capsys):
+    """`hsdump vocab` before the last job ends: it counts what is committed, saves it, and
+    counts again once more is committed."""
+    _regenerated_job(tmp_path, "j0000of0002", {0: ([5, 7, 7, 9], [0, 1, 1, 1]),
+                                               2: ([2, 2], [1, 0])})
+    assert vocab_main([str(tmp_path), "-n", "2", "--target-vocab-size", "16"]) == 0
+    assert "counting the committed samples" in capsys.readouterr().err
+    counts, meta = read_token_freq(str(tmp_path))
+    assert counts == {7: 2, 9: 1, 2: 1} and meta["samples"] == 2
+    _regenerated_job(tmp_path, "j0001of0002", {1: ([7, 3, 5], [1, 1, 0])})
+    assert vocab_main([str(tmp_path), "-n", "2", "--target-vocab-size", "16"]) == 0
+    assert "counting the committed samples" in capsys.readouterr().err
+    counts, meta = read_token_freq(str(tmp_path))
+    assert counts == {7: 3, 9: 1, 3: 1, 2: 1} and meta["samples"] == 3
+    t2d = load_file(str(tmp_path / MAPPING))["t2d"]
+    assert np.nonzero(t2d)[0].tolist() == [2, 7]  # 7 (3 times), then the lowest id of the 1s
+    assert vocab_main([str(tmp_path), "-n", "2", "--target-vocab-size", "16"]) == 0
+    assert "counting" not in capsys.readouterr().err  # counted in full: read, not recounted
+
+
+def test_vocab_counts_without_saving_where_the_folder_cannot_be_written(tmp_path, capsys,
+                                                                         monkeypatch):
+    import hsdump.vocab as vocab
+
+    _regenerated_job(tmp_path, "main", {0: ([5, 7, 7, 9], [0, 1, 1, 1])})
+
+    def refused(*a, **k):
+        raise PermissionError(13, "Permission denied", str(tmp_path / TOKEN_FREQ))
+
+    monkeypatch.setattr(vocab, "write_committed_token_freq", refused)
+    assert vocab_main([str(tmp_path), "-n", "2", "--target-vocab-size", "16"]) == 0
+    assert "without saving" in capsys.readouterr().err
+    assert not (tmp_path / TOKEN_FREQ).exists()
+    d2t = load_file(str(tmp_path / MAPPING))["d2t"]
+    assert (d2t + np.arange(2)).tolist() == [7, 9]
