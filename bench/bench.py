@@ -222,38 +222,8 @@ class Gpu:
         return total
 
 
-def tree_rss(root: int) -> int:
-    """Summed VmRSS (bytes) of `root` and all its descendants."""
-    parent: Dict[int, int] = {}
-    rss: Dict[int, int] = {}
-    for d in os.listdir("/proc"):
-        if not d.isdigit():
-            continue
-        try:
-            with open(f"/proc/{d}/stat") as f:
-                st = f.read()
-            ppid = int(st[st.rindex(")") + 2:].split()[1])
-            with open(f"/proc/{d}/statm") as f:
-                pages = int(f.read().split()[1])
-        except (OSError, ValueError, IndexError):
-            continue
-        parent[int(d)] = ppid
-        rss[int(d)] = pages * os.sysconf("SC_PAGE_SIZE")
-    keep = {root}
-    changed = True
-    while changed:
-        changed = False
-        for pid, pp in parent.items():
-            if pp in keep and pid not in keep:
-                keep.add(pid)
-                changed = True
-    return sum(rss.get(p, 0) for p in keep)
-
-
-_TICK = os.sysconf("SC_CLK_TCK")
-
-
 def _tree_pids(root: int) -> List[int]:
+    """`root` and all its descendants, from /proc."""
     parent: Dict[int, int] = {}
     for d in os.listdir("/proc"):
         if d.isdigit():
@@ -271,6 +241,21 @@ def _tree_pids(root: int) -> List[int]:
                 keep.add(pid)
                 changed = True
     return sorted(keep)
+
+
+def tree_rss(root: int) -> int:
+    """Summed VmRSS (bytes) of `root` and all its descendants."""
+    total = 0
+    for pid in _tree_pids(root):
+        try:
+            with open(f"/proc/{pid}/statm") as f:
+                total += int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+        except (OSError, ValueError, IndexError):
+            continue
+    return total
+
+
+_TICK = os.sysconf("SC_CLK_TCK")
 
 
 def thread_cpu(root: int) -> Dict[tuple, float]:
