@@ -419,17 +419,6 @@ def start_kwargs(c: "EngineConfig", generates: bool) -> dict:
     return kw
 
 
-def _port_free(port: int) -> bool:
-    import socket
-
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        try:
-            s.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-    return True
-
-
 def dp_attention_offsets() -> List[int]:
     """Offsets from `port` of the TCP ports a one-node DP-attention engine binds."""
     try:
@@ -448,20 +437,23 @@ def dp_attention_port(kw: dict, rng=None) -> Optional[int]:
     Under DP attention SGLang binds TCP ports port + ZMQ_TCP_PORT_DELTA + 0..6 (233 in 0.5.17
     and 0.5.23; PortArgs.init_new) and port + DP_ATTENTION_HANDSHAKE_PORT_DELTA (13; the DP
     controller's worker-port handshake) from `port` alone (default 30000) instead of its
-    per-engine IPC files, so a second such engine on the host (two jobs on one node, or a second engine in
-    one process whose first still holds its sockets) waited 30 s and failed with "port_base at
-    30234 is not available". A port the user gives (engine.extra.port) or a multi-node setup
-    (dist_init_addr) is left alone."""
+    per-engine IPC files, so a second such engine on the host (two jobs on one node, or a
+    second engine in one process whose first still holds its sockets) waited 30 s and failed
+    with "port_base at 30234 is not available". A port is free when SGLang's own check
+    (`is_port_available`, the one its start-up waits on) says so. A port the user gives
+    (engine.extra.port) or a multi-node setup (dist_init_addr) is left alone."""
     if not kw.get("enable_dp_attention") or "port" in kw or kw.get("dist_init_addr") \
             or kw.get("nnodes", 1) > 1:
         return None
     import random
 
+    from sglang.srt.utils.network import is_port_available
+
     offsets = dp_attention_offsets()
     starts = list(range(30000, 40000, 100))
     (rng or random.Random()).shuffle(starts)  # two jobs starting together rarely pick the same
     for port in starts:
-        if all(_port_free(port + d) for d in offsets):
+        if all(is_port_available(port + d) for d in offsets):
             return port
     raise RuntimeError("DP attention: no free TCP ports found in 30233-40240 for SGLang's "
                        "engine; give one with +engine.extra.port=<free port>")

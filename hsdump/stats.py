@@ -103,7 +103,7 @@ def count_if_complete(out_dir: str, ids: Iterable[int],
     """A regenerated dataset's token_freq.json, written only by a job that finds the dataset
     complete (`ids` all committed or skipped): (its path, 0), else (None, samples left).
 
-    Counting re-reads every committed sample's ids and mask (44.5 us a sample on the dev VM,
+    Counting re-reads every committed sample's ids and mask (45-57 us a sample on the dev VM,
     bench/token_freq_scale.py), so with J jobs each counting at its end a 1M-sample dataset
     would be read J times; this way it is read once, by the last job to end (a job commits
     before it checks, so of jobs ending together the last to check sees all). Until then
@@ -173,9 +173,15 @@ def committed_frequencies(out_dir: str) -> Tuple[Dict[int, int], Dict[str, Any]]
     (for a dataset folder that cannot be written)."""
     counts, samples = committed_counts(out_dir)
     freq = _as_dict(counts)
-    return freq, {"format": FORMAT, "version": VERSION, "counted": COMMITTED,
-                  "samples": samples, "loss_tokens": int(sum(freq.values())),
-                  "distinct": len(freq), "target_vocab_size": None}
+    return freq, _fields(freq, samples, None, COMMITTED)
+
+
+def _fields(freq: Dict[int, int], samples: int, target_vocab_size: Optional[int],
+            counted: str) -> Dict[str, Any]:
+    """token_freq.json's fields but `counts`."""
+    return {"format": FORMAT, "version": VERSION, "counted": counted, "samples": samples,
+            "loss_tokens": int(sum(freq.values())), "distinct": len(freq),
+            "target_vocab_size": target_vocab_size}
 
 
 def _write(counts: np.ndarray, samples: int, out_dir: str, target_vocab_size: Optional[int],
@@ -183,9 +189,7 @@ def _write(counts: np.ndarray, samples: int, out_dir: str, target_vocab_size: Op
     freq = _as_dict(counts)
     if target_vocab_size is not None and freq and max(freq) >= target_vocab_size:
         raise ValueError(f"token id {max(freq)} >= target_vocab_size={target_vocab_size}")
-    doc = {"format": FORMAT, "version": VERSION, "counted": counted,
-           "samples": samples, "loss_tokens": int(sum(freq.values())),
-           "distinct": len(freq), "target_vocab_size": target_vocab_size,
+    doc = {**_fields(freq, samples, target_vocab_size, counted),
            "counts": {str(k): v for k, v in freq.items()}}
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
