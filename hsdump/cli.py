@@ -50,9 +50,12 @@ def config_dir() -> Path:
                             "config.yaml; reinstall hsdump")
 
 
-def prog() -> str:
+def prog(command: str = "") -> str:
+    """How this process was called, for usage lines: `hsdump [COMMAND]` from the console
+    script, `python -m hsdump [COMMAND]` from `python -m`."""
     name = os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0] else "hsdump"
-    return "python -m hsdump" if name in ("__main__.py", "-c", "") else "hsdump"
+    base = "python -m hsdump" if name in ("__main__.py", "-c", "") else "hsdump"
+    return f"{base} {command}" if command else base
 
 
 def usage() -> str:

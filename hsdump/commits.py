@@ -27,7 +27,8 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from .files import atomic_file, fault, fsync_dir, make_dirs, read_json
+from .files import (UnsafeFile, atomic_file, fault, fsync_dir, make_dirs, parse_json,
+                    read_inside, read_json_object, real_file)
 
 FORMAT = "hsdump/speculators-v1"
 VERSION = 2
@@ -39,6 +40,14 @@ SHARD_DIR = "shards"
 PER_DIR = 1000
 """Shards per folder: 1M samples of an 8B model (~200K shards) spread over ~200 folders."""
 LOG_SUFFIX = ".jsonl"
+ID_LIMIT = 1 << 63
+"""Sample ids, lengths, counts and byte sizes are int64 (the columns' type): 0 <= x < 2**63."""
+MANIFEST_LIMIT = 64 << 20
+"""manifest.json holds run-level facts and the resolved config: far below 64 MiB."""
+LINE_LIMIT = 1 << 28
+"""A commit record lists one shard's samples: 256 MiB is more than any shard's record."""
+MAX_LAYERS = 1024
+"""Captured layers per sample: at most a model's layer count, far below this."""
 _SEQ_RE = re.compile(r"-(\d+)\.safetensors$")
 
 
@@ -94,6 +103,9 @@ class Commits:
         """log name -> bytes of an incomplete last record that was ignored."""
         self.problems: List[Tuple[str, str]] = []
         """(where, what): records that are malformed, duplicated, or contradict each other."""
+        self.notes: List[Tuple[str, str]] = []
+        """(where, what): damage that loses nothing (an index.json that does not parse, whose
+        records the logs hold): a warning for readers, a problem for verify."""
         self._names: set = set()
         self.first: Optional[List[bool]] = None
         """Per sample position: False for a repeat of an id listed earlier (None: no repeat)."""
@@ -155,10 +167,10 @@ class Commits:
         bad = None
         if not safe_relpath(name):
             bad = f"shard path {name!r} is not a .safetensors path inside the dataset folder"
-        elif type(rec.get("bytes")) is not int or not isinstance(rec.get("sha256"), str):
+        elif not _ints([rec.get("bytes")]) or not isinstance(rec.get("sha256"), str):
             bad = f"record for {name} has no valid bytes/sha256"
         elif not _ints(ids):
-            bad = f"record for {name} has no valid list of sample ids"
+            bad = f"record for {name} has no valid list of sample ids (int64 >= 0)"
         elif self.lens is not None:
             for k in ("lengths", "masked"):
                 if not (_ints(rec.get(k)) and len(rec[k]) == len(ids)):
@@ -184,10 +196,11 @@ class Commits:
             self._add_shard(rec, where)
         elif isinstance(rec, dict) and isinstance(rec.get("skipped"), dict):
             for sid, reason in rec["skipped"].items():
-                if str(sid).isdigit():
-                    self.skipped[int(sid)] = str(reason)
+                if _id(sid) is not None:
+                    self.skipped[_id(sid)] = str(reason)[:1000]
                 else:
-                    self.problems.append((where, f"skipped sample id {sid!r} is not an integer"))
+                    self.problems.append((where, f"skipped sample id {sid[:40]!r} is not an "
+                                                 "int64 >= 0"))
         else:
             self.problems.append((where, f"record {str(rec)[:80]!r} is neither a shard nor a "
                                          "skipped record"))
@@ -269,24 +282,45 @@ def _plain(col):
 
 
 def _ints(x) -> bool:
-    return type(x) is list and set(map(type, x)) <= _INT  # C loops: ~3x a generator's speed
+    """A list of int64 values >= 0 (C loops: ~3x a generator's speed)."""
+    return type(x) is list and set(map(type, x)) <= _INT and \
+        (not x or (min(x) >= 0 and max(x) < ID_LIMIT))
+
+
+def _id(x) -> Optional[int]:
+    """A sample id written as a JSON object key ("12"), or None."""
+    if isinstance(x, str) and x.isascii() and x.isdigit() and len(x) < 20 and int(x) < ID_LIMIT:
+        return int(x)
+    return None
 
 
 _INT = {int}
 
 
 # ---------------------------------------------------------------------- reading
-def read_log(path: Path, start: int = 0) -> Tuple[List[Tuple[int, object]], int, int, List[str]]:
+def read_log(path: Path, start: int = 0, root=None
+             ) -> Tuple[List[Tuple[int, object]], int, int, List[str]]:
     """Complete records of a log from byte `start`: ([(offset, record)], end offset after the
-    last complete record, bytes of a torn tail, [lines that do not parse])."""
-    with open(path, "rb") as f:
-        f.seek(start)
-        data = f.read()
+    last complete record, bytes of a torn tail, [lines that do not parse]). `root`: the
+    dataset folder the log must lie in (hsdump.files.read_inside)."""
+    data = read_inside(path, root, limit=ID_LIMIT, start=start)
     cut = data.rfind(b"\n") + 1
     body, torn = data[:cut], len(data) - cut
     if not body:
         return [], start, torn, []
     lines = body[:-1].split(b"\n")
+    if max(map(len, lines)) > LINE_LIMIT:  # not a record: reported, never parsed
+        out, bad, off = [], [], start
+        for ln in lines:
+            if len(ln) > LINE_LIMIT:
+                bad.append(f"byte {off}: a line of {len(ln):,} bytes, longer than any record")
+            else:
+                try:
+                    out.append((off, json.loads(ln)))
+                except (ValueError, RecursionError):
+                    bad.append(f"byte {off}: {ln[:60]!r}")
+            off += len(ln) + 1
+        return out, start + cut, torn, bad
     offsets, off = [], start
     for ln in lines:
         offsets.append(off)
@@ -295,13 +329,13 @@ def read_log(path: Path, start: int = 0) -> Tuple[List[Tuple[int, object]], int,
         recs = json.loads(b"[" + b",".join(lines) + b"]")
         if len(recs) == len(lines):
             return list(zip(offsets, recs)), start + cut, torn, []
-    except ValueError:
+    except (ValueError, RecursionError):
         pass
     out, bad = [], []
     for o, ln in zip(offsets, lines):
         try:
             out.append((o, json.loads(ln)))
-        except ValueError:
+        except (ValueError, RecursionError):
             bad.append(f"byte {o}: {ln[:60]!r}")
     return out, start + cut, torn, bad
 
@@ -314,63 +348,114 @@ def log_names(d: Path) -> List[str]:
 
 
 def version_of(d: Path) -> int:
-    """The dataset's format version: index.json's when there is one, else manifest.json's."""
+    """The dataset's format version: index.json's when there is one that reads, else
+    manifest.json's."""
     d = Path(d)
-    for name in (INDEX, MANIFEST):
-        if (d / name).exists():
-            return int(read_json(d / name).get("format_version", 0))
-    raise FileNotFoundError(f"{d} has no manifest.json: not an hsdump dataset")
+    if (d / INDEX).exists():
+        try:
+            v = read_json_object(d / INDEX, d).get("format_version")
+            if v in SUPPORTED_VERSIONS:
+                return v
+        except UnsafeFile:
+            raise
+        except ValueError:
+            pass  # a corrupt index: the manifest says
+    if not os.path.lexists(d / MANIFEST):
+        raise FileNotFoundError(f"{d} has no manifest.json: not an hsdump dataset")
+    v = read_manifest(d).get("format_version")
+    return v if v in SUPPORTED_VERSIONS else 0
+
+
+def read_manifest(d: Path) -> dict:
+    """manifest.json as an object (a regular file inside `d`, at most MANIFEST_LIMIT bytes).
+    Raises FileNotFoundError without one, ValueError (UnsafeFile) for one that is unusable."""
+    d = Path(d)
+    if not os.path.lexists(d / MANIFEST):
+        raise FileNotFoundError(f"{d} has no manifest.json: not an hsdump dataset (or its "
+                                "first writer has not started yet)")
+    return read_json_object(d / MANIFEST, d, MANIFEST_LIMIT)
+
+
+def read_index(d: Path) -> Tuple[Optional[dict], Optional[str]]:
+    """(index.json as an object, None), (None, why it is not used), or (None, None) without
+    one. A file that is not a regular file inside `d` raises UnsafeFile: it is refused, not
+    skipped; one that does not parse or names another format is left out, since the commit
+    logs hold every record it compacts."""
+    d = Path(d)
+    if not os.path.lexists(d / INDEX):
+        return None, None
+    data = read_inside(d / INDEX, d, limit=ID_LIMIT)
+    try:
+        idx = parse_json(data, INDEX)
+    except ValueError as e:
+        return None, str(e)
+    if not isinstance(idx, dict):
+        return None, f"{INDEX} holds a JSON {type(idx).__name__}, not an object"
+    if idx.get("format") != FORMAT or idx.get("format_version") not in SUPPORTED_VERSIONS:
+        return None, (f"{INDEX} names format {str(idx.get('format'))[:60]!r} version "
+                      f"{str(idx.get('format_version'))[:20]!r}, not one this reader knows "
+                      f"({FORMAT} {SUPPORTED_VERSIONS})")
+    return idx, None
 
 
 def load(d: Path) -> Commits:
     """The dataset's committed shards and samples: index.json plus every log's tail.
 
-    Raises FileNotFoundError for a folder without manifest.json, ValueError for an index.json
-    that does not parse or names an unknown format; everything else that is wrong in a record
-    is collected in `problems` and that record left out."""
+    Raises FileNotFoundError for a folder without manifest.json; ValueError for a manifest
+    that does not parse or names an unknown format, and UnsafeFile (a ValueError) for a
+    manifest, index or log that is not a regular file inside the folder. An index.json that
+    does not parse is left out (`notes` says why) and the logs are read from their start:
+    they hold every record. Everything else that is wrong in a record is collected in
+    `problems` and that record left out."""
     d = Path(d)
-    if not (d / MANIFEST).exists():
-        raise FileNotFoundError(f"{d} has no manifest.json: not an hsdump dataset (or its "
-                                "first writer has not started yet)")
-    idx = None
-    if (d / INDEX).exists():
-        try:
-            idx = read_json(d / INDEX)
-        except ValueError as e:
-            raise ValueError(f"{d / INDEX} does not parse ({e}); delete it: the commit logs "
-                             "in commits/ hold the same records") from None
-        if not isinstance(idx, dict) or idx.get("format") != FORMAT or \
-                idx.get("format_version") not in SUPPORTED_VERSIONS:
-            raise ValueError(f"{d}: index.json has format {idx.get('format')!r} version "
-                             f"{idx.get('format_version')!r}, not one this reader knows "
-                             f"({FORMAT} {SUPPORTED_VERSIONS})")
-    else:
-        m = read_json(d / MANIFEST)
-        if m.get("format_version") not in SUPPORTED_VERSIONS:
-            raise ValueError(f"{d}: manifest.json names format version "
-                             f"{m.get('format_version')!r}; this reader knows "
-                             f"{SUPPORTED_VERSIONS}")
-        if m.get("format_version") == 1:  # a version 1 dataset before its first commit
-            return Commits(version=1)
+    m = read_manifest(d)
+    idx, why = read_index(d)
+    mv = m.get("format_version")
+    if mv not in SUPPORTED_VERSIONS:
+        raise ValueError(f"{d}: manifest.json names format version {str(mv)[:20]!r}; this "
+                         f"reader knows {SUPPORTED_VERSIONS}")
+    notes = []
+    if why is not None:
+        if mv == 1 and not log_names(d):  # a version 1 index is the only record
+            raise ValueError(f"{d}: {why}; in a version 1 dataset it is the only list of "
+                             "what the dataset holds")
+        notes.append((INDEX, f"{why}: it is ignored, and every commit log is read from its "
+                             "start instead (the logs hold every record; `hsdump compact` "
+                             "rewrites it)"))
+    if idx is None and mv == 1 and why is None:  # a version 1 dataset before its first commit
+        return Commits(version=1)
     if idx is not None and idx["format_version"] == 1:
         return _from_v1(idx)
     c = Commits(version=VERSION)
+    c.notes = notes
     covers = {}
     if idx is not None:
         if c._add_columns(idx):  # else malformed: its records are re-read from the logs
-            covers = idx.get("covers") or {}
-        for sid, reason in (idx.get("skipped") or {}).items():
+            covers = idx.get("covers")
+            if not isinstance(covers, dict):
+                c.problems.append((INDEX, f"covers is {str(covers)[:60]!r}, not an object of "
+                                          "byte offsets; the logs are read from their start"))
+                covers = {}
+        skipped = idx.get("skipped") or {}
+        if not isinstance(skipped, dict):
+            c.problems.append((INDEX, "skipped is not an object of sample ids"))
+            skipped = {}
+        for sid, reason in skipped.items():
             c._add_record({"skipped": {sid: reason}}, INDEX)
     for name in log_names(d):
         path = d / LOG_DIR / (name + LOG_SUFFIX)
-        start = int(covers.get(name, 0))
-        size = path.stat().st_size
         where = f"{LOG_DIR}/{name}{LOG_SUFFIX}"
+        size = os.stat(real_file(path, d)).st_size  # UnsafeFile: refused by name
+        start = covers.get(name, 0)
+        if not _ints([start]):
+            c.problems.append((where, f"index.json covers it up to byte {str(start)[:40]}, "
+                                      "not a byte offset; read from its start"))
+            start = 0
         if start > size:
             c.problems.append((where, f"index.json covers it up to byte {start} but it has "
                                       f"{size} bytes"))
             start = size
-        recs, end, torn, bad = read_log(path, start)
+        recs, end, torn, bad = read_log(path, start, d)
         for b in bad:
             c.problems.append((where, f"a record that does not parse at {b}"))
         for off, rec in recs:
@@ -387,25 +472,34 @@ def _from_v1(idx: dict) -> Commits:
     c = Commits(version=1)
     shards = idx.get("shards") if isinstance(idx.get("shards"), dict) else {}
     samples = idx.get("samples") if isinstance(idx.get("samples"), dict) else {}
-    by_shard: Dict[str, List[int]] = {n: [] for n, m in shards.items() if isinstance(m, dict)}
-    for sid, name in samples.items():
-        if str(sid).isdigit() and name in by_shard:
-            by_shard[name].append(int(sid))
-        elif str(sid).isdigit():
-            c.problems.append((f"sample {sid}", f"index.json places it in {name!r}, which "
-                                                "index.json does not list among its shards"))
+    by_shard: Dict[str, List[int]] = {}
+    for n, m in shards.items():
+        if isinstance(m, dict) and os.path.basename(n) == n and safe_relpath(n) and \
+                _ints([m.get("bytes")]) and isinstance(m.get("sha256"), str):
+            by_shard[n] = []
         else:
-            c.problems.append((INDEX, f"sample id {sid!r} is not a non-negative integer"))
+            c.problems.append((INDEX, f"shard {n[:80]!r}: not a .safetensors file of the "
+                                      "dataset folder with a valid bytes and sha256"))
+    for sid, name in samples.items():
+        if _id(sid) is None:
+            c.problems.append((INDEX, f"sample id {sid[:40]!r} is not an int64 >= 0"))
+        elif isinstance(name, str) and name in by_shard:
+            by_shard[name].append(_id(sid))
+        else:
+            c.problems.append((f"sample {sid}", f"index.json places it in {str(name)[:80]!r}, "
+                                                "which index.json does not list among its "
+                                                "shards"))
     for name, ids in by_shard.items():
         meta = shards[name]
         c.names.append(name)
-        c.nbytes.append(meta.get("bytes"))
-        c.sha256.append(meta.get("sha256"))
+        c.nbytes.append(meta["bytes"])
+        c.sha256.append(meta["sha256"])
         c.ids.extend(sorted(ids))
         c.starts.append(len(c.ids))
-    for sid, reason in (idx.get("skipped") or {}).items():
-        if str(sid).isdigit():
-            c.skipped[int(sid)] = str(reason)
+    skipped = idx.get("skipped") if isinstance(idx.get("skipped"), dict) else {}
+    for sid, reason in skipped.items():
+        if _id(sid) is not None:
+            c.skipped[_id(sid)] = str(reason)[:1000]
     return c.finish()
 
 
@@ -458,7 +552,9 @@ def main(argv=None) -> int:
     import argparse
     import sys
 
-    ap = argparse.ArgumentParser(prog="python -m hsdump compact", description=main.__doc__)
+    from .cli import prog
+
+    ap = argparse.ArgumentParser(prog=prog("compact"), description=main.__doc__)
     ap.add_argument("out", metavar="OUT", help="dataset directory")
     args = ap.parse_args(argv)
     try:
@@ -467,7 +563,7 @@ def main(argv=None) -> int:
             return 0
         c = compact_locked(Path(args.out))
     except (OSError, ValueError) as e:
-        print(f"python -m hsdump compact: {e}", file=sys.stderr)
+        print(f"{prog('compact')}: {e}", file=sys.stderr)
         return 2
     print(f"{args.out}/index.json: {len(c)} samples in {len(c.names)} shards, "
           f"{len(c.covers)} commit logs")
@@ -555,6 +651,8 @@ class IdTable(Mapping):
         self.sids, self.shard, self.names = sids, shard, names
 
     def position(self, sid: int) -> int:
+        if not 0 <= sid < ID_LIMIT:
+            raise KeyError(sid)
         i = int(np.searchsorted(self.sids, sid))
         if i >= len(self.sids) or int(self.sids[i]) != sid:
             raise KeyError(sid)
