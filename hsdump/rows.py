@@ -5,13 +5,32 @@ out slot-major with their NaN/Inf flags; `unpack_rows` reads that buffer back on
 `Sender` pushes each request's slice as raw frames over ZMQ. Caller side: `Receiver` pulls the
 frames, stitches a request's chunks by start position and hands over one contiguous [n, H]
 tensor per slot. A slot is one captured layer or final state.
+
+Transports. One node: an `ipc://` endpoint in a private temp folder of the caller's node,
+unauthenticated (the folder is the caller's), unbounded sends (ZMQ's defaults). One engine
+over several nodes: the scheduler that owns rows may run on another node, so the receiver
+binds `tcp://` and every connection must pass ZMQ CURVE authentication: the run's keys
+(`new_run_keys`, fresh for every run, never a fixed secret) hold the receiver's keypair and
+one client keypair; the ZAP handler lets in only that client public key, so a client without
+keys, with another run's keys or with forged ones never gets a frame through. Over TCP the
+sender's queue is bounded (`SNDHWM`), it queues only on a completed (authenticated)
+connection (`IMMEDIATE`), its sends time out (`SNDTIMEO`) and raise `DeliveryError`, and
+every message carries a per-sender sequence number, so a message lost on a broken
+connection fails the run at the receiver, naming the sender, instead of being missed.
+The senders' half of the keys (`Receiver.sender_spec`, with the client secret) must reach
+the schedulers only over the channel that starts the run: the scheduler spec's env var on
+the caller's node, a 0600 file of the run's (hsdump.nodes.write_run_keys) for the others.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import os
+import socket
 import threading
+import time
+import uuid
 import warnings
 from collections import OrderedDict
 from typing import Dict, List, Optional, Tuple
@@ -25,6 +44,12 @@ DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch
 
 class CaptureError(RuntimeError):
     """The engine did not deliver what a sample needs; the message says what went wrong."""
+
+
+class DeliveryError(CaptureError):
+    """A scheduler could not hand its rows to the receiver within the bound (receiver gone,
+    unreachable, refusing this sender's keys, or not taking rows). Raised on the sending side:
+    the rows are not delivered, so the run must fail."""
 
 
 # --------------------------------------------------------------------------- buffer layout
@@ -81,18 +106,163 @@ def bad_slots(flags: torch.Tensor) -> List[int]:
 
 
 # --------------------------------------------------------------------------- transport
+SEND_TIMEOUT_S = 60.0  # TCP: longest wait for room in the queue / an authenticated connection
+SEND_HWM = 8  # TCP: messages (request chunks, up to a few 100 MB each) queued per sender
+HEARTBEAT_IVL_MS, HEARTBEAT_TIMEOUT_MS = 5_000, 30_000  # TCP: a silent peer is dropped
+ZAP_DOMAIN = "hsdump-rows"
+SPEC_KEYS = ("endpoint", "server_key", "client_public", "client_secret")
+
+
+def _is_tcp(endpoint: str) -> bool:
+    return endpoint.startswith("tcp://")
+
+
+def _need_curve() -> None:
+    import zmq
+
+    if not zmq.has("curve"):
+        raise RuntimeError(f"this pyzmq/libzmq ({zmq.zmq_version()}) was built without CURVE "
+                           "security: rows cannot travel between nodes authenticated")
+
+
+def new_run_keys() -> Dict[str, str]:
+    """Fresh CURVE keys for one run (Z85 text): the receiver's keypair and the one client
+    keypair its schedulers use. Never reuse them across runs; keep `server_secret` on the
+    receiver's node (it never goes into a sender spec)."""
+    import zmq
+
+    _need_curve()
+    server_public, server_secret = zmq.curve_keypair()
+    client_public, client_secret = zmq.curve_keypair()
+    return {"server_public": server_public.decode(), "server_secret": server_secret.decode(),
+            "client_public": client_public.decode(), "client_secret": client_secret.decode()}
+
+
+def _check_spec(spec: dict) -> None:
+    if not isinstance(spec, dict) or not isinstance(spec.get("endpoint"), str):
+        raise ValueError(f"a row transport spec is a dict with an 'endpoint', not {spec!r:.80}")
+    if _is_tcp(spec["endpoint"]):
+        missing = [k for k in SPEC_KEYS if not spec.get(k)]
+        if missing:
+            raise ValueError(f"the row transport spec for {spec['endpoint']} lacks "
+                             f"{', '.join(missing)}: rows never travel over TCP unauthenticated")
+        for k in SPEC_KEYS[1:]:
+            if len(str(spec[k])) != 40:
+                raise ValueError(f"the row transport spec's {k} is not a Z85 CURVE key "
+                                 "(40 characters)")
+
+
 class Sender:
     """Per scheduler process: a PUSH socket carrying (header, one frame per slot) messages.
     `source` names the process (its parallel ranks) in every header, so the receiver can
-    check that each request's rows come from one process only."""
+    check that each request's rows come from one process only.
 
-    def __init__(self, endpoint: str, source: str = "?"):
+    `Sender(endpoint, source)` is the one-node ipc sender, unchanged. For another node, build
+    it from the spec the receiver gave out: `Sender.from_spec(rx.sender_spec(), source)`
+    (CURVE client keys, bounded queue, sends that raise `DeliveryError` after
+    `send_timeout` seconds instead of blocking or queuing for a receiver that is gone)."""
+
+    def __init__(self, endpoint: str, source: str = "?", curve: Optional[dict] = None,
+                 send_timeout: Optional[float] = None, hwm: Optional[int] = None):
+        """curve: {"server_key", "client_public", "client_secret"} (Z85), required for tcp://.
+        send_timeout / hwm: default SEND_TIMEOUT_S / SEND_HWM over TCP, ZMQ's defaults
+        (block, 1000 messages) over ipc unless given."""
         import zmq
 
+        self._zmq = zmq
         self.source = source
+        self.endpoint = endpoint
+        tcp = _is_tcp(endpoint)
+        if tcp or curve is not None:  # CURVE over ipc works too; TCP never goes without it
+            _check_spec({**(curve or {}), "endpoint": "tcp://" + endpoint.split("://")[-1]})
+        if tcp:
+            send_timeout = SEND_TIMEOUT_S if send_timeout is None else send_timeout
+            hwm = SEND_HWM if hwm is None else hwm
+        self.send_timeout = send_timeout
         self.sock = zmq.Context.instance().socket(zmq.PUSH)
         self.sock.setsockopt(zmq.LINGER, 10_000)
+        self._mon = None
+        self._seen: List[int] = []  # connection events seen, for the DeliveryError message
+        self._seq = 0
+        self._sid: Optional[str] = None
+        self._host: Optional[str] = None
+        if curve is not None:
+            _need_curve()
+            self.sock.curve_serverkey = curve["server_key"].encode()
+            self.sock.curve_publickey = curve["client_public"].encode()
+            self.sock.curve_secretkey = curve["client_secret"].encode()
+        if tcp:
+            # sequence numbers let the receiver see a message lost on a broken connection
+            self._sid = uuid.uuid4().hex[:12]
+            self._host = socket.gethostname()
+            self.sock.setsockopt(zmq.IMMEDIATE, 1)  # queue only on an authenticated link
+            self.sock.setsockopt(zmq.HEARTBEAT_IVL, HEARTBEAT_IVL_MS)
+            self.sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, HEARTBEAT_TIMEOUT_MS)
+            self.sock.setsockopt(zmq.TCP_KEEPALIVE, 1)
+            if "[" in endpoint:
+                self.sock.setsockopt(zmq.IPV6, 1)
+            self._mon = self.sock.get_monitor_socket()
+        if send_timeout is not None:
+            self.sock.setsockopt(zmq.SNDTIMEO, max(1, int(send_timeout * 1000)))
+        if hwm is not None:
+            self.sock.setsockopt(zmq.SNDHWM, int(hwm))
         self.sock.connect(endpoint)
+
+    @classmethod
+    def from_spec(cls, spec: dict, source: str = "?", send_timeout: Optional[float] = None,
+                  hwm: Optional[int] = None) -> "Sender":
+        """The sender for a transport spec ({"endpoint"} for ipc; {"endpoint", "server_key",
+        "client_public", "client_secret"} for tcp, as `Receiver.sender_spec` or
+        `hsdump.nodes.read_run_keys` give it)."""
+        _check_spec(spec)
+        curve = {k: spec[k] for k in SPEC_KEYS[1:]} if spec.get("server_key") else None
+        return cls(spec["endpoint"], source, curve=curve, send_timeout=send_timeout, hwm=hwm)
+
+    def _who(self) -> str:
+        return f"{self.source} on {self._host}" if self._host else self.source
+
+    def _why(self) -> str:
+        """What the connection's events say about a send that could not complete."""
+        zmq = self._zmq
+        if self._mon is not None:
+            from zmq.utils.monitor import recv_monitor_message
+
+            while True:
+                try:
+                    self._seen.append(recv_monitor_message(self._mon, zmq.NOBLOCK)["event"])
+                except zmq.Again:
+                    break
+                except zmq.ZMQError:
+                    break
+        seen = set(self._seen)
+        if zmq.EVENT_HANDSHAKE_FAILED_AUTH in seen:
+            return ("the receiver refused this sender's CURVE key: the keys are not this run's "
+                    "(a stale key file, or another run's spec)")
+        if seen & {zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL, zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL}:
+            return ("the CURVE handshake failed: wrong server key (another run's?), or the "
+                    "endpoint is not this run's hsdump receiver")
+        if zmq.EVENT_HANDSHAKE_SUCCEEDED in seen and zmq.EVENT_DISCONNECTED in seen:
+            return "the receiver went away (its process ended, or the link between the nodes broke)"
+        if zmq.EVENT_HANDSHAKE_SUCCEEDED in seen:
+            return "the receiver is connected but took no rows (stalled or frozen)"
+        if self._mon is not None:
+            return ("no connection could be made (receiver not running, wrong address, or a "
+                    "firewall between the nodes)")
+        return "the receiver is gone or not taking rows"
+
+    def _send(self, parts: list, what: str) -> None:
+        try:
+            self.sock.send_multipart(parts, copy=False)
+        except self._zmq.Again:
+            raise DeliveryError(
+                f"{self._who()}: {what} could not be delivered to {self.endpoint} within "
+                f"{self.send_timeout:g} s: {self._why()}") from None
+
+    def _header(self, h: dict) -> bytes:
+        if self._sid is not None:
+            h.update(sid=self._sid, seq=self._seq, host=self._host)
+        self._seq += 1
+        return json.dumps(h).encode()
 
     def rows(self, rid: str, start: int, slots: torch.Tensor, nonfinite: List[int]) -> None:
         # slots: [S, n, H] on the CPU, each slots[s] contiguous: one frame per slot
@@ -100,10 +270,22 @@ class Sender:
                   "hidden": int(slots.shape[2]), "dtype": str(slots.dtype).split(".")[-1],
                   "nonfinite": nonfinite, "src": self.source}
         frames = [x.view(torch.uint8).numpy() if x.numel() else b"" for x in slots.unbind(0)]
-        self.sock.send_multipart([json.dumps(header).encode()] + frames, copy=False)
+        self._send([self._header(header)] + frames,
+                   f"rows {int(start)}..{int(start) + int(slots.shape[1])} of request {rid}")
 
     def error(self, message: str) -> None:
-        self.sock.send_multipart([json.dumps({"error": message}).encode(), b""])
+        h = {"error": message}
+        if self._sid is not None:  # over TCP the receiver names the sender in the error
+            h["src"] = self.source
+        self._send([self._header(h), b""], f"the error report ({message})")
+
+    def close(self, linger_s: float = 10.0) -> None:
+        """Flush what is queued (up to `linger_s`) and close."""
+        if self._mon is not None:
+            self.sock.disable_monitor()
+            self._mon.close(linger=0)
+            self._mon = None
+        self.sock.close(linger=int(linger_s * 1000))
 
 
 def frame_tensor(h: dict, body) -> torch.Tensor:
@@ -123,17 +305,33 @@ class Receiver(threading.Thread):
     Any number of scheduler processes may send (one per data-parallel group under DP
     attention, one per replica with dp_size). Every request must be sent by exactly one of
     them, once: chunks of one request from two processes, rows that overlap, or rows that
-    arrive for a request already handed over are errors, never silently merged."""
+    arrive for a request already handed over are errors, never silently merged.
+
+    `Receiver("ipc://...")`: the one-node receiver. `Receiver("tcp://IP:PORT", keys=
+    new_run_keys())`: the receiver of an engine spread over nodes, CURVE-authenticated (a
+    tcp endpoint without keys is refused); port 0 picks a free port; `endpoint` is the bound
+    one, `sender_spec()` what the senders need."""
 
     CLOSED_KEEP = 1 << 16  # recently completed request ids remembered to catch late repeats
 
-    def __init__(self, endpoint: str):
+    def __init__(self, endpoint: str, keys: Optional[Dict[str, str]] = None):
         super().__init__(name="hsdump-rows", daemon=True)
         import zmq
 
         self._zmq = zmq
-        self.sock = zmq.Context.instance().socket(zmq.PULL)
-        self.sock.bind(endpoint)
+        self._keys = keys
+        self._auth = None
+        self.refused = 0  # connections refused for an unknown CURVE client key
+        if _is_tcp(endpoint) and keys is None:
+            raise ValueError(f"a row receiver on {endpoint} needs the run's CURVE keys "
+                             "(rows.new_run_keys()): rows never travel over TCP unauthenticated")
+        if keys is None:
+            self._ctx = zmq.Context.instance()
+            self.sock = self._ctx.socket(zmq.PULL)
+            self.sock.bind(endpoint)
+            self.endpoint = endpoint
+        else:
+            self._bind_curve(endpoint, keys)
         self.cond = threading.Condition()
         # rid -> [(start, one [n, H] tensor per slot, nonfinite slots, source)]
         self.parts: Dict[str, List[Tuple[int, List[torch.Tensor], List[int], str]]] = {}
@@ -142,7 +340,72 @@ class Receiver(threading.Thread):
         self.sources: Dict[str, Dict[str, int]] = {}
         # rid -> the source that completed it, or None if the caller discarded it
         self._closed: "OrderedDict[str, Optional[str]]" = OrderedDict()
+        # TCP senders' next sequence numbers, by sender id: a gap is a lost message
+        self._next_seq: Dict[str, int] = {}
         self._stop_evt = threading.Event()
+
+    def _bind_curve(self, endpoint: str, keys: Dict[str, str]) -> None:
+        zmq = self._zmq
+        from zmq.auth.thread import ThreadAuthenticator
+
+        _need_curve()
+        missing = [k for k in ("server_public", "server_secret", "client_public") if
+                   not keys.get(k)]
+        if missing:
+            raise ValueError(f"the run keys lack {', '.join(missing)} (rows.new_run_keys())")
+        allowed = {keys["client_public"].encode()}
+        rx = self
+
+        class _Allowed:
+            def callback(self, domain, key):
+                if key in allowed:
+                    return True
+                rx.refused += 1
+                log.warning("refused a row sender with an unknown CURVE key (not this run's "
+                            "keys): it delivers nothing")
+                return False
+
+        # a context of its own: a ZAP handler serves one context, and this one only this socket
+        self._ctx = zmq.Context()
+        self._auth = ThreadAuthenticator(self._ctx, log=logging.getLogger(__name__ + ".zap"))
+        self._auth.start()
+        self._auth.configure_curve_callback(ZAP_DOMAIN, credentials_provider=_Allowed())
+        self.sock = self._ctx.socket(zmq.PULL)
+        self.sock.setsockopt(zmq.LINGER, 0)
+        self.sock.curve_server = True
+        self.sock.curve_publickey = keys["server_public"].encode()
+        self.sock.curve_secretkey = keys["server_secret"].encode()
+        self.sock.zap_domain = ZAP_DOMAIN.encode()
+        self.sock.setsockopt(zmq.HEARTBEAT_IVL, HEARTBEAT_IVL_MS)
+        self.sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, HEARTBEAT_TIMEOUT_MS)
+        self.sock.setsockopt(zmq.TCP_KEEPALIVE, 1)
+        if "[" in endpoint:
+            self.sock.setsockopt(zmq.IPV6, 1)
+        try:
+            self.sock.bind(endpoint)
+        except zmq.ZMQError as e:
+            self._close_sockets()
+            raise OSError(f"the row receiver cannot bind {endpoint}: {e}") from None
+        self.endpoint = self.sock.getsockopt_string(zmq.LAST_ENDPOINT)
+
+    def sender_spec(self, host: Optional[str] = None) -> Dict[str, str]:
+        """What a scheduler needs to send here (`Sender.from_spec`), JSON-serialisable:
+        {"endpoint"} over ipc; over TCP also "server_key" (the receiver's public key),
+        "client_public" and "client_secret" (this run's client keypair: the spec is a secret,
+        it travels only over the channel that starts the run). `host` replaces the bound
+        address in the endpoint (needed when bound to 0.0.0.0)."""
+        endpoint = self.endpoint
+        if host is not None or "://0.0.0.0:" in endpoint or "://[::]:" in endpoint:
+            if host is None:
+                raise ValueError(f"the receiver is bound to {endpoint}: name the address the "
+                                 "senders should connect to (host=)")
+            port = endpoint.rsplit(":", 1)[1]
+            endpoint = f"tcp://[{host}]:{port}" if ":" in host else f"tcp://{host}:{port}"
+        if self._keys is None:
+            return {"endpoint": endpoint}
+        return {"endpoint": endpoint, "server_key": self._keys["server_public"],
+                "client_public": self._keys["client_public"],
+                "client_secret": self._keys["client_secret"]}
 
     def _close(self, rid: str, source: Optional[str]) -> None:
         self._closed[rid] = source
@@ -156,16 +419,39 @@ class Receiver(threading.Thread):
             if not poller.poll(100):
                 continue
             head, *frames = self.sock.recv_multipart(copy=False)
-            h = json.loads(head.bytes)
+            try:
+                h = json.loads(head.bytes)
+                if not isinstance(h, dict):
+                    raise ValueError("the header is not an object")
+            except ValueError as e:
+                with self.cond:
+                    self.error = self.error or f"a row message with an unreadable header: {e}"
+                    self.cond.notify_all()
+                continue
             with self.cond:
+                self._check_sequence(h)
                 if "error" in h:
-                    self.error = h["error"]
+                    self.error = f"{_who(h)}: {h['error']}" if "src" in h else h["error"]
                 else:
                     self._add(h, frames)
                 self.cond.notify_all()
             # the frames live on only in their tensors: held here until the next message, the
             # last one's memory (up to a chunk of rows, 0.4 GB at 16K x 8B) outlived its sample
             head = frames = None
+
+    def _check_sequence(self, h: dict) -> None:
+        """TCP senders number their messages: a gap means messages were lost in transit
+        (a connection broke with messages in flight), which fails the run."""
+        sid = h.get("sid")
+        if sid is None:
+            return
+        want = self._next_seq.get(sid, 0)
+        self._next_seq[sid] = h["seq"] + 1
+        if h["seq"] != want:
+            self.error = self.error or (
+                f"{_who(h)}: {h['seq'] - want} row message(s) from this sender were lost in "
+                f"transit (message {h['seq']} arrived where {want} was expected): the link "
+                "between the nodes broke with rows in flight")
 
     def _add(self, h: dict, frames) -> None:
         rid, src = h["rid"], h.get("src", "?")
@@ -180,7 +466,7 @@ class Receiver(threading.Thread):
                    f"were first sent by {first}: two scheduler processes sent the same request, "
                    "a parallel layout hsdump's capture does not handle")
             self.error = self.error or (
-                f"request {rid}: rows {h['start']}..{h['start'] + h['n']} arrived from {src} "
+                f"request {rid}: rows {h['start']}..{h['start'] + h['n']} arrived from {_who(h)} "
                 f"after the sample was complete; they {who}")
             return
         self.parts.setdefault(rid, []).append(
@@ -243,5 +529,19 @@ class Receiver(threading.Thread):
                          len(self.sources), ", ".join(f"{k} {v['rows']} rows" for k, v in
                                                       sorted(self.sources.items())))
         self._stop_evt.set()
-        self.join(timeout=5)
+        if self.is_alive():
+            self.join(timeout=5)
+        self._close_sockets()
+
+    def _close_sockets(self) -> None:
         self.sock.close(linger=0)
+        if self._auth is not None:  # the TCP receiver's own context and ZAP handler
+            self._auth.stop()
+            self._auth = None
+            self._ctx.term()
+
+
+def _who(h: dict) -> str:
+    """The sending process named in a header, with its host when it came over TCP."""
+    src = h.get("src", "?")
+    return f"{src} on {h['host']}" if h.get("host") else src
