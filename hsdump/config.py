@@ -116,6 +116,9 @@ class CaptureConfig:
     final: List[str] = field(default_factory=list)
     """Also store the last decoder layer's output: `pre_norm` (before the model's final norm,
     speculators' verifier state) and/or `post_norm` (after it, SpecForge's `hidden_state`)."""
+    allow_unverified: bool = False
+    """Capture a model class whose rows hsdump has not checked against transformers
+    (hsdump.families); recorded in the manifest."""
 
     def __post_init__(self) -> None:
         bad = [k for k in self.final if k not in FINAL_KINDS]

@@ -42,6 +42,7 @@ from typing import TYPE_CHECKING, Callable, Dict, Iterable, List, Optional, Sequ
 
 import torch
 
+from .families import family_of
 from .layers import ModelInfo
 from .rows import CaptureError, Receiver, Sender, bad_slots, flags_valid, pack_rows, unpack_rows
 
@@ -152,6 +153,54 @@ def _stash_pre_norm(module, args, output) -> None:
     _STASH["pre_norm"] = output[1] if isinstance(output, tuple) else args[0]
 
 
+def decoder_stack(model):
+    """The module that runs the decoder layers and owns `layers_to_capture`, found by structure:
+    `model.model` for a causal LM (LlamaForCausalLM, ...), `language_model.model` inside a
+    vision-language wrapper (KimiK25ForConditionalGeneration, Gemma3ForConditionalGeneration,
+    ...), the causal LM itself where it runs the layers (Qwen3_5ForCausalLM). One rule: the
+    one submodule that has both `layers_to_capture` and a `layers` list."""
+    found = [(name, m) for name, m in model.named_modules()
+             if hasattr(m, "layers_to_capture") and isinstance(getattr(m, "layers", None),
+                                                                torch.nn.ModuleList)]
+    if len(found) != 1:
+        names = [name or "<the model>" for name, _ in found]
+        raise RuntimeError(f"hsdump: {type(model).__name__} has {len(found)} modules with "
+                           f"decoder layers and layers_to_capture ({names}); expected one")
+    return found[0][1]
+
+
+def final_norm(stack):
+    """The norm the last decoder layer feeds: the stack's one direct child norm module
+    (`norm` in every family hsdump verified; the per-layer norms sit inside `layers`)."""
+    norms = [(name, m) for name, m in stack.named_children() if "norm" in type(m).__name__.lower()]
+    if len(norms) != 1:
+        raise RuntimeError(f"hsdump: {type(stack).__name__} has {len(norms)} direct norm modules "
+                           f"({[n for n, _ in norms]}); capture.final needs its one final norm")
+    return norms[0][1]
+
+
+def _stash_stream(k: int, module, args, output) -> None:
+    # input_layernorm(hidden, residual) returns (normed, hidden + residual): the second is the
+    # residual stream entering layer k. Cloned: the fused kernels update it in place later.
+    if isinstance(output, tuple):
+        _STASH[f"layer{k}"] = output[1].clone()
+
+
+def tap_stream(stack, layers: Sequence[int]) -> None:
+    """Take the stream entering each captured layer k from the residual sum of that layer's
+    `input_layernorm`, for families whose SGLang aux capture records another tensor (Gemma-3:
+    its layers keep the residual apart, and SGLang records the branch output, or on the GPU
+    the buffer the fused add-norm overwrites with the normed input)."""
+    import functools
+
+    for k in layers:
+        norm = getattr(stack.layers[k], "input_layernorm", None)
+        if norm is None:
+            raise RuntimeError(f"hsdump: decoder layer {k} of {type(stack).__name__} has no "
+                               "input_layernorm to take the residual stream from")
+        norm.register_forward_hook(functools.partial(_stash_stream, k))
+
+
 def _install_patch(spec: dict) -> None:
     from sglang.srt.layers import logits_processor as lp
     from sglang.srt.managers.scheduler_components import batch_result_processor as brp
@@ -171,15 +220,12 @@ def _install_patch(spec: dict) -> None:
         if not hasattr(model, "set_eagle3_layers_to_capture"):
             raise RuntimeError(f"hsdump: {type(model).__name__} has no EAGLE-3 aux capture")
         model.set_eagle3_layers_to_capture([k - 1 for k in layers])
-        inner = getattr(model, "model", None)
-        if inner is None or not hasattr(inner, "layers_to_capture"):
-            raise RuntimeError(f"hsdump: {type(model).__name__} keeps no layers_to_capture")
-        inner.layers_to_capture = list(layers)  # entry i = stream entering layer i = HF hs[i]
+        stack = decoder_stack(model)
+        stack.layers_to_capture = list(layers)  # entry i = stream entering layer i = HF hs[i]
+        if spec.get("tap_input_norm"):
+            tap_stream(stack, layers)
         if "pre_norm" in final:
-            norm = getattr(inner, "norm", None)
-            if norm is None:
-                raise RuntimeError(f"hsdump: {type(model).__name__} has no final norm to hook")
-            norm.register_forward_hook(_stash_pre_norm)
+            final_norm(stack).register_forward_hook(_stash_pre_norm)
         return out
 
     mr.ModelRunner.load_model = load_model
@@ -189,12 +235,19 @@ def _install_patch(spec: dict) -> None:
     def logits_forward(self, input_ids, hidden_states, *args, **kwargs):
         out = orig_logits(self, input_ids, hidden_states, *args, **kwargs)
         pre = _STASH.pop("pre_norm", None)
+        taps = [_STASH.pop(f"layer{k}", None) for k in layers] if spec.get("tap_input_norm") \
+            else None
         aux = getattr(out, "hidden_states", None)
         t = hidden_states.shape[0]
         meta = kwargs.get("logits_metadata", args[1] if len(args) > 1 else None)
         if aux is None or t == 0 or _is_idle(meta):
             return out  # an idle DP-attention rank: no request's rows, passed through untouched
         parts = list(aux) if isinstance(aux, (list, tuple)) else [aux]
+        if taps is not None:  # the stream itself, where SGLang's aux capture takes a branch
+            if any(x is None for x in taps):
+                raise RuntimeError("hsdump: a captured layer's input norm was not seen in this "
+                                   "forward")
+            parts = taps
         if any(p.shape[0] != t for p in parts):
             return out  # not a full-capture extend forward
         extra = {"pre_norm": pre, "post_norm": hidden_states}
@@ -481,9 +534,12 @@ class CaptureEngine:
         endpoint = f"ipc://{self._ipc_dir}/rows"
         self._rx = Receiver(endpoint)
         self._rx.start()
+        self.family = family_of(info.architecture)
         os.environ[ENV] = json.dumps({"endpoint": endpoint, "layers": self.layers,
                                       "final": self.final, "device": engine_cfg.device,
-                                      "slots": len(self._slot), "hidden": info.hidden_size})
+                                      "slots": len(self._slot), "hidden": info.hidden_size,
+                                      "tap_input_norm": bool(self.family and
+                                                             self.family.tap_input_norm)})
         from sglang.srt.entrypoints.engine import Engine
 
         class HsdumpEngine(Engine):
@@ -532,11 +588,17 @@ class CaptureEngine:
                     "max_running_requests", "max_total_tokens"):
             if getattr(c, key) is not None:
                 kw[key] = getattr(c, key)
+        # text only: a vision-language checkpoint (KimiK25ForConditionalGeneration, ...) loads
+        # no image processor and runs no vision forward (its vision weights still load)
+        kw["enable_multimodal"] = False
         if self.version != "0.5.17":
             # capture-only mode: aux capture with no draft model (the patch then sets the layers)
             kw.update(speculative_algorithm="EAGLE3", enable_return_aux_hidden_states=True,
                       return_aux_hidden_state_layer_ids=[k - 1 for k in sorted(self.layers)])
         kw.update(start_kwargs(c, self.generates))
+        if self.family is not None and self.family.tap_input_norm and c.device == "cuda":
+            # the stream taps are forward hooks: a graph replay would not run them
+            kw["disable_prefill_cuda_graph"] = True
         kw.update(c.extra)
         port = dp_attention_port(kw)
         if port is not None:

@@ -26,6 +26,7 @@ from . import __version__
 from .chat import template_sha256
 from .config import Config, OutputConfig
 from .dist import owns, writer_tag
+from .families import Family, check_verified
 from .layers import CONVENTION, ModelInfo, read_model_info, resolve_layers
 from .locate import check_model_path
 from .sources import dataset_fingerprint, load_rows
@@ -202,6 +203,7 @@ class Run:
     t0: float = field(default_factory=time.time)
     model_path: str = ""
     info: Optional[ModelInfo] = None
+    family: Optional[Family] = None
     layers: List[int] = field(default_factory=list)
     tok: Any = None
     rows: Any = None
@@ -235,6 +237,7 @@ def check_model(r: Run) -> None:
     r.model_path = resolve_model_path(cfg.model.path)
     check_model_path(cfg.model.path, r.model_path)
     r.info = info = read_model_info(r.model_path, cfg.model.trust_remote_code)
+    r.family = check_verified(info.architecture, cfg.capture.allow_unverified)
     r.layers = resolve_layers(cfg.capture.layers, cfg.model.default_layers, info.num_hidden_layers)
     if info.max_position_embeddings and cfg.dataset.max_seq_len > info.max_position_embeddings:
         raise ValueError(f"dataset.max_seq_len={cfg.dataset.max_seq_len} exceeds the model's "
@@ -282,7 +285,9 @@ def dataset_keys(r: Run, resolved_config: Optional[dict]):
         "model": {"path": cfg.model.path, "resolved_path": r.model_path,
                   "architecture": info.architecture, "hidden_size": info.hidden_size,
                   "num_hidden_layers": info.num_hidden_layers, "dtype": cfg.model.dtype,
-                  "tp_size": cfg.model.tp_size},
+                  "tp_size": cfg.model.tp_size,
+                  "family": r.family.name if r.family else None,
+                  "verified": r.family.verified if r.family else None},
         "layers": layers, "convention": CONVENTION, "storage_dtype": cfg.output.dtype,
         "final": list(cfg.capture.final),
         "final_names": {k: "{i}/final/" + k for k in cfg.capture.final},
