@@ -208,3 +208,85 @@ def size_text(n: float) -> str:
             return f"{n:,.2f} {unit}" if unit in ("GiB", "TiB") else f"{n:,.1f} {unit}"
         n /= 1024
     return str(n)
+
+
+# ------------------------------------------------------------------ safetensors headers
+HEADER_LIMIT = 100_000_000
+"""The safetensors library's own limit on a header's size."""
+ITEM_BYTES = {"BOOL": 1, "U8": 1, "I8": 1, "F8_E4M3": 1, "F8_E5M2": 1, "I16": 2, "U16": 2,
+              "F16": 2, "BF16": 2, "I32": 4, "U32": 4, "F32": 4, "I64": 8, "U64": 8, "F64": 8}
+
+
+def read_header(path, root=None) -> tuple:
+    """A safetensors file's JSON header and the byte offset where tensor data starts, read with
+    two small reads (no tensor data touched) and checked whole, so that reading any tensor it
+    lists stays inside the file: the header fits the file and the library's limit, parses to
+    an object, `__metadata__` (if any) maps strings to strings, and every tensor has a known
+    dtype, a shape of non-negative ints, and data_offsets [a, b] inside the file whose length
+    is the shape's, overlapping no other tensor. Raises ValueError naming what is wrong
+    (UnsafeFile for a file that is not a regular file inside `root`)."""
+    fd = open_inside(path, root)
+    try:
+        size = os.fstat(fd).st_size
+        head = os.pread(fd, 8, 0)
+        if len(head) < 8:
+            raise ValueError(f"{path}: {size} bytes, too short for a safetensors header")
+        n = int.from_bytes(head, "little")
+        if n > size - 8:
+            raise ValueError(f"{path}: header length {n:,} exceeds the file ({size:,} bytes): "
+                             "the file is truncated or not safetensors")
+        if n > HEADER_LIMIT:
+            raise ValueError(f"{path}: header length {n:,} is over safetensors' limit of "
+                             f"{HEADER_LIMIT:,} bytes")
+        raw = os.pread(fd, n, 8)
+    finally:
+        os.close(fd)
+    if len(raw) != n:
+        raise ValueError(f"{path}: the file shrank while its header was read")
+    header = parse_json(raw, f"{path}: its safetensors header")
+    if not isinstance(header, dict):
+        raise ValueError(f"{path}: its safetensors header is not a JSON object")
+    md = header.get("__metadata__")
+    if md is not None and not (isinstance(md, dict) and
+                               all(isinstance(v, str) for v in md.values())):
+        raise ValueError(f"{path}: its __metadata__ is not an object of strings")
+    start, data = 8 + n, size - 8 - n
+    spans = []
+    for key, t in header.items():
+        if key == "__metadata__":
+            continue
+        what = _tensor_problem(t, data)
+        if what:
+            raise ValueError(f"{path}: tensor {key[:80]!r} {what}")
+        spans.append((*t["data_offsets"], key))
+    spans.sort()
+    for (a0, b0, k0), (a1, b1, k1) in zip(spans, spans[1:]):
+        if a1 < b0:
+            raise ValueError(f"{path}: tensors {k0[:80]!r} and {k1[:80]!r} overlap")
+    return header, start
+
+
+def _tensor_problem(t, data: int) -> str:
+    """What is wrong with one tensor entry of a header whose file holds `data` bytes of
+    tensor data ("" if nothing)."""
+    if not isinstance(t, dict):
+        return "is not an object"
+    item = ITEM_BYTES.get(t.get("dtype")) if isinstance(t.get("dtype"), str) else None
+    shape, off = t.get("shape"), t.get("data_offsets")
+    if item is None:
+        return f"has an unknown dtype {str(t.get('dtype'))[:20]!r}"
+    if not (isinstance(shape, list) and len(shape) <= 8 and
+            all(type(x) is int and 0 <= x < 1 << 63 for x in shape)):
+        return f"has no valid shape ({str(shape)[:60]})"
+    if not (isinstance(off, list) and len(off) == 2 and all(type(x) is int for x in off)):
+        return f"has no valid data_offsets ({str(off)[:60]})"
+    a, b = off
+    if not 0 <= a <= b <= data:
+        return f"data [{a}, {b}) lies outside the file ({data:,} data bytes)"
+    count = 1
+    for x in shape:
+        count *= x
+    if (b - a) != count * item:
+        return f"has {b - a:,} data bytes, but its shape {shape} of {t['dtype']} needs " \
+               f"{count * item:,}"
+    return ""

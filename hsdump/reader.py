@@ -18,9 +18,7 @@ does read them; everything else is returned as stored, without a copy.
 from __future__ import annotations
 
 import copy
-import json
 import os
-import struct
 import warnings
 from pathlib import Path
 from typing import Dict, Iterable, Iterator, List, Optional, Sequence
@@ -29,7 +27,8 @@ import torch
 from safetensors import safe_open
 
 from . import commits, fp8
-from .commits import FORMAT, SUPPORTED_VERSIONS, IdTable
+from .commits import FORMAT, MAX_LAYERS, SUPPORTED_VERSIONS, IdTable
+from .files import open_inside, parse_json, read_header, real_file
 
 # Final-layer states (format extension, see README): `{i}/final/pre_norm` is the last decoder
 # layer's output before the model's final norm, `{i}/final/post_norm` after it; each
@@ -47,20 +46,39 @@ def final_name(sid: int, kind: str) -> str:
     return f"{sid}/final/{kind}"
 
 
-def read_safetensors_header(path) -> dict:
+def read_safetensors_header(path, root=None) -> dict:
     """The JSON header of a safetensors file (tensor dtypes, shapes, offsets, `__metadata__`),
-    read with two small reads; no tensor data is touched. `__data_start__` is added: the file
-    offset that `data_offsets` count from."""
-    with open(path, "rb") as f:
-        head = f.read(8)
-        if len(head) != 8:
-            raise ValueError(f"{path}: not a safetensors file (truncated header)")
-        (n,) = struct.unpack("<Q", head)
-        if n > 1 << 31:
-            raise ValueError(f"{path}: not a safetensors file (header size {n})")
-        header = json.loads(f.read(n))
-    header["__data_start__"] = 8 + n  # where tensor data_offsets count from
+    read with two small reads and checked (hsdump.files.read_header: every tensor inside the
+    file); no tensor data is touched. `__data_start__` is added: the file offset that
+    `data_offsets` count from."""
+    header, start = read_header(path, root)
+    header["__data_start__"] = start  # where tensor data_offsets count from
     return header
+
+
+def check_manifest(path, m: dict) -> None:
+    """The manifest fields the reader relies on, bounded: a ValueError names the first that
+    is unusable."""
+    if m.get("format") != FORMAT:
+        raise ValueError(f"{path}: format {str(m.get('format'))[:60]!r} is not one this reader "
+                         f"knows ({FORMAT})")
+    layers = m.get("layers")
+    if not (isinstance(layers, list) and 0 < len(layers) <= MAX_LAYERS and
+            all(type(x) is int and 0 <= x < MAX_LAYERS for x in layers) and
+            len(set(layers)) == len(layers)):
+        raise ValueError(f"{path}: manifest.json's layers ({str(layers)[:60]}) is not a list "
+                         f"of 1 to {MAX_LAYERS} distinct layer indices")
+    hidden = (m.get("model") or {}).get("hidden_size") if isinstance(m.get("model"), dict) \
+        else None
+    if hidden is not None and not (type(hidden) is int and 0 < hidden < 1 << 24):
+        raise ValueError(f"{path}: manifest.json's model.hidden_size ({str(hidden)[:40]}) is "
+                         "not a positive int")
+    if not isinstance(m.get("storage_dtype", "bfloat16"), str):
+        raise ValueError(f"{path}: manifest.json's storage_dtype is not a string")
+
+
+def _damaged(path, what: str) -> ValueError:
+    return ValueError(f"{path}: {what}; run `hsdump verify {path}` for every problem")
 
 
 class HsdumpDataset(torch.utils.data.Dataset):
@@ -92,11 +110,8 @@ class HsdumpDataset(torch.utils.data.Dataset):
         self.dequantize = dequantize
         self.mmap = mmap
         c = commits.load(self.path)  # FileNotFoundError / ValueError name the problem
-        with open(self.path / "manifest.json") as f:
-            self.manifest = json.load(f)
-        if self.manifest.get("format") != FORMAT:
-            raise ValueError(f"{self.path}: format {self.manifest.get('format')!r} is not one "
-                             f"this reader knows ({FORMAT})")
+        self.manifest = commits.read_manifest(self.path)
+        check_manifest(self.path, self.manifest)
         self.version = c.version
         self.commits = c
         """the commit records (hsdump.commits.Commits): shard names, sizes, checksums"""
@@ -105,8 +120,10 @@ class HsdumpDataset(torch.utils.data.Dataset):
         self.problems = c.problems
         if c.problems:
             warnings.warn(f"{self.path}: {len(c.problems)} problems in its commit records, "
-                          f"e.g. {': '.join(c.problems[0])}; run `python -m hsdump verify "
+                          f"e.g. {': '.join(c.problems[0])}; run `hsdump verify "
                           f"{self.path}`", stacklevel=2)
+        for where, what in c.notes:
+            warnings.warn(f"{self.path}: {where}: {what}", stacklevel=2)
         self.layers: List[int] = list(self.manifest["layers"])
         self.storage_dtype: str = str(self.manifest.get("storage_dtype", "bfloat16"))
         self.dtype = dtype
@@ -134,8 +151,16 @@ class HsdumpDataset(torch.utils.data.Dataset):
     def header(self, shard: str) -> dict:
         h = self._headers.get(shard)
         if h is None:
-            h = self._headers[shard] = read_safetensors_header(self.path / shard)
+            h = self._headers[shard] = read_safetensors_header(self.path / shard, self.path)
         return h
+
+    def _meta(self, shard: str, name: str) -> dict:
+        """Tensor `name`'s header entry in `shard`, which its commit record promises."""
+        meta = self.header(shard).get(name)
+        if not isinstance(meta, dict):
+            raise _damaged(self.path / shard, f"holds no tensor {name[:80]!r}, which its commit "
+                                              "record promises")
+        return meta
 
     def _lens_array(self):
         """Token counts aligned with the id table (version 1: read from shard headers once)."""
@@ -144,7 +169,7 @@ class HsdumpDataset(torch.utils.data.Dataset):
 
             t = self._shard_of
             self._lens = np.asarray(
-                [int(self.header(t.names[k])[f"{sid}/input_ids"]["shape"][0])
+                [int((self._meta(t.names[k], f"{sid}/input_ids")["shape"] or [0])[0])
                  for sid, k in zip(t.sids.tolist(), t.shard.tolist())], dtype=np.int64)
         return self._lens
 
@@ -163,8 +188,16 @@ class HsdumpDataset(torch.utils.data.Dataset):
         convs = self._convs.get(shard)
         if convs is None:
             raw = (self.header(shard).get("__metadata__") or {}).get("conversations")
-            convs = self._convs[shard] = json.loads(raw) if raw else {}
-        return convs.get(str(sid))
+            convs = parse_json(raw, f"{self.path / shard}: its conversations") if raw else {}
+            if not isinstance(convs, dict):
+                raise _damaged(self.path / shard, "its conversations metadata is not an object")
+            self._convs[shard] = convs
+        conv = convs.get(str(sid))
+        if conv is not None and not (isinstance(conv, list) and
+                                     all(isinstance(x, dict) for x in conv)):
+            raise _damaged(self.path / shard, f"its conversation of sample {sid} is not a "
+                                              "list of messages")
+        return conv
 
     def masked_count(self, sid: int) -> int:
         """Loss-masked tokens of sample `sid`: from its commit record, else read its mask."""
@@ -196,7 +229,10 @@ class HsdumpDataset(torch.utils.data.Dataset):
         h = (self.manifest.get("model") or {}).get("hidden_size")
         if h is None and self.ids:
             sid = self.ids[0]
-            h = self.header(self._shard_of[sid])[f"{sid}/hidden_states/0"]["shape"][1]
+            shape = self._meta(self._shard_of[sid], f"{sid}/hidden_states/0")["shape"]
+            if len(shape) != 2:
+                raise _damaged(self.path, f"sample {sid}'s hidden states are not [seq, hidden]")
+            h = shape[1]
         return int(h)
 
     @property
@@ -249,9 +285,28 @@ class HsdumpDataset(torch.utils.data.Dataset):
     def _open(self, shard: str):
         h = self._handles.get(shard)
         if h is None:
-            h = safe_open(str(self.path / shard), framework="pt")
+            self.header(shard)  # checked whole first: every tensor lies inside the file
+            try:
+                h = safe_open(real_file(self.path / shard, self.path), framework="pt")
+            except (OSError, ValueError):
+                raise
+            except Exception as e:  # noqa: BLE001 - safetensors' own error type
+                raise _damaged(self.path / shard, f"safetensors cannot open it ({e})") from None
             self._handles[shard] = h
         return h
+
+    def _mapped(self, shard: str):
+        """A function reading one tensor of `shard` by name, memory-mapped."""
+        h = self._open(shard)
+
+        def get(name: str) -> torch.Tensor:
+            self._meta(shard, name)
+            try:
+                return h.get_tensor(name)
+            except Exception as e:  # noqa: BLE001 - safetensors' own error type
+                raise _damaged(self.path / shard, f"{name} cannot be read ({e})") from None
+
+        return get
 
     def _hidden(self, get, head: dict, name: str, scales: Optional[list] = None) -> torch.Tensor:
         t = get(name)
@@ -275,18 +330,25 @@ class HsdumpDataset(torch.utils.data.Dataset):
         safe_open asks for sequential readahead, up to 2 x read_ahead_kb, 16 MB on a disk with
         8 MB, which would pull in the hidden states that follow) and for whole records when
         `mmap=False` (nothing stays mapped: memory is freed with the record)."""
+        head = self.header(shard)
+        meta = self._meta(shard, name)
         fd = self._fds.get(shard)
         if fd is None:
-            fd = os.open(self.path / shard, os.O_RDONLY)
+            fd = open_inside(self.path / shard, self.path)
             os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)
             self._fds[shard] = fd
-        head = self.header(shard)
-        meta = head[name]
         begin, end = meta["data_offsets"]
+        dtype = _ST_DTYPES.get(meta["dtype"])
+        if dtype is None:
+            raise _damaged(self.path / shard, f"{name} has dtype {meta['dtype']}, which hsdump "
+                                              "does not store")
         if end == begin:
-            return torch.empty(meta["shape"], dtype=_ST_DTYPES[meta["dtype"]])
+            return torch.empty(meta["shape"], dtype=dtype)
         raw = os.pread(fd, end - begin, head["__data_start__"] + begin)
-        t = torch.frombuffer(bytearray(raw), dtype=_ST_DTYPES[meta["dtype"]])
+        if len(raw) != end - begin:
+            raise _damaged(self.path / shard, f"{name}: the file ends before its data does "
+                                              "(it was cut after its header was read)")
+        t = torch.frombuffer(bytearray(raw), dtype=dtype)
         return t.reshape(meta["shape"])
 
     def get(self, sid: int, *, hidden: bool = True) -> dict:
@@ -300,7 +362,7 @@ class HsdumpDataset(torch.utils.data.Dataset):
             def get(name):
                 return self._pread(shard, name)
         else:
-            get = self._open(shard).get_tensor
+            get = self._mapped(shard)
         rec = {"id": sid, "input_ids": get(f"{sid}/input_ids"),
                "loss_mask": get(f"{sid}/loss_mask")}
         if not hidden:
@@ -442,11 +504,16 @@ def resolve_final_state(ds: HsdumpDataset, final_state: str = "auto",
                          f"{LAST_LAYER} or none")
     have = ds.final_kinds
     if want not in have:
+        k = len(ds.layers)
         raise ValueError(
-            f"{ds.path} holds no final-layer state {want!r} (it has: {have or 'none'}); "
-            f"trainers take it as the verifier's final state. Re-extract with the final "
-            f"layer captured, or pass final state {LAST_LAYER!r} to use the last captured "
-            f"layer (capture index {ds.layers[-1]}) as a stand-in (plumbing tests only).")
+            f"{ds.path} holds no final-layer state {want!r} (it has: {have or 'none'}): the "
+            f"trainer takes it as the verifier's final state, from which it computes the "
+            f"target model's logits. Either extract again with capture.final=[{want}] (one "
+            f"more [seq, hidden] tensor per sample: {k + 1}/{k} of the disk of {k} layers), or "
+            f"pass --final-state {LAST_LAYER} (final_state={LAST_LAYER!r} in Python) to use the "
+            f"last captured layer (capture index {ds.layers[-1]}) in its place: that is not the "
+            f"model's final state, so a drafter trained on it learns wrong targets (for "
+            f"plumbing tests only).")
     return want
 
 
