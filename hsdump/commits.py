@@ -48,6 +48,9 @@ LINE_LIMIT = 1 << 28
 """A commit record lists one shard's samples: 256 MiB is more than any shard's record."""
 MAX_LAYERS = 1024
 """Captured layers per sample: at most a model's layer count, far below this."""
+FINAL_KINDS = ("pre_norm", "post_norm")
+"""Final-layer states a sample may hold: `{i}/final/pre_norm`, `{i}/final/post_norm`."""
+"""Captured layers per sample: at most a model's layer count, far below this."""
 _SEQ_RE = re.compile(r"-(\d+)\.safetensors$")
 
 

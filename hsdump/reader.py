@@ -27,13 +27,12 @@ import torch
 from safetensors import safe_open
 
 from . import commits, fp8
-from .commits import FORMAT, MAX_LAYERS, SUPPORTED_VERSIONS, IdTable
+from .commits import FINAL_KINDS, FORMAT, MAX_LAYERS, SUPPORTED_VERSIONS, IdTable
 from .files import open_inside, parse_json, read_header, real_file
 
 # Final-layer states (format extension, see README): `{i}/final/pre_norm` is the last decoder
 # layer's output before the model's final norm, `{i}/final/post_norm` after it; each
 # [seq, hidden_size] in the storage dtype. A dataset holds those it captured.
-FINAL_KINDS = ("pre_norm", "post_norm")
 LAST_LAYER = "last-layer"  # stand-in for a final state that was not captured (see v1_record)
 
 _ST_DTYPES = {"BOOL": torch.bool, "U8": torch.uint8, "I8": torch.int8, "I16": torch.int16,
