@@ -1,0 +1,332 @@
+"""Which EAGLE-3 target families hsdump captures right: a real extraction per family, checked
+against transformers.
+
+For each family of `tests/families.py` (or those named): build (or reuse) its tiny random
+checkpoint, run hsdump's real path in a subprocess,
+
+    python extract.py model.path=CKPT capture.layers=[1,L//2,L-1] dataset.max_samples=4 \
+        output.dir=TMP engine=cpu|gpu capture.allow_unverified=true ...
+
+with a time limit, read the stored rows back with `hsdump.reader.HsdumpDataset`, and compare
+every stored tensor of layer k (hf_hidden_states_index) with transformers' float32
+`output_hidden_states=True` `hidden_states[k]` of the same input_ids (the checkpoint's own
+transformers class: a vision-language wrapper is run text-only). Tolerance as in
+tests/test_engine.py: err <= 3 * bf16_err + 0.002 per sample and layer, where bf16_err is
+transformers' own bf16-vs-float32 error on the same input. Errors against hidden_states[k-1]
+and [k+1] are reported too, and for a failing layer the index the rows match best.
+
+    .venv/bin/python bench/families_probe.py                      # all, CPU engine
+    .venv/bin/python bench/families_probe.py llama gemma3 --timeout 300
+    python3 bench/families_probe.py --device gpu --out results-gpu.json   # on a GPU machine
+
+Status per family: ok; wrong-layer (the rows equal another index: the capture is shifted);
+wrong (the rows match no index within tolerance); failed: <first error line> (the run did
+not produce a dataset: the error is the root one found in the run's log, which is kept in the
+work dir and its tail in the JSON).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+for p in (ROOT, ROOT / "tests"):
+    if str(p) not in sys.path:
+        sys.path.insert(0, str(p))
+
+import torch  # noqa: E402
+
+from families import FAMILIES, build  # noqa: E402
+
+TOL_FACTOR, TOL_EPS = 3.0, 0.002
+MATCH_FACTOR = 5.0  # a failing layer "matches" index j when err_j <= 5 * bf16_err + 0.01
+
+
+def rel_err(a: torch.Tensor, ref: torch.Tensor) -> float:
+    a, ref = a.float(), ref.float()
+    return float((a - ref).norm() / ref.norm())
+
+
+def layers_for(num_layers: int):
+    return [1, num_layers // 2, num_layers - 1]
+
+
+# --------------------------------------------------------------------------- extraction
+_ERR = re.compile(r"^\s*(?:[\w.]+\.)?([A-Z]\w*(?:Error|Exception|Exit|Interrupt)|AssertionError"
+                  r"|KeyError|NotImplementedError)\b:?(.*)$")
+_GENERIC = ("EngineDied", "CaptureError", "ChildFailed", "SystemExit", "KeyboardInterrupt")
+
+
+def root_error(log: str) -> str:
+    """The most telling error line of a failed run: the first exception line of the first
+    traceback that is not one of hsdump's wrappers (an SGLang child's own traceback is printed
+    before the parent notices the death), else the last error-looking line."""
+    lines = log.splitlines()
+    errs = []
+    for ln in lines:
+        if _ERR.match(ln.strip()) and not ln.strip().startswith("File "):
+            errs.append(ln.strip())
+    specific = [e for e in errs if not any(g in e for g in _GENERIC)]
+    if specific:
+        return specific[0][:400]
+    if errs:
+        return errs[-1][:400]
+    tail = [ln for ln in lines if ln.strip()]
+    return (tail[-1] if tail else "no output")[:400]
+
+
+def run_extract(ckpt: Path, fam_name: str, layers, out_dir: Path, device: str, samples: int,
+                timeout: float, log_path: Path) -> dict:
+    cmd = [sys.executable, str(ROOT / "extract.py"), f"model.path={ckpt}",
+           f"model.tokenizer={ckpt}", f"model.name=probe-{fam_name}",
+           "model.chat_template=deepseek_v3.jinja", "model.default_layers=null",
+           f"capture.layers=[{','.join(map(str, layers))}]", "capture.allow_unverified=true",
+           f"dataset.max_samples={samples}", f"output.dir={out_dir}", "output.overwrite=true",
+           f"engine={device}", "engine.log_level=info", "progress=false"]
+    t0 = time.time()
+    env = dict(os.environ, PYTHONFAULTHANDLER="1", PYTHONUNBUFFERED="1")
+    with open(log_path, "w") as logf:
+        logf.write(" ".join(cmd) + "\n\n")
+        logf.flush()
+        proc = subprocess.Popen(cmd, cwd=ROOT, stdout=logf, stderr=subprocess.STDOUT, env=env,
+                                start_new_session=True)
+        try:
+            rc = proc.wait(timeout=timeout)
+            timed_out = False
+        except subprocess.TimeoutExpired:
+            timed_out = True
+            _kill_group(proc)
+            rc = None
+    log = log_path.read_text(errors="replace")
+    return {"cmd": cmd, "rc": rc, "timed_out": timed_out, "seconds": round(time.time() - t0, 1),
+            "log": log}
+
+
+def _kill_group(proc: subprocess.Popen) -> None:
+    """The run and every SGLang process it started (its own session), by process group id."""
+    import signal
+
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            proc.wait(timeout=15)
+            return
+        except subprocess.TimeoutExpired:
+            continue
+
+
+# --------------------------------------------------------------------------- reference
+@torch.no_grad()
+def hf_hidden_states(ckpt: Path, cls: str, prompts, dtype, device: str):
+    """All of transformers' hidden_states (float32, CPU) per prompt, from the checkpoint's own
+    class; a vision-language wrapper gets input_ids only (its text path)."""
+    import transformers
+
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    model = getattr(transformers, cls).from_pretrained(str(ckpt), dtype=dtype).to(device).eval()
+    out = []
+    for ids in prompts:
+        res = model(input_ids=torch.tensor([ids], device=device), output_hidden_states=True,
+                    use_cache=False)
+        out.append([h[0].float().cpu() for h in res.hidden_states])
+    del model
+    if device == "cuda":
+        torch.cuda.empty_cache()
+    return out
+
+
+def compare(records, layers, ref32, ref16) -> dict:
+    per = {str(k): {"err": [], "bf16": [], "prev": [], "next": [], "best": []} for k in layers}
+    problems = []
+    for sid, rec in records.items():
+        r32, r16 = ref32[sid], ref16[sid]
+        for j, k in enumerate(layers):
+            h = rec["hidden_states"][j]
+            d = per[str(k)]
+            if tuple(h.shape) != tuple(r32[k].shape):
+                problems.append(f"sample {sid} layer {k}: shape {tuple(h.shape)} != "
+                                f"{tuple(r32[k].shape)}")
+                continue
+            d["err"].append(rel_err(h, r32[k]))
+            d["bf16"].append(rel_err(r16[k], r32[k]))
+            d["prev"].append(rel_err(h, r32[k - 1]))
+            d["next"].append(rel_err(h, r32[k + 1]) if k + 1 < len(r32) else None)
+            errs = [rel_err(h, r) for r in r32]
+            best = min(range(len(errs)), key=errs.__getitem__)
+            d["best"].append([best, errs[best]])
+            if not torch.isfinite(h.float()).all():
+                problems.append(f"sample {sid} layer {k}: non-finite values")
+    status, detail = "ok", []
+    for k in layers:
+        d = per[str(k)]
+        for e, s, (b, be) in zip(d["err"], d["bf16"], d["best"]):
+            if e > TOL_FACTOR * s + TOL_EPS:
+                if b != k and be <= MATCH_FACTOR * s + 0.01:
+                    status = "wrong-layer"
+                    detail.append(f"layer {k} rows match hf[{b}] ({be:.4f}), not hf[{k}] "
+                                  f"({e:.4f})")
+                else:
+                    status = "wrong-layer" if status == "wrong-layer" else "wrong"
+                    detail.append(f"layer {k}: err {e:.4f} > {TOL_FACTOR} x bf16 {s:.4f} + "
+                                  f"{TOL_EPS}; best index hf[{b}] {be:.4f}")
+                break
+    if problems:
+        status = "wrong"
+    summary = {}
+    for k in layers:
+        d = per[str(k)]
+        if d["err"]:
+            nxt = [x for x in d["next"] if x is not None]
+            summary[str(k)] = {"worst": max(d["err"]), "bf16_worst": max(d["bf16"]),
+                               "prev_min": min(d["prev"]),
+                               "next_min": min(nxt) if nxt else None,
+                               "best_index": sorted({b for b, _ in d["best"]})}
+    return {"status": status, "detail": sorted(set(detail))[:6], "problems": problems[:6],
+            "per_layer": summary, "raw": per}
+
+
+# --------------------------------------------------------------------------- one family
+def probe(name: str, args, workdir: Path) -> dict:
+    from hsdump.layers import read_model_info
+
+    fam = FAMILIES[name]
+    res = {"family": name, "class": fam.cls, "device": args.device}
+    t0 = time.time()
+    try:
+        ckpt = build(name)
+    except Exception as e:  # noqa: BLE001
+        res.update(status=f"failed: build: {type(e).__name__}: {e}"[:300],
+                   traceback=traceback.format_exc()[-3000:])
+        return res
+    info = read_model_info(str(ckpt))
+    layers = layers_for(info.num_hidden_layers)
+    res.update(checkpoint=str(ckpt), num_layers=info.num_hidden_layers,
+               hidden_size=info.hidden_size, layers=layers)
+    out_dir = workdir / f"ds-{name}"
+    shutil.rmtree(out_dir, ignore_errors=True)
+    log_path = workdir / f"{name}.log"
+    run = run_extract(ckpt, name, layers, out_dir, args.device, args.samples, args.timeout,
+                      log_path)
+    res.update(extract_s=run["seconds"], rc=run["rc"], timed_out=run["timed_out"],
+               log=str(log_path), log_tail=run["log"].splitlines()[-40:])
+    if run["rc"] != 0:
+        why = (f"timeout after {args.timeout:.0f} s" if run["timed_out"]
+               else root_error(run["log"]))
+        res["status"] = f"failed: {why}"
+        return res
+    try:
+        from hsdump.reader import HsdumpDataset
+
+        ds = HsdumpDataset(str(out_dir))
+        assert list(ds.layers) == layers, (ds.layers, layers)
+        records = {sid: ds.get(sid) for sid in ds.ids}
+        ds.close()
+        if not records:
+            res["status"] = "failed: the dataset holds no samples"
+            return res
+        sids = sorted(records)
+        prompts = [records[s]["input_ids"].tolist() for s in sids]
+        dev = "cuda" if args.device == "gpu" and torch.cuda.is_available() else "cpu"
+        r32 = hf_hidden_states(ckpt, fam.cls, prompts, torch.float32, dev)
+        r16 = hf_hidden_states(ckpt, fam.cls, prompts, torch.bfloat16, dev)
+        ref32 = dict(zip(sids, r32))
+        ref16 = dict(zip(sids, r16))
+        cmp = compare(records, layers, ref32, ref16)
+    except Exception as e:  # noqa: BLE001
+        res.update(status=f"failed: compare: {type(e).__name__}: {e}"[:300],
+                   traceback=traceback.format_exc()[-3000:])
+        return res
+    res.update(status=cmp["status"], detail=cmp["detail"], problems=cmp["problems"],
+               per_layer=cmp["per_layer"], samples=len(records),
+               sample_lens=[len(p) for p in prompts],
+               worst=max(v["worst"] for v in cmp["per_layer"].values()),
+               bf16_worst=max(v["bf16_worst"] for v in cmp["per_layer"].values()),
+               neighbour_min=min(min(v["prev_min"], v["next_min"] or 9e9)
+                                 for v in cmp["per_layer"].values()),
+               total_s=round(time.time() - t0, 1))
+    res.pop("log_tail")
+    return res
+
+
+def line(r: dict) -> str:
+    st = r.get("status", "?")
+    w = r.get("worst")
+    b = r.get("bf16_worst")
+    nb = r.get("neighbour_min")
+    nums = (f"worst {w:.4f}  bf16 {b:.4f}  neighbours >= {nb:.3f}" if w is not None
+            else "")
+    return f"{r['family']:<15} {r['class']:<36} {st[:110]:<40} {nums}"
+
+
+def environment() -> dict:
+    from importlib import metadata
+
+    env = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+           "host": platform.node(), "python": platform.python_version()}
+    for pkg in ("sglang", "sglang-kernel", "torch", "transformers"):
+        try:
+            env[pkg] = metadata.version(pkg)
+        except metadata.PackageNotFoundError:
+            env[pkg] = None
+    if torch.cuda.is_available():
+        env["gpu"] = torch.cuda.get_device_name(0)
+    return env
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("families", nargs="*", help=f"default: all of {', '.join(FAMILIES)}")
+    ap.add_argument("--device", choices=("cpu", "gpu"), default="cpu",
+                    help="engine=cpu (SGLang's CPU engine) or engine=gpu")
+    ap.add_argument("--out", default=None,
+                    help="results JSON (default: bench/results/families-<device>.json)")
+    ap.add_argument("--timeout", type=float, default=240, help="seconds per family's run")
+    ap.add_argument("--samples", type=int, default=4, help="dataset.max_samples")
+    ap.add_argument("--workdir", default=None, help="datasets and logs (default: a temp dir)")
+    ap.add_argument("--merge", action="store_true",
+                    help="keep the other families' results already in --out")
+    args = ap.parse_args(argv)
+    names = args.families or list(FAMILIES)
+    bad = [n for n in names if n not in FAMILIES]
+    if bad:
+        ap.error(f"unknown families {bad}; known: {', '.join(FAMILIES)}")
+    out = Path(args.out or ROOT / "bench" / "results" / f"families-{args.device}.json")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    workdir = Path(args.workdir or tempfile.mkdtemp(prefix="hsdump-families-"))
+    workdir.mkdir(parents=True, exist_ok=True)
+    report = {"env": environment(), "device": args.device, "timeout_s": args.timeout,
+              "samples": args.samples, "workdir": str(workdir),
+              "tolerance": f"err <= {TOL_FACTOR} * bf16_err + {TOL_EPS} per sample and layer",
+              "results": {}}
+    if args.merge and out.exists():
+        report["results"] = json.loads(out.read_text()).get("results", {})
+    print(f"work dir {workdir}; results -> {out}", flush=True)
+    for name in names:
+        r = probe(name, args, workdir)
+        report["results"][name] = r
+        print(line(r), flush=True)
+        out.write_text(json.dumps(report, indent=1, default=str) + "\n")
+    print("\nfamily          class                                status")
+    for r in report["results"].values():
+        print(line(r))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
