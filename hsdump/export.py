@@ -47,10 +47,11 @@ from collections import Counter
 from pathlib import Path
 from typing import Callable, Dict, List, Optional
 
-import torch
-
 from . import __version__
-from .reader import HsdumpDataset, LAST_LAYER, resolve_final_state, verifier_state
+from .commits import read_manifest
+from .files import read_json_object
+
+LAST_LAYER = "last-layer"  # hsdump.reader.LAST_LAYER (torch is imported only to export)
 
 FORMATS = ("speculators", "speculators-v1", "specforge", "messages")
 STATE = "hsdump_export.json"
@@ -92,6 +93,8 @@ def _commit(path: Path, write: Callable[[Path], None]) -> int:
 
 
 def _torch_save(obj) -> Callable[[Path], None]:
+    import torch
+
     return lambda tmp: torch.save(obj, tmp)
 
 
@@ -102,6 +105,10 @@ def _json(obj) -> Callable[[Path], None]:
 # ---------------------------------------------------------------------- per-format records
 def sample_writer(fmt: str, rec: dict, final: Optional[str]) -> Callable[[Path], None]:
     """A function writing sample `rec` in format `fmt` to a path."""
+    import torch
+
+    from .reader import verifier_state
+
     hs: List[torch.Tensor] = list(rec["hidden_states"])
     v = verifier_state(rec, final)
     if fmt == "speculators":
@@ -128,7 +135,13 @@ class ExportError(ValueError):
 def _prepare_dest(dest: Path, state: dict, overwrite: bool) -> None:
     spath = dest / STATE
     if spath.exists():
-        old = json.loads(spath.read_text())
+        try:
+            old = read_json_object(spath)
+        except ValueError as e:
+            if not overwrite:
+                raise ExportError(f"{e}: {dest} holds an export whose state cannot be read; "
+                                  "use --overwrite to start over, or another DEST") from None
+            old = {}
         keys = ("to", "final_state", "layers", "ids")
         diff = [k for k in keys if old.get(k) != state.get(k)]
         if diff and not overwrite:
@@ -160,14 +173,22 @@ def export(src: str, dest: str, fmt: str, *, final_state: str = "auto",
     """Export dataset `src` to `dest` in format `fmt`; returns counts (written, skipped, bytes)."""
     if fmt not in FORMATS:
         raise ExportError(f"unknown format {fmt!r}; use one of {', '.join(FORMATS)}")
+    read_manifest(Path(src))  # a folder that is no dataset is refused before torch loads
+    from .reader import HsdumpDataset, resolve_final_state
+
     ds = HsdumpDataset(src, min_len=min_len, max_len=max_len, mmap=False)
+    if ds.problems:
+        raise ExportError(f"{src}: {len(ds.problems)} damaged commit records (e.g. "
+                          f"{': '.join(ds.problems[0])}); an export would silently lack their "
+                          f"samples. Run `hsdump verify {src}` for every problem")
     if not len(ds):
         raise ExportError(f"{src}: no sample to export (length filter {min_len}..{max_len})")
     if fmt == "messages":
         return export_messages(ds, Path(dest), progress)
     final = resolve_final_state(ds, final_state, prefer=PREFER[fmt])
     if final is None:
-        raise ExportError(f"{fmt} needs the verifier's final state; pass a final state")
+        raise ExportError(f"{fmt} needs the verifier's final state: pass --final-state "
+                          f"pre_norm, post_norm or {LAST_LAYER}")
     dest_p = Path(dest)
     state = {"tool": "hsdump export", "hsdump_version": __version__, "to": fmt,
              "source": str(Path(src).resolve()), "final_state": final, "layers": ds.layers,
@@ -215,10 +236,16 @@ def export(src: str, dest: str, fmt: str, *, final_state: str = "auto",
     return counts
 
 
-def export_messages(ds: HsdumpDataset, dest: Path, progress: bool) -> Dict[str, int]:
+def export_messages(ds, dest: Path, progress: bool) -> Dict[str, int]:
     """DEST/conversations.jsonl: each sample's regenerated conversation, in id order (one
-    shard header read per shard; written under a temporary name, then renamed)."""
+    shard header read per shard; written under a temporary name, then renamed). A dataset
+    without any is refused before DEST is made."""
     from tqdm import tqdm
+
+    if not any("conversations" in (ds.header(name).get("__metadata__") or {})
+               for name in ds.commits.names):
+        raise ExportError(f"{ds.path} holds no regenerated conversations (it was extracted "
+                          "with regenerate.turns=none: its source dataset has the messages)")
 
     missing = 0
     n = 0
@@ -242,7 +269,7 @@ def export_messages(ds: HsdumpDataset, dest: Path, progress: bool) -> Dict[str, 
     return {"written": n, "skipped": missing, "bytes": nbytes}
 
 
-def _write_arrow_and_freq(ds: HsdumpDataset, dest: Path) -> None:
+def _write_arrow_and_freq(ds, dest: Path) -> None:
     """The Arrow dataset (row i <-> hs_{i}) and token_freq.pt, from ids and masks only."""
     import datasets
 
@@ -280,7 +307,9 @@ def _write_arrow_and_freq(ds: HsdumpDataset, dest: Path) -> None:
 
 # ---------------------------------------------------------------------- CLI
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m hsdump export",
+    from .cli import prog
+
+    p = argparse.ArgumentParser(prog=prog("export"),
                                 description="Write an hsdump dataset in a peer trainer's layout "
                                             "(streaming, resumable).")
     p.add_argument("out", help="the hsdump dataset (output.dir of an extraction)")
@@ -300,8 +329,8 @@ def main(argv=None) -> int:
     try:
         c = export(a.out, a.dest, a.to, final_state=a.final_state, min_len=a.min_len,
                    max_len=a.max_len, overwrite=a.overwrite, progress=not a.no_progress)
-    except (ExportError, ValueError, FileNotFoundError) as e:
-        print(f"export: {e}", file=sys.stderr)
+    except (ValueError, OSError, KeyError) as e:  # ExportError is a ValueError
+        print(f"{prog('export')}: {e}", file=sys.stderr)
         return 2
     print(f"exported to {a.dest} ({a.to}): {c['written']} samples written "
           f"({c['bytes'] / 2**20:,.1f} MiB), {c['skipped']} already there")

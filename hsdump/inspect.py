@@ -19,11 +19,25 @@ from collections import Counter
 from pathlib import Path
 from typing import List, Sequence, Tuple
 
-from .reader import HsdumpDataset
+from .commits import read_manifest
+from .files import size_text as _size
+
+
+def _obj(x) -> dict:
+    return x if isinstance(x, dict) else {}
+
+
+def _counts(x) -> dict:
+    """A {reason: count} object from the manifest, keeping only integer counts."""
+    return {str(k): v for k, v in _obj(x).items() if type(v) is int}
 
 
 def gather(path: str, progress: bool = False) -> Tuple[dict, List[int], List[float]]:
-    """(facts, per-sample lengths, per-sample loss-masked fractions)."""
+    """(facts, per-sample lengths, per-sample loss-masked fractions). `facts["problems"]`
+    counts the damaged commit records left out (what `hsdump verify` lists)."""
+    read_manifest(Path(path))  # a folder that is no dataset is refused before torch loads
+    from .reader import HsdumpDataset
+
     ds = HsdumpDataset(path)
     m = ds.manifest
     lengths = ds.lengths
@@ -33,8 +47,8 @@ def gather(path: str, progress: bool = False) -> Tuple[dict, List[int], List[flo
     masked: List[int] = ds.masked_counts()
     fracs = [k / n if n else 0.0 for k, n in zip(masked, lengths)]
     shard_bytes = sum(int(b or 0) for b in ds.commits.nbytes)
-    model = m.get("model") or {}
-    data = m.get("dataset") or {}
+    model = _obj(m.get("model"))
+    data = _obj(m.get("dataset"))
     refused = Counter(str(r) for r in ds.skipped.values())
     tokens = sum(lengths)
     facts = {
@@ -57,19 +71,13 @@ def gather(path: str, progress: bool = False) -> Tuple[dict, List[int], List[flo
         "bytes_per_token": shard_bytes / tokens if tokens else 0,
         "source": {k: data.get(k) for k in ("path", "name", "split", "rows") if k in data},
         "max_seq_len": m.get("max_seq_len"), "truncation": m.get("truncation"),
-        "skipped_rows": dict(data.get("skipped_rows") or {}),
+        "skipped_rows": _counts(data.get("skipped_rows")),
         "skipped_samples": dict(refused),
         "no_loss_samples": sum(1 for k in masked if k == 0),
+        "problems": len(ds.problems),
+        "first_problem": ": ".join(ds.problems[0]) if ds.problems else None,
     }
     return facts, lengths, fracs
-
-
-def _size(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(n) < 1024 or unit == "TiB":
-            return f"{n:,.1f} {unit}" if unit != "B" else f"{int(n):,} B"
-        n /= 1024
-    return str(n)
 
 
 def _q(v) -> str:
@@ -214,7 +222,9 @@ def draw_png(path: str, facts: dict, lengths: List[int], fracs: List[float]) -> 
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m hsdump inspect",
+    from .cli import prog
+
+    p = argparse.ArgumentParser(prog=prog("inspect"),
                                 description="Print an hsdump dataset's facts; optionally plot "
                                             "its length and loss-mask histograms.")
     p.add_argument("out", help="the dataset folder (output.dir)")
@@ -223,11 +233,16 @@ def main(argv=None) -> int:
     a = p.parse_args(argv)
     try:
         facts, lengths, fracs = gather(a.out, progress=True)
-    except (FileNotFoundError, ValueError) as e:
-        print(f"inspect: {e}", file=sys.stderr)
+    except (OSError, ValueError, KeyError) as e:
+        print(f"{prog('inspect')}: {e}", file=sys.stderr)
         return 2
     print(json.dumps(facts, indent=1) if a.json else format_facts(facts))
     if a.png:
         draw_png(a.png, facts, lengths, fracs)
         print(f"wrote {a.png}")
+    if facts["problems"]:  # the figures above leave out what could not be read
+        print(f"{prog('inspect')}: {a.out}: {facts['problems']} damaged commit records were "
+              f"left out of these figures (e.g. {facts['first_problem']}); run "
+              f"`{prog('verify')} {a.out}` for every problem", file=sys.stderr)
+        return 1
     return 0
