@@ -21,9 +21,11 @@ from typing import Any, Dict, Iterable, Optional, Tuple
 
 import numpy as np
 
-from .files import atomic_write
+from .files import atomic_write, read_json_object
 
 TOKEN_FREQ = "token_freq.json"
+TOKEN_FREQ_LIMIT = 1 << 28
+"""token_freq.json holds one count per distinct token: far below 256 MiB."""
 FORMAT = "hsdump/token_freq"
 VERSION = 1
 
@@ -117,21 +119,25 @@ def count_if_complete(out_dir: str, ids: Iterable[int],
 def stale_committed_count(out_dir: str) -> bool:
     """True for a regenerated dataset (manifest `regenerate` set) whose token_freq.json is
     missing or counts fewer samples than the dataset holds: `hsdump vocab` recounts it."""
-    from .commits import load
+    from .commits import load, read_manifest
 
-    man = Path(out_dir) / "manifest.json"
     try:
-        regenerated = bool(json.loads(man.read_text()).get("regenerate"))
-    except (OSError, ValueError, AttributeError):
+        if not read_manifest(Path(out_dir)).get("regenerate"):
+            return False
+    except FileNotFoundError:  # a folder holding only token_freq.json
         return False
-    if not regenerated:
-        return False
-    path = Path(out_dir) / TOKEN_FREQ
     try:
-        doc = json.loads(path.read_text())
+        doc = _read(out_dir)
     except (OSError, ValueError):
         return True
-    return doc.get("counted") != COMMITTED or doc.get("samples", 0) < len(load(Path(out_dir)))
+    samples = doc.get("samples")
+    return doc.get("counted") != COMMITTED or type(samples) is not int or \
+        samples < len(load(Path(out_dir)))
+
+
+def _read(out_dir: str) -> dict:
+    """token_freq.json as an object (a regular file inside the dataset folder)."""
+    return read_json_object(Path(out_dir) / TOKEN_FREQ, out_dir, TOKEN_FREQ_LIMIT)
 
 
 def write_committed_token_freq(out_dir: str, target_vocab_size: Optional[int] = None) -> Path:
@@ -147,10 +153,11 @@ def write_committed_token_freq(out_dir: str, target_vocab_size: Optional[int] = 
     with dataset_lock(Path(out_dir)):  # jobs ending together: the larger count wins
         if path.exists():
             try:
-                old = json.loads(path.read_text())
-            except ValueError:
+                old = _read(out_dir)
+            except (OSError, ValueError):
                 old = {}
-            if old.get("counted") == COMMITTED and old.get("samples", 0) > samples:
+            if old.get("counted") == COMMITTED and type(old.get("samples")) is int and \
+                    old["samples"] > samples:
                 return path
         return _write(counts, samples, out_dir, target_vocab_size, COMMITTED)
 
@@ -204,8 +211,13 @@ def read_token_freq(out_dir: str) -> Tuple[Dict[int, int], Dict[str, Any]]:
     if not path.exists():
         raise FileNotFoundError(f"{path}: no token frequencies; they are written by the "
                                 "extraction run (hsdump.stats.write_token_freq)")
-    doc = json.loads(path.read_text())
-    if doc.get("format") != FORMAT:
-        raise ValueError(f"{path}: not an hsdump token_freq file")
-    counts = {int(k): int(v) for k, v in doc.pop("counts").items()}
-    return counts, doc
+    doc = _read(out_dir)
+    counts = doc.pop("counts", None)
+    if doc.get("format") != FORMAT or not isinstance(counts, dict) or \
+            not all(type(v) is int and v >= 0 for v in counts.values()):
+        raise ValueError(f"{path}: not an hsdump token_freq file (a format and counts of token "
+                         "ids)")
+    try:
+        return {int(k): v for k, v in counts.items()}, doc
+    except ValueError:
+        raise ValueError(f"{path}: its counts name token ids that are not integers") from None

@@ -14,7 +14,6 @@ tokens seen, since the rest would be tokens the drafter never trained on.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 from typing import Dict, Optional, Tuple
@@ -23,9 +22,11 @@ import numpy as np
 
 from .stats import (committed_frequencies, read_token_freq, stale_committed_count,
                     write_committed_token_freq)
-from .files import atomic_write
+from .files import atomic_write, read_json_object
 
 MAPPING = "vocab_mapping.safetensors"
+VOCAB_LIMIT = 1 << 26
+"""Largest target vocabulary accepted (t2d is one byte per token): far above any model's."""
 
 
 def build_mapping(counts: Dict[int, int], draft_vocab_size: int, target_vocab_size: int
@@ -38,8 +39,13 @@ def build_mapping(counts: Dict[int, int], draft_vocab_size: int, target_vocab_si
     if n > len(seen):
         raise ValueError(f"--draft-vocab-size={n} exceeds the {len(seen)} distinct tokens seen in "
                          f"the loss; use N <= {len(seen)}, or tokenize more data")
+    if not 0 < v <= VOCAB_LIMIT:
+        raise ValueError(f"a target vocabulary of {v} tokens is not a model's; pass the model's "
+                         "config.vocab_size as --target-vocab-size")
     if n > v:
         raise ValueError(f"--draft-vocab-size={n} exceeds the target vocabulary ({v})")
+    if seen and min(seen) < 0:
+        raise ValueError(f"token id {min(seen)} is negative: token_freq.json is damaged")
     if seen and max(seen) >= v:
         raise ValueError(f"token id {max(seen)} is outside a target vocabulary of {v}; "
                          "pass the model's config.vocab_size as --target-vocab-size")
@@ -55,7 +61,10 @@ def _target_vocab_size(out: Path, meta: dict, given: Optional[int]) -> int:
     if given is not None:
         return given
     if meta.get("target_vocab_size"):
-        return int(meta["target_vocab_size"])
+        if type(meta["target_vocab_size"]) is not int:
+            raise ValueError(f"token_freq.json's target_vocab_size "
+                             f"({str(meta['target_vocab_size'])[:40]}) is not an int")
+        return meta["target_vocab_size"]
     v = _manifest_vocab_size(out)
     if v is None:
         raise ValueError("cannot tell the target vocabulary size: pass --target-vocab-size V "
@@ -65,19 +74,22 @@ def _target_vocab_size(out: Path, meta: dict, given: Optional[int]) -> int:
 
 def _manifest_vocab_size(out: Path) -> Optional[int]:
     """The model's vocab size as the dataset's manifest gives it or its config.json says."""
-    man = out / "manifest.json"
-    if man.exists():
-        m = json.loads(man.read_text()).get("model", {})
-        for key in ("vocab_size",):
-            if m.get(key):
-                return int(m[key])
-        for p in (m.get("resolved_path"), m.get("path")):
-            cfg = Path(p or "") / "config.json"
-            if p and cfg.exists():
-                c = json.loads(cfg.read_text())
-                c = c.get("text_config", c)
-                if c.get("vocab_size"):
-                    return int(c["vocab_size"])
+    from .commits import read_manifest
+
+    try:
+        m = read_manifest(out).get("model")
+    except FileNotFoundError:
+        return None
+    m = m if isinstance(m, dict) else {}
+    if type(m.get("vocab_size")) is int:
+        return m["vocab_size"]
+    for p in (m.get("resolved_path"), m.get("path")):
+        cfg = Path(p) / "config.json" if isinstance(p, str) and p else None
+        if cfg is not None and cfg.exists():  # the model's own folder, outside the dataset
+            c = read_json_object(cfg, limit=64 << 20)
+            c = c.get("text_config") if isinstance(c.get("text_config"), dict) else c
+            if type(c.get("vocab_size")) is int:
+                return c["vocab_size"]
     return None
 
 
@@ -109,7 +121,9 @@ def _frequencies(out: Path) -> Tuple[Dict[int, int], dict]:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m hsdump vocab", description=__doc__.split("\n")[0])
+    from .cli import prog
+
+    ap = argparse.ArgumentParser(prog=prog("vocab"), description=__doc__.split("\n")[0])
     ap.add_argument("out", help="dataset directory holding token_freq.json")
     ap.add_argument("--draft-vocab-size", "-n", type=int, required=True,
                     help="number of tokens in the draft vocabulary")
@@ -121,15 +135,19 @@ def main(argv=None) -> int:
         counts, meta = _frequencies(out)
         v = _target_vocab_size(out, meta, args.target_vocab_size)
         d2t, t2d = build_mapping(counts, args.draft_vocab_size, v)
-    except (ValueError, FileNotFoundError) as e:
-        print(f"hsdump vocab: {e}", file=sys.stderr)
+    except (ValueError, OSError) as e:
+        print(f"{prog('vocab')}: {e}", file=sys.stderr)
         return 2
     total = sum(counts.values())
     covered = sum(counts.get(int(t), 0) for t in np.nonzero(t2d)[0])
-    path = write_mapping(str(out), d2t, t2d, {
-        "format": "hsdump/vocab_mapping", "draft_vocab_size": str(len(d2t)),
-        "target_vocab_size": str(v), "loss_tokens": str(total), "covered_tokens": str(covered),
-        "convention": "target_id = draft_id + d2t[draft_id]"})
+    try:
+        path = write_mapping(str(out), d2t, t2d, {
+            "format": "hsdump/vocab_mapping", "draft_vocab_size": str(len(d2t)),
+            "target_vocab_size": str(v), "loss_tokens": str(total),
+            "covered_tokens": str(covered), "convention": "target_id = draft_id + d2t[draft_id]"})
+    except OSError as e:
+        print(f"{prog('vocab')}: cannot write {out / MAPPING}: {e}", file=sys.stderr)
+        return 2
     print(f"wrote {path}: draft vocab {len(d2t)} of {len(counts)} distinct tokens seen "
           f"(target vocab {v}); covers {covered / max(total, 1):.2%} of {total} loss tokens")
     return 0
