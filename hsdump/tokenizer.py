@@ -3,6 +3,11 @@
 Its source (model.tokenizer, else the model folder) is checked first (hsdump.locate), so a
 folder without tokenizer files, a missing path or an unreachable hub id is one error that
 names `model.tokenizer`, before any row is tokenized or the engine starts.
+
+A tokenizer shipped as Kimi's is (`tiktoken.model` and `tokenizer_config.json`, no
+`tokenizer.json`, and Python code that only trust_remote_code runs) is built from those two
+files as a fast tokenizer when `model.trust_remote_code` is false (hsdump.tiktoken_tokenizer);
+with it true, the checkpoint's own code loads it.
 """
 
 from __future__ import annotations
@@ -13,6 +18,7 @@ import json
 from .chat import template_path
 from .config import ModelConfig
 from .locate import check_tokenizer_source
+from .tiktoken_tokenizer import hub_tiktoken_files, load_tiktoken_tokenizer, local_tiktoken_files
 
 
 def load_tokenizer(model: ModelConfig, model_path: str):
@@ -20,12 +26,18 @@ def load_tokenizer(model: ModelConfig, model_path: str):
     from transformers import AutoTokenizer
 
     template = template_path(model.chat_template).read_text() if model.chat_template else None
-    check_tokenizer_source(model, model_path)
     source = model.tokenizer or model_path
+    key = "model.tokenizer" if model.tokenizer else "model.path"
+    # Kimi's layout (tiktoken.model, no tokenizer.json) without its code: built here
+    files = None if model.trust_remote_code else local_tiktoken_files(source, key)
+    if files is None:
+        check_tokenizer_source(model, model_path)
+        files = None if model.trust_remote_code else hub_tiktoken_files(source, key)
+    if files is not None:
+        return load_tiktoken_tokenizer(files, template, source, key)
     try:
         tok = AutoTokenizer.from_pretrained(source, trust_remote_code=model.trust_remote_code)
     except (OSError, ValueError, ImportError, KeyError) as e:
-        key = "model.tokenizer" if model.tokenizer else "model.path"
         raise ValueError(f"the tokenizer of {key}={source!r} could not be loaded "
                          f"({type(e).__name__}: {e}); set model.tokenizer to a folder or hub id "
                          "whose tokenizer transformers can load (a tokenizer.json is the surest)"
