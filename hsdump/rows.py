@@ -354,15 +354,17 @@ class Receiver(threading.Thread):
         if missing:
             raise ValueError(f"the run keys lack {', '.join(missing)} (rows.new_run_keys())")
         allowed = {keys["client_public"].encode()}
-        rx = self
+        rx, seen = self, set()
 
         class _Allowed:
             def callback(self, domain, key):
                 if key in allowed:
                     return True
                 rx.refused += 1
-                log.warning("refused a row sender with an unknown CURVE key (not this run's "
-                            "keys): it delivers nothing")
+                if key not in seen:  # once per key: a refused client may keep retrying
+                    seen.add(key)
+                    log.warning("refused a row sender with an unknown CURVE key %s... (not "
+                                "this run's keys): it delivers nothing", key[:8].decode())
                 return False
 
         # a context of its own: a ZAP handler serves one context, and this one only this socket
