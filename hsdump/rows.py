@@ -26,10 +26,8 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import socket
 import threading
-import time
 import uuid
 import warnings
 from collections import OrderedDict
@@ -182,7 +180,7 @@ class Sender:
         self.sock = zmq.Context.instance().socket(zmq.PUSH)
         self.sock.setsockopt(zmq.LINGER, 10_000)
         self._mon = None
-        self._seen: List[int] = []  # connection events seen, for the DeliveryError message
+        self._seen: set = set()  # connection events seen, for the DeliveryError message
         self._seq = 0
         self._sid: Optional[str] = None
         self._host: Optional[str] = None
@@ -201,7 +199,10 @@ class Sender:
             self.sock.setsockopt(zmq.TCP_KEEPALIVE, 1)
             if "[" in endpoint:
                 self.sock.setsockopt(zmq.IPV6, 1)
-            self._mon = self.sock.get_monitor_socket()
+            self._mon = self.sock.get_monitor_socket(
+                zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED | zmq.EVENT_HANDSHAKE_SUCCEEDED |
+                zmq.EVENT_HANDSHAKE_FAILED_AUTH | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL |
+                zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL)
         if send_timeout is not None:
             self.sock.setsockopt(zmq.SNDTIMEO, max(1, int(send_timeout * 1000)))
         if hwm is not None:
@@ -229,12 +230,12 @@ class Sender:
 
             while True:
                 try:
-                    self._seen.append(recv_monitor_message(self._mon, zmq.NOBLOCK)["event"])
+                    self._seen.add(recv_monitor_message(self._mon, zmq.NOBLOCK)["event"])
                 except zmq.Again:
                     break
                 except zmq.ZMQError:
                     break
-        seen = set(self._seen)
+        seen = self._seen
         if zmq.EVENT_HANDSHAKE_FAILED_AUTH in seen:
             return ("the receiver refused this sender's CURVE key: the keys are not this run's "
                     "(a stale key file, or another run's spec)")
@@ -242,7 +243,8 @@ class Sender:
             return ("the CURVE handshake failed: wrong server key (another run's?), or the "
                     "endpoint is not this run's hsdump receiver")
         if zmq.EVENT_HANDSHAKE_SUCCEEDED in seen and zmq.EVENT_DISCONNECTED in seen:
-            return "the receiver went away (its process ended, or the link between the nodes broke)"
+            return ("the receiver went away (its process ended, or the link between the nodes "
+                    "broke)")
         if zmq.EVENT_HANDSHAKE_SUCCEEDED in seen:
             return "the receiver is connected but took no rows (stalled or frozen)"
         if self._mon is not None:
