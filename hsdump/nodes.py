@@ -328,11 +328,14 @@ def _load_keys(path: Path) -> dict:
 
 
 def read_run_keys(path, timeout: float, run: Optional[str] = None,
-                  poll: float = 0.2) -> Dict[str, str]:
+                  not_before: Optional[float] = None, poll: float = 0.2) -> Dict[str, str]:
     """Nodes 1..: wait up to `timeout` s for node 0's key file and return the senders' spec
-    (`rows.Sender.from_spec`). A file of another launch (its `run` differs from `run`) is
-    waited past, as if absent. PermissionError for a file that is not this user's or that
-    group/others may read; TimeoutError naming what was found if none came."""
+    (`rows.Sender.from_spec`). A file of another launch is waited past, as if absent: its
+    `run` differs from `run` (`run_id()`), or it was written before `not_before` (a time.time()
+    on node 0's clock: where no launch id exists, this node's start time less the clocks'
+    possible skew). PermissionError for a file that is not this user's or that group/others
+    may read; TimeoutError naming what was found if none came. (A stale file read anyway
+    opens nothing: its keys are refused, and the sender raises DeliveryError.)"""
     path = Path(path)
     deadline = time.monotonic() + timeout
     found = None
@@ -342,11 +345,16 @@ def read_run_keys(path, timeout: float, run: Optional[str] = None,
         except FileNotFoundError:
             data = None
         if data is not None:
-            if run is None or data.get("run") == run:
+            written = data.get("written")
+            fresh = not_before is None or (isinstance(written, (int, float)) and
+                                           written >= not_before)
+            if fresh and (run is None or data.get("run") == run):
                 return {k: data[k] for k in _SPEC_KEYS}
-            found = str(data.get("run"))
+            found = (f"run {data.get('run')}" if fresh else
+                     f"written {time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(written))}"
+                     if isinstance(written, (int, float)) else "written at an unknown time")
         if time.monotonic() >= deadline:
-            what = (f"only the keys of another launch (run {found}) were there" if found else
+            what = (f"only the keys of another launch ({found}) were there" if found else
                     "none was written")
             raise TimeoutError(f"waited {timeout:g} s for node 0's run keys at {path}"
                                f"{' for run ' + run if run else ''}: {what} (is node 0 "

@@ -416,6 +416,10 @@ def test_read_run_keys_waits_past_a_stale_file_for_this_launchs(tmp_path, keys):
     assert read_run_keys(path, timeout=10, run="slurm-2.0-r0", poll=0.05) == spec
     assert 0.2 < time.monotonic() - t0 < 5
     later.join()
+    # no launch id: a file written before this launch started is another launch's
+    with pytest.raises(TimeoutError, match=r"another launch \(written "):
+        read_run_keys(path, timeout=0.2, not_before=time.time() + 60)
+    assert read_run_keys(path, timeout=1, not_before=time.time() - 60) == spec
 
 
 # --------------------------------------------------------------------------- node layout
