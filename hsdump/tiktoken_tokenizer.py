@@ -37,15 +37,16 @@ NUM_RESERVED_SPECIAL_TOKENS = 256
 """Kimi's `TikTokenTokenizer.num_reserved_special_tokens`: the ids after the BPE ranks."""
 
 # Kimi's pre-tokenizer split regex, `TikTokenTokenizer.pat_str` of moonshotai's
-# tokenization_kimi.py (Kimi-K2-Instruct, Kimi-K2.5; read from public copies of that file, e.g.
-# github.com/troy12x/quasar-kimi/blob/main/tokenization_kimi.py, and confirmed against a
-# converted Kimi-K2.5 tokenizer.json's pattern in Baseten's basetenkenizer tests). Runs of Han
+# tokenization_kimi.py (Kimi-K2-Instruct, Kimi-K2.5), copied from public copies of that file:
+# github.com/troy12x/quasar-kimi/blob/main/tokenization_kimi.py (a Kimi-K2 copy) and
+# github.com/PabloRaka/bear/blob/main/tokenization_kimi.py (a later Kimi copy), identical; the
+# same string is the pat_str of Baseten's basetenkenizer tests for Kimi's tokenizers. Runs of Han
 # characters are pieces of their own; the letter classes exclude Han (`&&[^\p{Han}]`, class
 # intersection, read alike by tiktoken's regex engine and by the Oniguruma of `tokenizers`).
 KIMI_PATTERN = "|".join([
     r"""[\p{Han}]+""",
-    r"""[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}&&[^\p{Han}]]*[\p{Ll}\p{Lm}\p{Lo}\p{M}&&[^\p{Han}]]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?""",
-    r"""[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}&&[^\p{Han}]]+[\p{Ll}\p{Lm}\p{Lo}\p{M}&&[^\p{Han}]]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?""",
+    r"""[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}&&[^\p{Han}]]*[\p{Ll}\p{Lm}\p{Lo}\p{M}&&[^\p{Han}]]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?""",  # noqa: E501
+    r"""[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}&&[^\p{Han}]]+[\p{Ll}\p{Lm}\p{Lo}\p{M}&&[^\p{Han}]]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?""",  # noqa: E501
     r"""\p{N}{1,3}""",
     r""" ?[^\s\p{L}\p{N}]+[\r\n]*""",
     r"""\s*[\r\n]+""",
@@ -71,7 +72,9 @@ KIMI_SPECIAL_LAYOUT: Dict[int, Tuple[str, bool]] = {
 }
 """Kimi-K2.5's added tokens as (name, special) by offset from the first id after the ranks
 (163584 in the real one: [BOS] 163584, <|im_end|> 163586, <|im_middle|> 163601, <think>
-163606, [PAD] 163839); the other offsets are `<|reserved_token_ID|>`."""
+163606, [PAD] 163839); the other offsets are `<|reserved_token_ID|>`. Used by
+`write_kimi_style_tokenizer` only (the builder reads the names from the config); the media
+markers' offsets (18-21) are from memory, not checked against the real file."""
 
 
 # ---- the tiktoken file -----------------------------------------------------------------------

@@ -267,3 +267,15 @@ def test_other_tokenizer_class_left_to_transformers(kimi_dir, tmp_path, monkeypa
                         lambda source, **kw: calls.append(source) or object())
     load_tokenizer(ModelConfig(path=str(d)), str(d))
     assert calls == [str(d)]
+
+
+def test_kimi_pattern_splits(kimi_tok):
+    """Kimi's pre-tokenizer: Han runs are pieces of their own (no leading space or letters),
+    digits go by three, contractions stay with their word."""
+    pieces = [p for p, _ in kimi_tok.backend_tokenizer.pre_tokenizer.pre_tokenize_str(
+        "abc中文def 你好 12345 it's")]
+    from transformers.convert_slow_tokenizer import bytes_to_unicode
+
+    decode = {c: b for b, c in bytes_to_unicode().items()}
+    text = [bytes(decode[c] for c in p).decode() for p in pieces]
+    assert text == ["abc", "中文", "def", " ", "你好", " ", "123", "45", " it's"]
