@@ -47,6 +47,10 @@ class Family:
     text_extras: Dict = field(default_factory=dict)  # raw keys merged into text_config
     num_layers: int = 6
     note: str = ""
+    # (old prefix, new prefix) renames of saved weight names, where transformers saves another
+    # layout than the release (gemma-3-4b-it: `vision_tower.vision_model.*`; transformers
+    # 5.19 writes `vision_tower.*`, which loads back the same but SGLang does not map)
+    renames: tuple = ()
 
 
 def _layers(n_sliding_then_full: int, n: int, a: str, b: str):
@@ -436,7 +440,8 @@ FAMILIES: Dict[str, Family] = {
     "deepseek_v32": Family("DeepseekV32ForCausalLM", deepseek_v32, DSV32_EXTRAS),
     "gemma3": Family("Gemma3ForCausalLM", gemma3, GEMMA3_TEXT_EXTRAS, num_layers=8),
     "gemma3_vl": Family("Gemma3ForConditionalGeneration", gemma3_vl, {},
-                        GEMMA3_VL_TEXT_EXTRAS, num_layers=8),
+                        GEMMA3_VL_TEXT_EXTRAS, num_layers=8,
+                        renames=(("vision_tower.", "vision_tower.vision_model."),)),
     "llama4": Family("Llama4ForConditionalGeneration", llama4, {}, LLAMA4_TEXT_EXTRAS,
                      num_layers=8),
     "llama4_text": Family("Llama4ForCausalLM", llama4_text, LLAMA4_TEXT_EXTRAS, num_layers=8),
@@ -455,6 +460,20 @@ def families_dir():
 def _merge(d: dict, extras: dict) -> None:
     for k, v in extras.items():
         d[k] = v
+
+
+def _rename_weights(path: Path, renames) -> None:
+    from safetensors.torch import load_file, save_file
+
+    w = load_file(path)
+    out = {}
+    for k, v in w.items():
+        for old, new in renames:
+            if k.startswith(old) and not k.startswith(new):
+                k = new + k[len(old):]
+                break
+        out[k] = v
+    save_file(out, path, metadata={"format": "pt"})
 
 
 def build(name: str, dest: Optional[Path] = None, seed: int = 0, force: bool = False) -> Path:
@@ -479,6 +498,8 @@ def build(name: str, dest: Optional[Path] = None, seed: int = 0, force: bool = F
         torch.manual_seed(seed)
         model = getattr(transformers, fam.cls)(cfg).to(torch.bfloat16).eval()
         model.save_pretrained(tmp)
+        if fam.renames:
+            _rename_weights(tmp / "model.safetensors", fam.renames)
         cfg_file = tmp / "config.json"
         raw = json.loads(cfg_file.read_text())
         _merge(raw, fam.extras)
