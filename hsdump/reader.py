@@ -76,8 +76,10 @@ def check_manifest(path, m: dict) -> None:
         raise ValueError(f"{path}: manifest.json's storage_dtype is not a string")
 
 
-def _damaged(path, what: str) -> ValueError:
-    return ValueError(f"{path}: {what}; run `hsdump verify {path}` for every problem")
+def _damaged(root, where: str, what: str) -> ValueError:
+    """The error for a damaged file of dataset `root` (`where`: the file, relative to it)."""
+    return ValueError(f"{Path(root) / where}: {what}; run `hsdump verify {root}` for every "
+                      "problem")
 
 
 class HsdumpDataset(torch.utils.data.Dataset):
@@ -137,6 +139,7 @@ class HsdumpDataset(torch.utils.data.Dataset):
         self._fds: Dict[str, int] = {}
         self._headers: Dict[str, dict] = {}
         self._convs: Dict[str, dict] = {}
+        self._shard_pos: Optional[Dict[str, int]] = None  # shard name -> its record's index
         if ids is not None:
             wanted = set(int(i) for i in ids)
             missing = [i for i in wanted if i not in self._shard_of]
@@ -150,14 +153,32 @@ class HsdumpDataset(torch.utils.data.Dataset):
     def header(self, shard: str) -> dict:
         h = self._headers.get(shard)
         if h is None:
-            h = self._headers[shard] = read_safetensors_header(self.path / shard, self.path)
+            h = read_safetensors_header(self.path / shard, self.path)
+            self._check_holds(shard, h)
+            self._headers[shard] = h
         return h
+
+    def _check_holds(self, shard: str, head: dict) -> None:
+        """A shard holds every sample its commit record lists (the counts checked against the
+        header once, when it is first read: a record cannot promise what is not there)."""
+        c = self.commits
+        if self._shard_pos is None:
+            self._shard_pos = {name: k for k, name in enumerate(c.names)}
+        k = self._shard_pos.get(shard)
+        if k is None:
+            return
+        missing = [i for i in c.ids[c.starts[k]:c.starts[k + 1]]
+                   if f"{i}/input_ids" not in head]
+        if missing:
+            raise _damaged(self.path, shard, f"its commit record lists {len(missing):,} "
+                                              f"samples it does not hold (e.g. "
+                                              f"{missing[:5]})")
 
     def _meta(self, shard: str, name: str) -> dict:
         """Tensor `name`'s header entry in `shard`, which its commit record promises."""
         meta = self.header(shard).get(name)
         if not isinstance(meta, dict):
-            raise _damaged(self.path / shard, f"holds no tensor {name[:80]!r}, which its commit "
+            raise _damaged(self.path, shard, f"holds no tensor {name[:80]!r}, which its commit "
                                               "record promises")
         return meta
 
@@ -189,12 +210,12 @@ class HsdumpDataset(torch.utils.data.Dataset):
             raw = (self.header(shard).get("__metadata__") or {}).get("conversations")
             convs = parse_json(raw, f"{self.path / shard}: its conversations") if raw else {}
             if not isinstance(convs, dict):
-                raise _damaged(self.path / shard, "its conversations metadata is not an object")
+                raise _damaged(self.path, shard, "its conversations metadata is not an object")
             self._convs[shard] = convs
         conv = convs.get(str(sid))
         if conv is not None and not (isinstance(conv, list) and
                                      all(isinstance(x, dict) for x in conv)):
-            raise _damaged(self.path / shard, f"its conversation of sample {sid} is not a "
+            raise _damaged(self.path, shard, f"its conversation of sample {sid} is not a "
                                               "list of messages")
         return conv
 
@@ -230,7 +251,8 @@ class HsdumpDataset(torch.utils.data.Dataset):
             sid = self.ids[0]
             shape = self._meta(self._shard_of[sid], f"{sid}/hidden_states/0")["shape"]
             if len(shape) != 2:
-                raise _damaged(self.path, f"sample {sid}'s hidden states are not [seq, hidden]")
+                raise _damaged(self.path, self._shard_of[sid],
+                               f"sample {sid}'s hidden states are not [seq, hidden]")
             h = shape[1]
         return int(h)
 
@@ -290,7 +312,7 @@ class HsdumpDataset(torch.utils.data.Dataset):
             except (OSError, ValueError):
                 raise
             except Exception as e:  # noqa: BLE001 - safetensors' own error type
-                raise _damaged(self.path / shard, f"safetensors cannot open it ({e})") from None
+                raise _damaged(self.path, shard, f"safetensors cannot open it ({e})") from None
             self._handles[shard] = h
         return h
 
@@ -303,7 +325,7 @@ class HsdumpDataset(torch.utils.data.Dataset):
             try:
                 return h.get_tensor(name)
             except Exception as e:  # noqa: BLE001 - safetensors' own error type
-                raise _damaged(self.path / shard, f"{name} cannot be read ({e})") from None
+                raise _damaged(self.path, shard, f"{name} cannot be read ({e})") from None
 
         return get
 
@@ -339,13 +361,13 @@ class HsdumpDataset(torch.utils.data.Dataset):
         begin, end = meta["data_offsets"]
         dtype = _ST_DTYPES.get(meta["dtype"])
         if dtype is None:
-            raise _damaged(self.path / shard, f"{name} has dtype {meta['dtype']}, which hsdump "
+            raise _damaged(self.path, shard, f"{name} has dtype {meta['dtype']}, which hsdump "
                                               "does not store")
         if end == begin:
             return torch.empty(meta["shape"], dtype=dtype)
         raw = os.pread(fd, end - begin, head["__data_start__"] + begin)
         if len(raw) != end - begin:
-            raise _damaged(self.path / shard, f"{name}: the file ends before its data does "
+            raise _damaged(self.path, shard, f"{name}: the file ends before its data does "
                                               "(it was cut after its header was read)")
         t = torch.frombuffer(bytearray(raw), dtype=dtype)
         return t.reshape(meta["shape"])

@@ -15,6 +15,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import os
 import queue
 import re
 import shutil
@@ -30,7 +31,7 @@ from . import commits
 from . import fp8
 from .commits import INDEX, LOG_DIR, MANIFEST, SHARD_DIR
 from .config import SHARD_BYTES, WRITER_THREADS
-from .files import atomic_file, fault, fsync_dir, make_dirs, read_json, write_json
+from .files import atomic_file, fault, fsync_dir, make_dirs, write_json
 from .stats import TOKEN_FREQ
 
 log = logging.getLogger(__name__)
@@ -198,9 +199,10 @@ class DatasetWriter:
         if overwrite:
             remove_dataset(d)
         mpath = d / MANIFEST
-        if mpath.exists():
-            old = read_json(mpath)
-            diff = compat_diff(old.get("resume_key", {}), compat)
+        if os.path.lexists(mpath):
+            old = commits.read_manifest(d)  # a regular file inside d, or a ValueError
+            key = old.get("resume_key")
+            diff = compat_diff(key if isinstance(key, dict) else {}, compat)
             if diff:
                 raise ValueError(
                     f"{d} holds a dataset made with a different config; it cannot resume:\n  "
