@@ -7,10 +7,11 @@ with the same configs (this checkout's conf/, shipped inside the wheel as hsdump
 import hydra
 from omegaconf import DictConfig
 
-from hsdump.cli import extract_job
+from hsdump.cli import extract_job, register_resolvers
 from hsdump.config import register_configs
 
 register_configs()
+register_resolvers()
 
 
 @hydra.main(config_path="conf", config_name="config", version_base="1.3")

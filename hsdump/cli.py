@@ -75,7 +75,8 @@ def extract_job(cfg) -> None:
     from omegaconf import OmegaConf
 
     from .config import to_config
-    from .pipeline import Interrupted, run
+    from .pipeline import Interrupted, output_error, run
+    from .writer import WriteError
 
     resolved = OmegaConf.to_container(cfg, resolve=True)
     try:
@@ -86,8 +87,29 @@ def extract_job(cfg) -> None:
     except (ValueError, FileNotFoundError) as e:  # bad input: the message names the fix
         log.error("%s", e)
         sys.exit(2)
+    except (WriteError, OSError) as e:  # the disk under output.dir: full, read-only, gone
+        log.error("%s", output_error(e, cfg.output.dir))
+        sys.exit(2)
     for line in summary.lines():
         print(line)
+
+
+def _record(mode, run_dir, value):
+    """conf/config.yaml's `hsdump_record` resolver: Hydra's record of a single run (its
+    .hydra folder, its log file) is kept only where hydra.run.dir is set; by default (`.`)
+    there is none (the log file is os.devnull), so a run leaves nothing in the current
+    folder. Sweeps keep theirs."""
+    if str(mode) == "MULTIRUN" or str(run_dir) != ".":
+        return value
+    return None if value == ".hydra" else os.devnull
+
+
+def register_resolvers() -> None:
+    """Resolvers conf/config.yaml uses (call before Hydra composes the config)."""
+    from omegaconf import OmegaConf
+
+    if not OmegaConf.has_resolver("hsdump_record"):
+        OmegaConf.register_new_resolver("hsdump_record", _record)
 
 
 def extract(argv: List[str]) -> int:
@@ -97,6 +119,7 @@ def extract(argv: List[str]) -> int:
     from .config import register_configs
 
     register_configs()
+    register_resolvers()
     # the job is "extract", as for extract.py (Hydra names it after the task's file or module;
     # it names the run's log file); last, since argparse wants the overrides after the options
     if not any(a.startswith(("hydra.job.name=", "--info")) for a in argv):

@@ -11,12 +11,14 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import errno
 import json
 import logging
 import os
 import shlex
 import shutil
 import sys
+import tempfile
 import time
 import warnings
 from dataclasses import dataclass, field
@@ -34,7 +36,7 @@ from .stats import count_if_complete, write_token_freq
 from .tiny import resolve_model_path
 from .tokenization import Tokenized, tokenize_dataset
 from .tokenizer import load_tokenizer
-from .files import fault
+from .files import fault, size_text
 from .formats import detect_format
 from .writer import FORMAT, FORMAT_VERSION, DatasetWriter
 
@@ -47,15 +49,61 @@ class Interrupted(RuntimeError):
     """The run stopped early (signal or engine failure); what was committed is safe."""
 
 
+def _existing_parent(path: str) -> str:
+    probe = os.path.abspath(path)
+    while not os.path.lexists(probe):
+        probe = os.path.dirname(probe)
+    return probe
+
+
+_WHY = {errno.EROFS: "it is on a read-only file system", errno.EACCES: "permission denied",
+        errno.EPERM: "permission denied", errno.ENOSPC: "its disk is full",
+        errno.EDQUOT: "its disk quota is used up",
+        errno.ENOENT: "no folder can be created there"}
+
+
+def check_output_dir(out_dir: str) -> None:
+    """Refuse, before anything is loaded, an output.dir that is a file, that cannot be
+    created, or whose folder cannot be written: a ValueError naming output.dir and the fix.
+    Nothing is left behind (the probe is a temporary folder, removed)."""
+    fix = "choose another output.dir"
+    if os.path.lexists(out_dir) and not os.path.isdir(out_dir):
+        raise ValueError(f"output.dir={out_dir} is a file, not a folder; {fix} (or move the "
+                         "file away)")
+    parent = _existing_parent(out_dir)
+    if not os.path.isdir(parent):
+        raise ValueError(f"output.dir={out_dir} cannot be created: {parent} is a file, not a "
+                         f"folder; {fix}")
+    try:
+        os.rmdir(tempfile.mkdtemp(prefix=".hsdump-probe-", dir=parent))
+    except OSError as e:
+        why = _WHY.get(e.errno, e.strerror or str(e))
+        where = "" if parent == os.path.abspath(out_dir) else f" (in {parent})"
+        raise ValueError(f"output.dir={out_dir} cannot be written{where}: {why}; {fix} on a "
+                         "writable disk") from None
+
+
+def output_error(e: BaseException, out_dir: str) -> str:
+    """A write error of the run as one line that names output.dir; committed samples stay."""
+    from .writer import WriteError
+
+    if isinstance(e, WriteError):
+        return str(e)
+    name = os.path.abspath(getattr(e, "filename", None) or out_dir)
+    if os.path.commonpath([name, os.path.abspath(out_dir)]) != os.path.abspath(out_dir):
+        return str(e)  # not the output's: as it is
+    why = _WHY.get(getattr(e, "errno", None), str(e))
+    return (f"writing to output.dir={out_dir} failed: {why} ({e}). Samples committed before "
+            "are intact; fix the cause (free disk space, or choose another output.dir) and "
+            "run the same command again to resume.")
+
+
 def check_space(out_dir: str, need: int, policy: str) -> None:
-    probe = out_dir
-    while probe and not os.path.exists(probe):
-        probe = os.path.dirname(probe) or "."
-    free = shutil.disk_usage(probe or ".").free
+    free = shutil.disk_usage(_existing_parent(out_dir)).free
     if need <= free or policy == "off":
         return
-    msg = (f"the run will write about {need / 2**30:.2f} GiB to {out_dir} but only "
-           f"{free / 2**30:.2f} GiB are free; free space, use another output.dir, or set "
+    msg = (f"the run will write about {size_text(need)} to output.dir={out_dir} but only "
+           f"{size_text(free)} are free; free space, use another output.dir, or set "
            "output.space_check=warn")
     if policy == "raise":
         raise ValueError(msg)
@@ -217,6 +265,7 @@ class Run:
 
 def run(cfg: Config, resolved_config: Optional[dict] = None) -> Summary:
     r = Run(cfg)
+    check_output_dir(cfg.output.dir)
     check_model(r)
     tokenize(r)
     compat, manifest = dataset_keys(r, resolved_config)

@@ -383,9 +383,9 @@ class DatasetWriter:
     def _raise_if_failed(self) -> None:
         if self._error is not None:
             raise WriteError(
-                f"writing to {self.dir} failed: {self._error}. Samples committed before are "
-                "intact; fix the cause (e.g. free disk space) and run the same command again "
-                "to resume.") from self._error
+                f"writing to output.dir={self.dir} failed: {self._error}. Samples committed "
+                "before are intact; fix the cause (e.g. free disk space) and run the same "
+                "command again to resume.") from self._error
 
     def close(self, commit: bool = True) -> None:
         """Commit what is staged (unless `commit` is False), wait for the writer threads,
