@@ -70,21 +70,53 @@ _GENERIC = ("EngineDied", "CaptureError", "ChildFailed", "SystemExit", "Keyboard
 
 
 def root_error(log: str) -> str:
-    """The most telling error line of a failed run: the first exception line of the first
-    traceback that is not one of hsdump's wrappers (an SGLang child's own traceback is printed
-    before the parent notices the death), else the last error-looking line."""
+    """The most telling error line of a failed run, with the innermost code location of its
+    traceback: the first exception line that is not one of hsdump's wrappers (an SGLang
+    child's own traceback is printed before the parent notices the death), else an
+    `[hsdump][ERROR]` message, else the last error-looking line."""
     lines = log.splitlines()
-    errs = []
-    for ln in lines:
-        if _ERR.match(ln.strip()) and not ln.strip().startswith("File "):
-            errs.append(ln.strip())
-    specific = [e for e in errs if not any(g in e for g in _GENERIC)]
-    if specific:
-        return specific[0][:400]
-    if errs:
-        return errs[-1][:400]
-    tail = [ln for ln in lines if ln.strip()]
-    return (tail[-1] if tail else "no output")[:400]
+    errs, logged = [], []
+    for i, ln in enumerate(lines):
+        st = ln.strip()
+        if _ERR.match(st) and not st.startswith("File "):
+            errs.append(i)
+        elif "][ERROR] - " in ln:
+            logged.append(i)
+    specific = [i for i in errs if not any(g in lines[i] for g in _GENERIC)]
+    pick = (specific or [])[:1] or logged[:1] or errs[-1:]
+    if not pick:
+        tail = [ln for ln in lines if ln.strip()]
+        return (tail[-1] if tail else "no output")[:400]
+    i = pick[0]
+    msg = lines[i].split("][ERROR] - ", 1)[-1].strip()
+    frames = []  # innermost first, back to the start of this traceback
+    for j in range(i - 1, max(i - 200, -1), -1):
+        if lines[j].startswith("Traceback"):
+            break
+        m = re.match(r'\s*File "([^"]+)", line (\d+), in (\S+)', lines[j])
+        if m:
+            path = m.group(1).split("site-packages/", 1)[-1].replace(str(ROOT) + "/", "")
+            frames.append(f"{path}:{m.group(2)} in {m.group(3)}")
+    ours = [f for f in frames if f.startswith(("sglang/", "hsdump/"))]
+    where = f" (at {(ours or frames)[0]})" if frames else ""
+    return (msg[:300] + where)[:420]
+
+
+# SGLang's model module per family: when it fails to import, SGLang's registry falls back to
+# its transformers backend (TransformersForCausalLM), which has no EAGLE-3 capture
+SGLANG_MODULE = {"qwen3_5": "qwen3_5_text", "qwen3_5_moe": "qwen3_5_text",
+                 "qwen3_5_vl": "qwen3_5", "qwen3_5_moe_vl": "qwen3_5", "gemma3": "gemma3_causal",
+                 "gemma3_vl": "gemma3_mm", "llama4": "mllama4", "llama4_text": "llama4",
+                 "deepseek_v3": "deepseek_v2", "deepseek_v32": "deepseek_v2", "phi3": "llama"}
+
+
+def failure(name: str, log: str) -> str:
+    why = root_error(log)
+    mod = SGLANG_MODULE.get(name, name)
+    m = re.search(rf"Ignore import error when loading sglang\.srt\.models\.{mod}: (.*)", log)
+    if m and "TransformersForCausalLM" in why:
+        why += f" [sglang.srt.models.{mod} failed to import: {m.group(1).strip()[:200]}]"
+    return why
 
 
 def run_extract(ckpt: Path, fam_name: str, layers, out_dir: Path, device: str, samples: int,
@@ -227,7 +259,7 @@ def probe(name: str, args, workdir: Path) -> dict:
                log=str(log_path), log_tail=run["log"].splitlines()[-40:])
     if run["rc"] != 0:
         why = (f"timeout after {args.timeout:.0f} s" if run["timed_out"]
-               else root_error(run["log"]))
+               else failure(name, run["log"]))
         res["status"] = f"failed: {why}"
         return res
     try:
@@ -299,6 +331,8 @@ def main(argv=None) -> int:
     ap.add_argument("--timeout", type=float, default=240, help="seconds per family's run")
     ap.add_argument("--samples", type=int, default=4, help="dataset.max_samples")
     ap.add_argument("--workdir", default=None, help="datasets and logs (default: a temp dir)")
+    ap.add_argument("--relabel", action="store_true",
+                    help="only recompute the failed families' statuses in --out from their logs")
     ap.add_argument("--merge", action="store_true",
                     help="keep the other families' results already in --out")
     args = ap.parse_args(argv)
@@ -316,6 +350,16 @@ def main(argv=None) -> int:
               "results": {}}
     if args.merge and out.exists():
         report["results"] = json.loads(out.read_text()).get("results", {})
+    if args.relabel:
+        report = json.loads(out.read_text())
+        for name, r in report["results"].items():
+            if r.get("status", "").startswith("failed") and not r.get("timed_out") \
+                    and r.get("log") and os.path.exists(r["log"]):
+                r["status"] = "failed: " + failure(name, Path(r["log"]).read_text(
+                    errors="replace"))
+            print(line(r))
+        out.write_text(json.dumps(report, indent=1, default=str) + "\n")
+        return 0
     print(f"work dir {workdir}; results -> {out}", flush=True)
     for name in names:
         r = probe(name, args, workdir)
