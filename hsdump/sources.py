@@ -143,16 +143,31 @@ def read_json_records(path: str, allow_truncated: bool = False
     if head.startswith(b"\xef\xbb\xbf"):
         data = data[3:]
         head = head[3:]
+    bad = non_utf8(data)
+    if bad:
+        log.warning("%s holds %d byte sequences that are not UTF-8; each is read as U+FFFD "
+                    "(the replacement character)", path, bad)
     if head.startswith(b"["):
         text = data.decode("utf-8", errors="replace")
         recs, info = split_json_array(text, allow_truncated, name=path)
-        return recs, list(range(1, len(recs) + 1)), info
+        return recs, list(range(1, len(recs) + 1)), {**info, "non_utf8": bad}
     recs, lines = [], []
     for k, raw in enumerate(data.split(b"\n"), start=1):
         if raw.strip():
             recs.append(raw.decode("utf-8", errors="replace").rstrip("\r"))
             lines.append(k)
-    return recs, lines, {"kind": "jsonl", "truncated": False, "records": len(recs)}
+    return recs, lines, {"kind": "jsonl", "truncated": False, "records": len(recs),
+                         "non_utf8": bad}
+
+
+def non_utf8(data: bytes) -> int:
+    """How many byte sequences of `data` are not UTF-8 (each decodes to one U+FFFD)."""
+    try:
+        data.decode("utf-8")
+        return 0
+    except UnicodeDecodeError:
+        replaced = data.decode("utf-8", errors="replace").count("\ufffd")
+        return replaced - data.count("\ufffd".encode())
 
 
 def _source_info(ds) -> Dict[str, Any]:
@@ -205,6 +220,9 @@ def load_json_file(path: str, allow_truncated: bool = False, cache: bool = True)
             if info.get("truncated"):
                 log.warning("%s is cut off: using its %d complete records (dropped the last %d "
                             "characters)", path, info["records"], info.get("dropped_chars", 0))
+            if info.get("non_utf8"):
+                log.warning("%s holds %d byte sequences that are not UTF-8; each is read as "
+                            "U+FFFD (the replacement character)", path, info["non_utf8"])
             return ds
     texts, lines, info = read_json_records(path, allow_truncated)
     info.update(path=path, sha256=sha, bytes=os.path.getsize(path))
@@ -274,6 +292,12 @@ def load_rows(cfg: DatasetConfig):
             if cfg.split not in ds:
                 raise ValueError(f"dataset.split={cfg.split!r}: {path} has splits {list(ds)}")
             ds = ds[cfg.split]
+    elif os.path.isfile(path) and not is_pkg and suffix not in (".json", ".jsonl", ".parquet"):
+        raise ValueError(
+            f"dataset.path={cfg.path!r}: a {suffix or 'extension-less'} file is not a format "
+            "hsdump reads; give a .jsonl or .json file (one object per record, e.g. "
+            '{"text": "..."} for plain text or {"messages": [...]} for chats), a .parquet '
+            "file, or a datasets.save_to_disk folder")
     elif suffix in (".json", ".jsonl", ".parquet") or is_pkg:
         if not os.path.exists(path):
             raise FileNotFoundError(f"dataset.path={cfg.path!r}: no such file")
