@@ -149,6 +149,10 @@ def main(argv: Optional[List[str]] = None) -> int:
         return 2
     if name == "extract":
         return extract(rest)
+    import warnings
+
+    # a tool's warnings (a damaged record left out, an index.json ignored) as one line each
+    warnings.formatwarning = lambda message, *a, **k: f"{prog(name)}: warning: {message}\n"
     try:
         module = importlib.import_module(COMMANDS[name][0])
     except ModuleNotFoundError as e:

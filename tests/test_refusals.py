@@ -1,0 +1,120 @@
+"""Issue 24, the everyday mistakes: each refusal says exactly what to do, before the heavy
+imports, and leaves nothing behind."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from hsdump import export as ex
+from hsdump.config import DatasetConfig
+from hsdump.sources import load_rows, read_json_records
+from hsdump.verify import verify
+from hsdump.writer import DatasetWriter
+
+ROOT = Path(__file__).resolve().parents[1]
+H, LAYERS = 8, [1, 2, 3]
+
+
+def dataset(path, final=()):
+    m = {"format": "hsdump/speculators-v1", "format_version": 2, "layers": LAYERS,
+         "storage_dtype": "bfloat16", "model": {"path": "m", "hidden_size": H}}
+    w = DatasetWriter(str(path), m, {"k": 1}, layers=LAYERS, hidden_size=H, final=list(final))
+    for sid in range(3):
+        w.add(sid, [1, 2, 3], [0, 1, 1], [torch.randn(3, H) for _ in LAYERS],
+              {k: torch.randn(3, H) for k in final})
+    w.close()
+    return path
+
+
+def hsdump(*args, cwd=None):
+    """The installed console script, as a user runs it: (rc, stdout, stderr)."""
+    p = subprocess.run([str(Path(sys.executable).parent / "hsdump"), *map(str, args)],
+                       capture_output=True, text=True, cwd=cwd, timeout=300)
+    return p.returncode, p.stdout, p.stderr
+
+
+def test_export_refusal_names_both_fixes(tmp_path):
+    src = dataset(tmp_path / "hs")
+    rc, out, err = hsdump("export", src, tmp_path / "x", "--to", "speculators")
+    assert rc == 2 and "Traceback" not in err
+    assert "capture.final=[pre_norm]" in err and "--final-state last-layer" in err, err
+    assert "wrong targets" in err and "4/3 of the disk" in err, err
+    assert not (tmp_path / "x").exists()
+    rc, out, err = hsdump("export", src, tmp_path / "sf", "--to", "specforge")
+    assert rc == 2 and "capture.final=[post_norm]" in err, err
+
+
+def test_a_dataset_with_pre_norm_exports_to_speculators_without_flags(tmp_path):
+    src = dataset(tmp_path / "hs", final=["pre_norm"])
+    c = ex.export(str(src), str(tmp_path / "x"), "speculators-v1", progress=False)
+    assert c["written"] == 3
+
+
+def test_messages_refused_leaves_no_dest(tmp_path):
+    src = dataset(tmp_path / "hs")
+    rc, _, err = hsdump("export", src, tmp_path / "m", "--to", "messages")
+    assert rc == 2 and "holds no regenerated conversations" in err
+    assert not (tmp_path / "m").exists()
+
+
+@pytest.mark.parametrize("tool", ["verify", "inspect", "export", "vocab", "compact"])
+def test_usage_says_hsdump(tool):
+    rc, out, err = hsdump(tool, "--help")
+    assert rc == 0 and out.startswith(f"usage: hsdump {tool}"), out
+
+
+@pytest.mark.parametrize("tool,rc", [("verify", 1), ("inspect", 2), ("export", 2),
+                                     ("compact", 2)])
+def test_a_folder_that_is_no_dataset_is_refused_before_torch_loads(tmp_path, tool, rc):
+    args = [str(tmp_path)] + ([str(tmp_path / "x"), "--to", "speculators"]
+                              if tool == "export" else [])
+    code = ("import sys; from hsdump.cli import main; rc = main(sys.argv[1:]); "
+            "print('torch' in sys.modules); sys.exit(rc)")
+    p = subprocess.run([sys.executable, "-c", code, tool, *args], capture_output=True,
+                       text=True, timeout=120)
+    assert p.returncode == rc and p.stdout.split()[-1] == "False", (p.stdout, p.stderr)
+    assert "manifest.json" in p.stdout + p.stderr
+
+
+def test_verify_knows_hsdumps_own_files(tmp_path):
+    src = dataset(tmp_path / "hs")
+    from hsdump.stats import _write
+    import numpy as np
+
+    _write(np.array([0, 3, 3]), 3, str(src), 10, "input_ids where loss_mask == 1")
+    rc, out, err = hsdump("vocab", src, "-n", "2")
+    assert rc == 0, err
+    r = verify(src)
+    assert r.ok and not [p for p in r.info if "not part of" in p.what], r.info
+
+
+def test_a_corrupt_index_is_a_warning_in_one_line(tmp_path):
+    src = dataset(tmp_path / "hs")
+    (src / "index.json").write_text("{")
+    rc, out, err = hsdump("inspect", src)
+    assert rc == 0 and "samples" in out
+    assert err.startswith("hsdump inspect: warning:") and len(err.splitlines()) == 1, err
+    assert "index.json does not parse" in err and "logs hold every record" in err
+    assert not verify(src).ok  # verify still reports it
+
+
+def test_a_txt_source_is_refused_by_name(tmp_path):
+    (tmp_path / "plain.txt").write_text("hello\n")
+    with pytest.raises(ValueError, match=r"'.*plain.txt': a .txt file is not a format hsdump "
+                                         r"reads; give a .jsonl or .json file"):
+        load_rows(DatasetConfig(path=str(tmp_path / "plain.txt")))
+
+
+def test_non_utf8_bytes_are_counted(tmp_path, caplog):
+    p = tmp_path / "chats.jsonl"
+    p.write_bytes(b'{"text": "caf\xe9"}\n{"text": "ok \xef\xbf\xbd"}\n{"text": "\xff\xfe"}\n')
+    recs, _, info = read_json_records(str(p))
+    assert info["non_utf8"] == 3 and len(recs) == 3
+    assert "3 byte sequences that are not UTF-8" in caplog.text
+    p.write_bytes(b'[{"text": "\xff"}]')
+    assert read_json_records(str(p))[2]["non_utf8"] == 1
