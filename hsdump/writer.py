@@ -31,7 +31,7 @@ from . import commits
 from . import fp8
 from .commits import INDEX, LOG_DIR, MANIFEST, SHARD_DIR
 from .config import SHARD_BYTES, WRITER_THREADS
-from .files import atomic_file, fault, fsync_dir, make_dirs, write_json
+from .files import atomic_file, fault, fsync_dir, make_dirs, real_file, write_json
 from .stats import TOKEN_FREQ
 
 log = logging.getLogger(__name__)
@@ -435,9 +435,9 @@ def upgrade_v1(d: Path, manifest: dict) -> None:
 
     v2 = commits.Commits(version=FORMAT_VERSION, skipped=dict(c.skipped))
     for name, meta in c.shards.items():
-        head = read_safetensors_header(d / name)
+        head = read_safetensors_header(d / name, d)  # checked whole, inside the folder
         ids = sorted(meta["ids"])
-        with safe_open(str(d / name), framework="pt") as f:
+        with safe_open(real_file(d / name, d), framework="pt") as f:
             masked = [int(f.get_tensor(f"{i}/loss_mask").sum()) for i in ids]
         v2._add_shard({"shard": name, "bytes": meta["bytes"], "sha256": meta["sha256"],
                        "ids": ids, "lengths": [head[f"{i}/input_ids"]["shape"][0] for i in ids],
