@@ -397,8 +397,13 @@ def _llama4_text(vocab):
                             pad_token_id=EOS)
 
 
+# The release's config.json has "attn_temperature_tuning": 4 (an int); transformers 5.19's
+# strict Llama4TextConfig refuses it ("Field 'attn_temperature_tuning' expected bool, got int
+# (value: 4)"), in AutoConfig and so in SGLang too: a real Llama-4 checkpoint needs that key
+# set to true before either loads it. The tiny checkpoint carries true.
 LLAMA4_TEXT_EXTRAS = {"rope_theta": 500000.0, "rope_scaling": dict(LLAMA4_ROPE),
-                      "attn_temperature_tuning": 4, "floor_scale": 8192, "attn_scale": 0.1}
+                      "attn_temperature_tuning": True, "floor_scale": 8192, "attn_scale": 0.1,
+                      "for_llm_compressor": False, "cache_implementation": "hybrid"}
 
 
 def llama4_text(vocab):
