@@ -68,7 +68,7 @@ def test_skips_a_port_whose_derived_ports_are_taken(taken):
 def test_engine_kwargs_carry_the_port():
     def kwargs(extra):
         fake = SimpleNamespace(cfg=EngineConfig(device="cpu", extra=extra), version="0.5.17",
-                               layers=[1, 2], generates=False)
+                               layers=[1, 2], generates=False, family=None)
         return CaptureEngine._engine_kwargs(fake, "/m", ModelConfig(path="/m"), None)
 
     assert "port" not in kwargs({})
