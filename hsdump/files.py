@@ -164,8 +164,11 @@ def read_inside(path, root=None, limit: int = JSON_LIMIT, start: int = 0) -> byt
             raise UnsafeFile(f"{path} holds {size_text(size - start)} to read, more than the "
                              f"{size_text(limit)} such a file can hold; it is not one hsdump "
                              "wrote")
-        out = bytearray()
-        pos = start
+        data = os.pread(fd, max(0, size - start), start) if size - start < 1 << 30 else b""
+        if len(data) == size - start or size <= start:
+            return data
+        out = bytearray(data)  # a larger file, or one read short: the rest in chunks
+        pos = start + len(data)
         while pos < size:
             chunk = os.pread(fd, min(size - pos, 1 << 26), pos)
             if not chunk:
