@@ -10,8 +10,12 @@ pack-quantized INT4 group 32), runs the preset with no other override than the m
 
 then `hsdump verify OUT`, and compares every stored layer (the preset's [3, 31, 59]) with a
 float32 transformers DeepseekV3ForCausalLM forward of the same text weights (for INT4: the
-dequantized values) by the project's rule (bench/families_probe.compare: per sample and layer
-err <= 3 x transformers' own bf16 error + 0.002).
+dequantized values) by the project's MoE rule (bench/gpu_check.tolerance_failures, as
+tests/test_gpu.py: per layer, the mean error <= 2 x transformers' own mean bf16 error + 0.005,
+and every sample's <= 3 x the largest bf16 error + 0.005; routing in bf16 flips experts on
+near-ties, so the dense families' per-sample rule is too tight for MoE). The neighbouring
+indices' errors and the index each sample matches best are reported too
+(bench/families_probe.compare).
 
     python3 bench/kimi_check.py [--int4] [--tp 2 --dp-attention] [--out results.json]
 """
@@ -34,6 +38,7 @@ for p in (ROOT, ROOT / "tests", ROOT / "bench"):
 import torch  # noqa: E402
 
 from families_probe import compare, environment, hf_hidden_states  # noqa: E402
+from gpu_check import tolerance_failures  # noqa: E402
 from kimi_checkpoint import build, reference_dir, write_kimi_tokenizer  # noqa: E402
 
 
@@ -77,8 +82,16 @@ def run(int4: bool, workdir: Path, tp: int = 1, dp_attention: bool = False,
     r16 = dict(zip(sids, hf_hidden_states(ref, "DeepseekV3ForCausalLM", prompts,
                                           torch.bfloat16, dev)))
     cmp = compare(records, layers, r32, r16)
-    res.update(status=cmp["status"] if v.returncode == 0 else "verify failed",
-               detail=cmp["detail"], problems=cmp["problems"], per_layer=cmp["per_layer"],
+    moe = {"sglang_vs_hf_fp32": {k: d["err"] for k, d in cmp["raw"].items()},
+           "hf_bf16_vs_hf_fp32": {k: d["bf16"] for k, d in cmp["raw"].items()},
+           "prompt_lens": [len(p) for p in prompts], "problems": cmp["problems"]}
+    failures = tolerance_failures(moe)
+    best = sorted({b for d in cmp["raw"].values() for b, _ in d["best"]})
+    status = "ok" if not failures and best == sorted(layers) else "wrong"
+    res.update(status=status if v.returncode == 0 else "verify failed",
+               failures=failures[:6], per_layer=cmp["per_layer"],
+               mean={k: [sum(d["err"]) / len(d["err"]), sum(d["bf16"]) / len(d["bf16"])]
+                     for k, d in cmp["raw"].items()},
                layers=layers, samples=len(records), tokens=sum(map(len, prompts)))
     return res
 
