@@ -89,7 +89,7 @@ def root_error(log: str) -> str:
         return (tail[-1] if tail else "no output")[:400]
     i = pick[0]
     msg = lines[i].split("][ERROR] - ", 1)[-1].strip()
-    frames = []  # innermost first, back to the start of this traceback
+    frames, code = [], None  # innermost first, back to the start of this traceback
     for j in range(i - 1, max(i - 200, -1), -1):
         if lines[j].startswith("Traceback"):
             break
@@ -97,6 +97,10 @@ def root_error(log: str) -> str:
         if m:
             path = m.group(1).split("site-packages/", 1)[-1].replace(str(ROOT) + "/", "")
             frames.append(f"{path}:{m.group(2)} in {m.group(3)}")
+            if code is None and j + 1 < len(lines):
+                code = lines[j + 1].strip()
+    if code and ":" not in msg:  # a bare `AssertionError`: show the failing statement
+        msg += f" [{code}]"
     ours = [f for f in frames if f.startswith(("sglang/", "hsdump/"))]
     where = f" (at {(ours or frames)[0]})" if frames else ""
     return (msg[:300] + where)[:420]
@@ -120,13 +124,13 @@ def failure(name: str, log: str) -> str:
 
 
 def run_extract(ckpt: Path, fam_name: str, layers, out_dir: Path, device: str, samples: int,
-                timeout: float, log_path: Path) -> dict:
+                timeout: float, log_path: Path, overrides=()) -> dict:
     cmd = [sys.executable, str(ROOT / "extract.py"), f"model.path={ckpt}",
            f"model.tokenizer={ckpt}", f"model.name=probe-{fam_name}",
            "model.chat_template=deepseek_v3.jinja", "model.default_layers=null",
            f"capture.layers=[{','.join(map(str, layers))}]", "capture.allow_unverified=true",
            f"dataset.max_samples={samples}", f"output.dir={out_dir}", "output.overwrite=true",
-           f"engine={device}", "engine.log_level=info", "progress=false"]
+           f"engine={device}", "engine.log_level=info", "progress=false", *overrides]
     t0 = time.time()
     env = dict(os.environ, PYTHONFAULTHANDLER="1", PYTHONUNBUFFERED="1")
     with open(log_path, "w") as logf:
@@ -254,7 +258,9 @@ def probe(name: str, args, workdir: Path) -> dict:
     shutil.rmtree(out_dir, ignore_errors=True)
     log_path = workdir / f"{name}.log"
     run = run_extract(ckpt, name, layers, out_dir, args.device, args.samples, args.timeout,
-                      log_path)
+                      log_path, args.override)
+    if args.override:
+        res["overrides"] = list(args.override)
     res.update(extract_s=run["seconds"], rc=run["rc"], timed_out=run["timed_out"],
                log=str(log_path), log_tail=run["log"].splitlines()[-40:])
     if run["rc"] != 0:
@@ -331,6 +337,9 @@ def main(argv=None) -> int:
     ap.add_argument("--timeout", type=float, default=240, help="seconds per family's run")
     ap.add_argument("--samples", type=int, default=4, help="dataset.max_samples")
     ap.add_argument("--workdir", default=None, help="datasets and logs (default: a temp dir)")
+    ap.add_argument("--override", action="append", default=[],
+                    help="one more extract.py override for every family (repeatable), e.g. "
+                    "engine.max_total_tokens=20000")
     ap.add_argument("--relabel", action="store_true",
                     help="only recompute the failed families' statuses in --out from their logs")
     ap.add_argument("--merge", action="store_true",
