@@ -208,12 +208,28 @@ class EngineConfig:
     inflight_tokens: int = 65536
     """Tokens hsdump keeps submitted to the engine at once (bounds host staging memory)."""
     log_level: str = "warning"
+    nnodes: Optional[int] = None
+    """Nodes one engine spans (SGLang's nnodes). null: 1, or the SLURM step's node count when
+    run under `srun --ntasks-per-node=1` (hsdump.nodes.find_layout). The same command line
+    runs on every node: node 0 runs the pipeline, the others SGLang's schedulers only."""
+    node_rank: Optional[int] = None
+    """This node's rank in the engine. null: 0, or SLURM_NODEID under SLURM."""
+    dist_init_addr: Optional[str] = None
+    """host:port of node 0, the same on every node. null under SLURM: the allocation's first
+    host and a port derived from the job id."""
+    node_timeout: float = 60.0
+    """Seconds without a heartbeat after which a node of a multi-node engine is taken for
+    dead (node 0 then stops; the others exit)."""
     extra: Dict[str, Any] = field(default_factory=dict)
     """Further `sglang.Engine` keyword arguments, passed through unchanged."""
 
     def __post_init__(self) -> None:
         if self.inflight_tokens < 1:
             raise ValueError("engine.inflight_tokens must be >= 1")
+        for key in ("nnodes", "node_rank", "dist_init_addr"):
+            if key in self.extra:
+                raise ValueError(f"engine.extra.{key}: set engine.{key} instead (hsdump starts "
+                                 "the other nodes' side and their row transport from it)")
         if (self.prefill_cuda_graph_max_tokens or 0) < 0:
             raise ValueError("engine.prefill_cuda_graph_max_tokens must be >= 0 (0: no prefill "
                              "CUDA graphs) or null (SGLang's own sizes)")

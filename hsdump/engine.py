@@ -44,7 +44,10 @@ import torch
 
 from .families import family_of
 from .layers import ModelInfo
-from .rows import CaptureError, Receiver, Sender, bad_slots, flags_valid, pack_rows, unpack_rows
+from .nodes import (KEY_FILE, NodeLayout, find_layout, read_run_keys, receiver_endpoint,
+                    remove_run_keys, run_id, write_run_keys)
+from .rows import (CaptureError, Receiver, Sender, bad_slots, flags_valid, new_run_keys,
+                   pack_rows, unpack_rows)
 
 if TYPE_CHECKING:
     from .config import EngineConfig, ModelConfig
@@ -123,12 +126,12 @@ def _is_writer_rank() -> bool:
     return attn_tp == 0 and (_rank("pp_rank") or 0) == 0
 
 
-def _source() -> str:
+def _source(node: int = 0) -> str:
     """The sending process, named in every row header (rows.Receiver checks that each
-    request's rows come from one process)."""
+    request's rows come from one process); its node when the engine spans several."""
     ranks = [(short, _rank(name)) for short, name in (("dp", "attn_dp_rank"), ("tp", "tp_rank"))]
     ranks = [f"{short}{r}" for short, r in ranks if r is not None]
-    return "-".join(ranks + [f"pid{os.getpid()}"])
+    return "-".join(([f"node{node}"] if node else []) + ranks + [f"pid{os.getpid()}"])
 
 
 def _is_idle(meta) -> bool:
@@ -279,7 +282,7 @@ def _install_patch(spec: dict) -> None:
                 sender["writer"] = _is_writer_rank()
             if sender["writer"]:
                 if "s" not in sender:
-                    sender["s"] = Sender(spec["endpoint"], _source())
+                    sender["s"] = Sender.from_spec(spec["rows"], _source(spec["node_rank"]))
                 _emit_rows(sender["s"], batch, result, spec["slots"], spec["hidden"])
             else:  # the other TP ranks hold the same rows: drop them, never .tolist() them
                 out = getattr(result, "logits_output", None)
@@ -512,13 +515,150 @@ def dp_attention_port(kw: dict, rng=None) -> Optional[int]:
                        "engine; give one with +engine.extra.port=<free port>")
 
 
+def engine_kwargs(c: "EngineConfig", model_path: str, model_cfg: "ModelConfig", version: str,
+                  layers: Sequence[int], generates: bool, family, layout: NodeLayout) -> dict:
+    """sglang.Engine's keyword arguments for hsdump's capture (and for the other nodes of an
+    engine over several nodes, which start the same engine with their node_rank)."""
+    kw = dict(model_path=model_path, tp_size=model_cfg.tp_size, dtype=model_cfg.dtype,
+              device=c.device, skip_tokenizer_init=True, disable_radix_cache=True,
+              chunked_prefill_size=c.chunked_prefill_size,
+              max_prefill_tokens=c.max_prefill_tokens,
+              enable_return_hidden_states=True, disable_cuda_graph=c.disable_cuda_graph,
+              trust_remote_code=model_cfg.trust_remote_code, log_level=c.log_level)
+    for key in ("attention_backend", "sampling_backend", "mem_fraction_static",
+                "max_running_requests", "max_total_tokens"):
+        if getattr(c, key) is not None:
+            kw[key] = getattr(c, key)
+    # text only: a vision-language checkpoint (KimiK25ForConditionalGeneration, ...) loads
+    # no image processor and runs no vision forward (its vision weights still load)
+    kw["enable_multimodal"] = False
+    if version != "0.5.17":
+        # capture-only mode: aux capture with no draft model (the patch then sets the layers)
+        kw.update(speculative_algorithm="EAGLE3", enable_return_aux_hidden_states=True,
+                  return_aux_hidden_state_layer_ids=[k - 1 for k in sorted(layers)])
+    kw.update(start_kwargs(c, generates))
+    if layout.multi:
+        kw.update(nnodes=layout.nnodes, node_rank=layout.node_rank,
+                  dist_init_addr=layout.dist_init_addr)
+    if family is not None and family.tap_input_norm and c.device == "cuda":
+        # the stream taps are forward hooks: a graph replay would not run them
+        kw["disable_prefill_cuda_graph"] = True
+    kw.update(c.extra)
+    port = dp_attention_port(kw)
+    if port is not None:
+        kw["port"] = port
+    return kw
+
+
+# --------------------------------------------------------------------------- several nodes
+HEARTBEAT_S = 2.0
+
+
+def engine_layout(c: "EngineConfig") -> NodeLayout:
+    """This node's place in the engine: engine.nnodes/node_rank/dist_init_addr, or SLURM's."""
+    return find_layout(c.nnodes, c.node_rank, c.dist_init_addr)
+
+
+def key_file(run_dir: Optional[str], job_tag: str = "") -> Path:
+    """Where node 0 leaves the run's row keys for the other nodes of its engine: the output
+    folder (on a shared file system), one file per job so engines of one dataset keep apart."""
+    if not run_dir:
+        raise ValueError("an engine over several nodes hands its row keys over in the output "
+                         "folder: give CaptureEngine run_dir")
+    name = KEY_FILE if not job_tag else KEY_FILE.replace(".json", f"-{job_tag}.json")
+    return Path(run_dir) / name
+
+
+def scheduler_spec(rows_spec: dict, layout: NodeLayout, layers, final, device: str, slots: int,
+                   hidden: int, family) -> dict:
+    """What every scheduler process of this node reads from the HSDUMP_CAPTURE variable."""
+    return {"rows": rows_spec, "node_rank": layout.node_rank, "layers": list(layers),
+            "final": list(final), "device": device, "slots": slots, "hidden": hidden,
+            "tap_input_norm": bool(family and family.tap_input_norm)}
+
+
+def follow(model_path: str, model_cfg: "ModelConfig", engine_cfg: "EngineConfig",
+           layers: Sequence[int], info: ModelInfo, final: Sequence[str] = (),
+           run_dir: Optional[str] = None, job_tag: str = "",
+           key_timeout: float = 900.0) -> None:
+    """A node k > 0 of an engine over several nodes: SGLang's schedulers of this node with
+    hsdump's patch (those owning rows send them to node 0 over TCP), until node 0 is done.
+
+    Waits for node 0's key file, sends node 0 a heartbeat every HEARTBEAT_S seconds, and
+    returns when this node's schedulers exit (node 0 shut the engine down) or node 0 removed
+    its key file (it closed). Raises EngineDied, after killing this node's schedulers, when
+    node 0 stops taking heartbeats for engine.node_timeout seconds or a scheduler dies."""
+    layout = engine_layout(engine_cfg)
+    if layout.is_head:
+        raise ValueError("follow() runs on the nodes after node 0")
+    check_supported(info, engine_cfg, model_cfg)
+    family = family_of(info.architecture)
+    keys_at = key_file(run_dir, job_tag)
+    started = time.time()
+    log.info("node %d of %d: waiting for node 0's row keys in %s", layout.node_rank,
+             layout.nnodes, keys_at)
+    rows_spec = read_run_keys(keys_at, timeout=key_timeout, run=run_id(),
+                              not_before=None if run_id() else started - 120)
+    slots = len(layers) + len([k for k in FINAL_KINDS if k in final])
+    os.environ[ENV] = json.dumps(scheduler_spec(rows_spec, layout, sorted(layers), final,
+                                                engine_cfg.device, slots, info.hidden_size,
+                                                family))
+    beat = Sender.from_spec(rows_spec, f"node{layout.node_rank}",
+                            send_timeout=engine_cfg.node_timeout)
+    lost: List[str] = []
+    stop = threading.Event()
+
+    def heartbeats():
+        while not stop.wait(HEARTBEAT_S):
+            try:
+                beat.heartbeat(layout.node_rank)
+            except CaptureError as e:
+                lost.append(str(e))
+                return
+
+    from sglang.srt.entrypoints.engine import Engine
+
+    class HsdumpEngine(Engine):
+        run_scheduler_process_func = staticmethod(run_scheduler_process)
+
+    kwargs = engine_kwargs(engine_cfg, model_path, model_cfg, sglang_version(), layers, False,
+                           family, layout)
+    os.environ["SGLANG_BLOCK_NONZERO_RANK_CHILDREN"] = "0"  # return once the schedulers run
+    threading.Thread(target=heartbeats, name="hsdump-heartbeat", daemon=True).start()
+    engine = HsdumpEngine(**kwargs)
+    children = _child_processes()
+    log.info("node %d: %d SGLang processes running; rows go to %s", layout.node_rank,
+             len(children), rows_spec["endpoint"])
+    try:
+        while True:
+            alive = [p for p in children if p.is_running() and p.status() != "zombie"]
+            if not alive or not keys_at.exists():
+                return  # node 0 shut the engine down, or closed
+            if lost:
+                raise EngineDied(f"node {layout.node_rank}: node 0 ({rows_spec['endpoint']}) "
+                                 f"stopped taking this node's heartbeats: {lost[0]}")
+            if len(alive) < len(children):
+                raise EngineDied(f"node {layout.node_rank}: an SGLang process exited")
+            time.sleep(0.5)
+    finally:
+        stop.set()
+        for p in _child_processes():
+            with contextlib.suppress(Exception):
+                p.kill()
+        with contextlib.suppress(Exception):
+            beat.close(linger_s=0)
+        del engine
+
+
 class CaptureEngine:
     """open -> run(samples, sink) -> close. Samples are (sample_id, input_ids)."""
 
     def __init__(self, model_path: str, model_cfg: "ModelConfig", engine_cfg: "EngineConfig",
                  layers: Sequence[int], info: ModelInfo, final: Sequence[str] = (),
-                 generates: bool = False):
-        """generates: the run will call `generate` (decode steps), not only `run` (prefill)."""
+                 generates: bool = False, run_dir: Optional[str] = None, job_tag: str = ""):
+        """generates: the run will call `generate` (decode steps), not only `run` (prefill).
+        run_dir, job_tag: the output folder and the job's tag, where an engine over several
+        nodes hands its row keys to the other nodes (hsdump.nodes.write_run_keys)."""
         self.version = check_supported(info, engine_cfg, model_cfg)
         self.generates = generates
         self.layers = list(layers)
@@ -530,22 +670,35 @@ class CaptureEngine:
         order = sorted(range(len(layers)), key=lambda j: layers[j])
         self._slot = [order.index(j) for j in range(len(layers))]
         self._slot += [len(layers) + f for f in range(len(self.final))]
-        self._ipc_dir = tempfile.mkdtemp(prefix="hsdump-")
-        endpoint = f"ipc://{self._ipc_dir}/rows"
-        self._rx = Receiver(endpoint)
-        self._rx.start()
         self.family = family_of(info.architecture)
-        os.environ[ENV] = json.dumps({"endpoint": endpoint, "layers": self.layers,
-                                      "final": self.final, "device": engine_cfg.device,
-                                      "slots": len(self._slot), "hidden": info.hidden_size,
-                                      "tap_input_norm": bool(self.family and
-                                                             self.family.tap_input_norm)})
+        self.layout = engine_layout(engine_cfg)
+        self._ipc_dir = tempfile.mkdtemp(prefix="hsdump-")
+        self._key_file: Optional[Path] = None
+        if self.layout.multi:
+            if not self.layout.is_head:
+                raise ValueError(f"node_rank={self.layout.node_rank}: only node 0 captures; "
+                                 "the other nodes run hsdump.engine.follow")
+            # rows from the other nodes' schedulers come over TCP, authenticated with this
+            # run's keys, handed to those nodes through a 0600 file in the output folder
+            self._rx = Receiver(receiver_endpoint(self.layout), keys=new_run_keys())
+            rows_spec = self._rx.sender_spec()
+            self._key_file = write_run_keys(key_file(run_dir, job_tag), rows_spec,
+                                            run=run_id())
+        else:
+            self._rx = Receiver(f"ipc://{self._ipc_dir}/rows")
+            rows_spec = self._rx.sender_spec()
+        self._rx.start()
+        os.environ[ENV] = json.dumps(scheduler_spec(rows_spec, self.layout, self.layers,
+                                                    self.final, engine_cfg.device,
+                                                    len(self._slot), info.hidden_size,
+                                                    self.family))
         from sglang.srt.entrypoints.engine import Engine
 
         class HsdumpEngine(Engine):
             run_scheduler_process_func = staticmethod(run_scheduler_process)
 
-        kwargs = self._engine_kwargs(model_path, model_cfg, info)
+        kwargs = engine_kwargs(engine_cfg, model_path, model_cfg, self.version, self.layers,
+                               generates, self.family, self.layout)
         kwargs["custom_sigquit_handler"] = _sigquit
         global _ACTIVE
         _ACTIVE = self
@@ -563,6 +716,8 @@ class CaptureEngine:
             self._engine = HsdumpEngine(**kwargs)
         except BaseException:
             self._rx.stop()
+            if self._key_file is not None:
+                remove_run_keys(self._key_file)
             for p in _child_processes():  # a failed start leaves no SGLang process behind
                 with contextlib.suppress(Exception):
                     p.kill()
@@ -571,39 +726,12 @@ class CaptureEngine:
             for s, h in old.items():
                 signal.signal(s, h)
         signal.signal(signal.SIGQUIT, _sigquit)
+        self._ready_at = time.monotonic()
         self._children = _child_processes()
         self._watchdog = threading.Thread(target=self._watch, name="hsdump-watchdog", daemon=True)
         self._watchdog.start()
         log.info("engine ready in %.1f s", time.time() - t0)
 
-    def _engine_kwargs(self, model_path: str, model_cfg: "ModelConfig", info: ModelInfo) -> dict:
-        c = self.cfg
-        kw = dict(model_path=model_path, tp_size=model_cfg.tp_size, dtype=model_cfg.dtype,
-                  device=c.device, skip_tokenizer_init=True, disable_radix_cache=True,
-                  chunked_prefill_size=c.chunked_prefill_size,
-                  max_prefill_tokens=c.max_prefill_tokens,
-                  enable_return_hidden_states=True, disable_cuda_graph=c.disable_cuda_graph,
-                  trust_remote_code=model_cfg.trust_remote_code, log_level=c.log_level)
-        for key in ("attention_backend", "sampling_backend", "mem_fraction_static",
-                    "max_running_requests", "max_total_tokens"):
-            if getattr(c, key) is not None:
-                kw[key] = getattr(c, key)
-        # text only: a vision-language checkpoint (KimiK25ForConditionalGeneration, ...) loads
-        # no image processor and runs no vision forward (its vision weights still load)
-        kw["enable_multimodal"] = False
-        if self.version != "0.5.17":
-            # capture-only mode: aux capture with no draft model (the patch then sets the layers)
-            kw.update(speculative_algorithm="EAGLE3", enable_return_aux_hidden_states=True,
-                      return_aux_hidden_state_layer_ids=[k - 1 for k in sorted(self.layers)])
-        kw.update(start_kwargs(c, self.generates))
-        if self.family is not None and self.family.tap_input_norm and c.device == "cuda":
-            # the stream taps are forward hooks: a graph replay would not run them
-            kw["disable_prefill_cuda_graph"] = True
-        kw.update(c.extra)
-        port = dp_attention_port(kw)
-        if port is not None:
-            kw["port"] = port
-        return kw
 
     # ---------------------------------------------------------------- health
     def _fail(self, message: str) -> None:
@@ -627,7 +755,27 @@ class CaptureEngine:
                 if not alive:
                     self._fail(f"SGLang process {p.pid} exited")
                     return
+            silent = self._silent_node()
+            if silent:
+                self._fail(silent)
+                return
             time.sleep(0.5)
+
+    def _silent_node(self) -> Optional[str]:
+        """The first other node of this engine whose heartbeats stopped, said as an error."""
+        if not self.layout.multi:
+            return None
+        now, limit = time.monotonic(), self.cfg.node_timeout
+        with self._rx.cond:
+            beats = dict(self._rx.heartbeats)
+        for node in range(1, self.layout.nnodes):
+            last, host = beats.get(node, (self._ready_at, "?"))
+            if now - last > limit:
+                return (f"node {node} (host {host}) of this engine sent no heartbeat for "
+                        f"{now - last:.0f} s (engine.node_timeout={limit:g}): it died or lost "
+                        "its link to node 0. Committed samples stay; run the same command on "
+                        "every node again to resume")
+        return None
 
     @property
     def stop_requested(self) -> bool:
@@ -807,6 +955,8 @@ class CaptureEngine:
             self._engine.shutdown()
         finally:
             self._rx.stop()
+            if self._key_file is not None:  # tells the other nodes this run is over
+                remove_run_keys(self._key_file)
             try:
                 for p in Path(self._ipc_dir).iterdir():
                     p.unlink()

@@ -29,6 +29,7 @@ from .chat import template_sha256
 from .config import Config, OutputConfig
 from .dist import owns, writer_tag
 from .families import Family, check_verified
+from .nodes import find_layout
 from .layers import CONVENTION, ModelInfo, read_model_info, resolve_layers
 from .locate import check_model_path
 from .sources import dataset_fingerprint, load_rows
@@ -275,6 +276,21 @@ def run(cfg: Config, resolved_config: Optional[dict] = None) -> Summary:
     return finish(r, *capture(r, engine))
 
 
+def follow_node(r: Run, layout) -> Summary:
+    """A node after node 0 of an engine over several nodes: its SGLang schedulers only, until
+    node 0 is done (node 0 tokenizes, captures and writes)."""
+    cfg = r.cfg
+    log.info("node %d of %d (%s): running this node's share of the engine for node 0 at %s",
+             layout.node_rank, layout.nnodes, layout.origin, layout.dist_init_addr)
+    with sglang_output(sglang_verbose(cfg.engine.log_level)):
+        from .engine import follow  # the sglang import happens only now
+
+        follow(r.model_path, cfg.model, cfg.engine, r.layers, r.info, cfg.capture.final,
+               run_dir=cfg.output.dir, job_tag=writer_tag(cfg.dist.num_jobs, cfg.dist.job_index))
+    log.info("node %d: node 0 is done", layout.node_rank)
+    return Summary(out_dir=cfg.output.dir, layers=r.layers, wall_s=time.time() - r.t0)
+
+
 def check_model(r: Run) -> None:
     """Refusals that need only the config and the model's config.json; the capture layers."""
     cfg = r.cfg
@@ -411,7 +427,8 @@ def start_engine(r: Run):
 
             engine = CaptureEngine(r.model_path, cfg.model, engine_cfg, r.layers, r.info,
                                    final=cfg.capture.final,
-                                   generates=cfg.regenerate.enabled)
+                                   generates=cfg.regenerate.enabled, run_dir=cfg.output.dir,
+                                   job_tag=writer_tag(cfg.dist.num_jobs, cfg.dist.job_index))
     except BaseException:
         r.writer.close(commit=False)
         raise

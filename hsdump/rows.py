@@ -28,6 +28,7 @@ import json
 import logging
 import socket
 import threading
+import time
 import uuid
 import warnings
 from collections import OrderedDict
@@ -275,6 +276,12 @@ class Sender:
         self._send([self._header(header)] + frames,
                    f"rows {int(start)}..{int(start) + int(slots.shape[1])} of request {rid}")
 
+    def heartbeat(self, node: int) -> None:
+        """A node's sign of life (another node's hsdump process, not a scheduler): the
+        receiver notes when each node last sent one (Receiver.heartbeats)."""
+        self._send([self._header({"heartbeat": int(node), "src": self.source}), b""],
+                   f"node {node}'s heartbeat")
+
     def error(self, message: str) -> None:
         h = {"error": message}
         if self._sid is not None:  # over TCP the receiver names the sender in the error
@@ -344,6 +351,8 @@ class Receiver(threading.Thread):
         self._closed: "OrderedDict[str, Optional[str]]" = OrderedDict()
         # TCP senders' next sequence numbers, by sender id: a gap is a lost message
         self._next_seq: Dict[str, int] = {}
+        # node rank -> (time.monotonic() of its last heartbeat, its host)
+        self.heartbeats: Dict[int, Tuple[float, str]] = {}
         self._stop_evt = threading.Event()
 
     def _bind_curve(self, endpoint: str, keys: Dict[str, str]) -> None:
@@ -436,6 +445,9 @@ class Receiver(threading.Thread):
                 self._check_sequence(h)
                 if "error" in h:
                     self.error = f"{_who(h)}: {h['error']}" if "src" in h else h["error"]
+                elif "heartbeat" in h:
+                    self.heartbeats[int(h["heartbeat"])] = (time.monotonic(),
+                                                            str(h.get("host", "?")))
                 else:
                     self._add(h, frames)
                 self.cond.notify_all()

@@ -12,7 +12,7 @@ from types import SimpleNamespace
 import pytest
 
 from hsdump.config import EngineConfig, ModelConfig
-from hsdump.engine import CaptureEngine, dp_attention_offsets, dp_attention_port
+from hsdump.engine import dp_attention_offsets, dp_attention_port, engine_kwargs, engine_layout
 
 
 class InOrder:
@@ -67,9 +67,9 @@ def test_skips_a_port_whose_derived_ports_are_taken(taken):
 
 def test_engine_kwargs_carry_the_port():
     def kwargs(extra):
-        fake = SimpleNamespace(cfg=EngineConfig(device="cpu", extra=extra), version="0.5.17",
-                               layers=[1, 2], generates=False, family=None)
-        return CaptureEngine._engine_kwargs(fake, "/m", ModelConfig(path="/m"), None)
+        c = EngineConfig(device="cpu", extra=extra)
+        return engine_kwargs(c, "/m", ModelConfig(path="/m"), "0.5.17", [1, 2], False, None,
+                             engine_layout(c))
 
     assert "port" not in kwargs({})
     got = kwargs({"dp_size": 2, "enable_dp_attention": True})

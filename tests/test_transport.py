@@ -505,8 +505,19 @@ def test_node_address_and_receiver_endpoint():
     assert nodes.node_address("127.0.0.1") == "127.0.0.1"
     assert nodes.tcp_endpoint("10.0.0.1") == "tcp://10.0.0.1:0"
     assert nodes.tcp_endpoint("fd00::1", 5) == "tcp://[fd00::1]:5"
-    with pytest.raises(ValueError, match="loopback address 127.0.0.1"):
-        nodes.receiver_endpoint(nodes.NodeLayout(2, 0, "127.0.0.1:5000", "explicit"))
+    # dist_init_addr on the loopback: every node on this host (a simulated multi-node run)
+    assert nodes.receiver_endpoint(nodes.NodeLayout(2, 0, "127.0.0.1:5000", "explicit")) == \
+        "tcp://127.0.0.1:0"
+
+
+def test_receiver_endpoint_refuses_a_host_name_that_leads_to_loopback(monkeypatch):
+    # node0 is named in dist_init_addr, but /etc/hosts maps this host's name to 127.0.1.1:
+    # the other nodes could not reach a receiver bound there
+    from hsdump import nodes
+
+    monkeypatch.setattr(nodes, "node_address", lambda toward: "127.0.1.1")
+    with pytest.raises(ValueError, match="loopback address 127.0.1.1"):
+        nodes.receiver_endpoint(nodes.NodeLayout(2, 0, "node0:5000", "explicit"))
 
 
 def test_sender_spec_names_the_address_senders_connect_to(keys):
