@@ -1,0 +1,22 @@
+"""One engine over two nodes, simulated on one host with two GPUs (bench/gpu_nodes.py): the
+two-node dataset against a one-process TP 1 run, rows from the DP group on node 1, node 1
+killed (node 0 stops naming it; resume completes), node 0 killed (node 1 leaves by itself).
+
+Run on the 2-GPU machine: python3 -m pytest -q -s tests/test_gpu_nodes.py
+"""
+
+import pytest
+import torch
+
+from helpers import load_bench
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.engine,
+    pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 NVIDIA GPUs (CUDA)"),
+]
+
+
+def test_two_node_engine(tmp_path):
+    gn = load_bench("gpu_nodes")
+    assert gn.main(["--workdir", str(tmp_path), "--out", str(tmp_path / "nodes.json")]) == 0
