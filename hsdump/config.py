@@ -291,11 +291,16 @@ class DistConfig:
     """Jobs sharing the dataset (nodes, or engines on one node); all write one output dir."""
     job_index: int = 0
     """This job's index, 0 <= job_index < num_jobs. It owns sample ids with id % num_jobs == job_index."""
+    nodes_per_engine: int = 1
+    """Nodes each job's one engine spans (a model too big for one node: +dist=slurm_multinode
+    runs every job on this many nodes, the same command on each; hsdump.nodes)."""
 
     def __post_init__(self) -> None:
         from .dist import check
 
         check(self.num_jobs, self.job_index)
+        if self.nodes_per_engine < 1:
+            raise ValueError(f"dist.nodes_per_engine={self.nodes_per_engine}: use 1 or more")
 
 
 @dataclass

@@ -555,8 +555,9 @@ HEARTBEAT_S = 2.0
 
 
 def engine_layout(c: "EngineConfig") -> NodeLayout:
-    """This node's place in the engine: engine.nnodes/node_rank/dist_init_addr, or SLURM's."""
-    return find_layout(c.nnodes, c.node_rank, c.dist_init_addr)
+    """This node's place in the engine, as engine.nnodes/node_rank/dist_init_addr say (the
+    pipeline fills them in from SLURM where it applies: hsdump.pipeline.node_layout)."""
+    return find_layout(c.nnodes, c.node_rank, c.dist_init_addr, env={})
 
 
 def key_file(run_dir: Optional[str], job_tag: str = "") -> Path:

@@ -29,7 +29,7 @@ from .chat import template_sha256
 from .config import Config, OutputConfig
 from .dist import owns, writer_tag
 from .families import Family, check_verified
-from .nodes import find_layout
+from .nodes import NodeLayout, find_layout
 from .layers import CONVENTION, ModelInfo, read_model_info, resolve_layers
 from .locate import check_model_path
 from .sources import dataset_fingerprint, load_rows
@@ -268,12 +268,36 @@ def run(cfg: Config, resolved_config: Optional[dict] = None) -> Summary:
     r = Run(cfg)
     check_output_dir(cfg.output.dir)
     check_model(r)
+    layout = node_layout(cfg)
+    if layout.multi:  # the engine takes the layout as resolved here, SLURM's included
+        cfg = r.cfg = dataclasses.replace(cfg, engine=dataclasses.replace(
+            cfg.engine, nnodes=layout.nnodes, node_rank=layout.node_rank,
+            dist_init_addr=layout.dist_init_addr))
+    if not layout.is_head:
+        return follow_node(r, layout)
     tokenize(r)
     compat, manifest = dataset_keys(r, resolved_config)
     if not open_dataset(r, compat, manifest):
         return r.summary
     engine = start_engine(r)
     return finish(r, *capture(r, engine))
+
+
+def node_layout(cfg: Config) -> NodeLayout:
+    """This process's place in its engine. One node unless engine.nnodes is set or
+    dist.nodes_per_engine > 1 (then SLURM's step fills what engine.* leaves unset): a SLURM
+    allocation of several nodes running one engine per node stays one node per engine."""
+    e, want = cfg.engine, cfg.dist.nodes_per_engine
+    if want == 1 and e.nnodes is None:
+        return find_layout(1, 0, None, env={})
+    layout = find_layout(e.nnodes, e.node_rank, e.dist_init_addr)
+    if want > 1 and layout.nnodes != want:
+        raise ValueError(
+            f"dist.nodes_per_engine={want}, but this process's engine spans {layout.nnodes} "
+            f"node(s) ({layout.origin}): run it on {want} nodes, one process each "
+            "(+dist=slurm_multinode, or srun --nodes=N --ntasks-per-node=1), or set "
+            "engine.nnodes/node_rank/dist_init_addr on every node")
+    return layout
 
 
 def follow_node(r: Run, layout) -> Summary:

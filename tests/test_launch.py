@@ -119,6 +119,32 @@ def test_slurm_sweep_submits_one_array_task_per_job(tmp_path):
     assert "-m submitit.core._submit" in script
 
 
+def test_slurm_multinode_preset_runs_each_engine_on_two_nodes(tmp_path):
+    c = config("+dist=slurm_multinode", "dist.num_jobs=4", "model=kimi_k25", "engine=gpu")
+    assert c.dist.nodes_per_engine == 2 and c.hydra.launcher.nodes == 2
+    assert c.hydra.launcher.tasks_per_node == 1
+    assert c.hydra.sweeper.params["dist.job_index"] == "range(4)"
+    bin_dir, rec = tmp_path / "bin", tmp_path / "rec"
+    bin_dir.mkdir()
+    rec.mkdir()
+    (bin_dir / "sbatch").write_text('#!/bin/sh\ncp "$1" "$REC/script.sh"\n'
+                                    'echo "sbatch: error: test stand-in" >&2\nexit 1\n')
+    (bin_dir / "srun").write_text("#!/bin/sh\nexit 1\n")
+    for f in bin_dir.iterdir():
+        f.chmod(0o755)
+    rc, log = extract("-m", "+dist=slurm_multinode", "dist.num_jobs=4", "model=kimi_k25",
+                      "engine=gpu", "model.tp_size=16", f"hydra.sweep.dir={tmp_path}/sweep",
+                      env={"PATH": f"{bin_dir}:{os.environ['PATH']}", "REC": str(rec)},
+                      timeout=300)
+    assert rc != 0 and "test stand-in" in log, log[-3000:]
+    script = (rec / "script.sh").read_text()
+    for line in ("--array=0-3", "--nodes=2", "--ntasks-per-node=1", "--gpus-per-node=8",
+                 "--exclusive"):
+        assert f"#SBATCH {line}" in script, (line, script)
+    # submitit starts one task per node with the same command: each finds its rank in SLURM
+    assert "srun" in script and "-m submitit.core._submit" in script
+
+
 # ----------------------------------------------------------------------------- real jobs
 def shards_of(out):
     return shards(out)
