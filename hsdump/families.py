@@ -36,6 +36,8 @@ FAMILIES = (
     Family("Llama", ("LlamaForCausalLM",), CPU_TEST),
     Family("Qwen3", ("Qwen3ForCausalLM",), CPU_TEST),
     Family("DeepSeek-V3", ("DeepseekV3ForCausalLM",), GPU_TEST),
+    Family("Gemma-3", ("Gemma3ForCausalLM", "Gemma3ForConditionalGeneration"), CPU_TEST,
+           tap_input_norm=True),
     Family("Kimi-K2.5", ("KimiK25ForConditionalGeneration",),
            "GPU, bench/kimi_check.py --both (SGLang 0.5.17; bf16 and INT4 experts)"),
 )
