@@ -32,9 +32,17 @@ class Family:
 CPU_TEST = "CPU, tests/test_families.py (SGLang 0.5.23)"
 GPU_TEST = "GPU, tests/test_gpu.py (SGLang 0.5.17)"
 
+GPU_PROBE = "GPU, bench/families_probe.py --device gpu (SGLang 0.5.17)"
+
 FAMILIES = (
     Family("Llama", ("LlamaForCausalLM",), CPU_TEST),
+    Family("Qwen2", ("Qwen2ForCausalLM",), CPU_TEST),
     Family("Qwen3", ("Qwen3ForCausalLM",), CPU_TEST),
+    Family("Qwen3-MoE", ("Qwen3MoeForCausalLM",), CPU_TEST),
+    Family("GLM-4.5 MoE", ("Glm4MoeForCausalLM",), CPU_TEST),
+    Family("Phi-3", ("Phi3ForCausalLM",), CPU_TEST),
+    Family("Mistral", ("MistralForCausalLM",), CPU_TEST),
+    Family("MiniMax-M2", ("MiniMaxM2ForCausalLM",), GPU_PROBE),
     Family("DeepSeek-V3", ("DeepseekV3ForCausalLM",), GPU_TEST),
     Family("Gemma-3", ("Gemma3ForCausalLM", "Gemma3ForConditionalGeneration"), CPU_TEST,
            tap_input_norm=True),
