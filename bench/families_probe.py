@@ -224,6 +224,17 @@ def compare(records, layers, ref32, ref16) -> dict:
                 break
     if problems:
         status = "wrong"
+    # tests/test_gpu.py's MoE rule (bench/gpu_check.py): per layer, mean err <= 2 x mean bf16
+    # err + 0.005 and every err <= 3 x the largest bf16 err + 0.005. In an MoE a near-tied
+    # router flips experts for a few tokens in either bf16 run, so one prompt's bf16 error
+    # can be far below the engine's while others are above it.
+    moe_ok = not problems
+    for k in layers:
+        d = per[str(k)]
+        if d["err"]:
+            m_e, m_b = sum(d["err"]) / len(d["err"]), sum(d["bf16"]) / len(d["bf16"])
+            if m_e > 2.0 * m_b + 0.005 or max(d["err"]) > 3.0 * max(d["bf16"]) + 0.005:
+                moe_ok = False
     summary = {}
     for k in layers:
         d = per[str(k)]
@@ -232,8 +243,9 @@ def compare(records, layers, ref32, ref16) -> dict:
             summary[str(k)] = {"worst": max(d["err"]), "bf16_worst": max(d["bf16"]),
                                "prev_min": min(d["prev"]),
                                "next_min": min(nxt) if nxt else None,
-                               "best_index": sorted({b for b, _ in d["best"]})}
-    return {"status": status, "detail": sorted(set(detail))[:6], "problems": problems[:6],
+                               "best_index": sorted({b for b, _ in d["best"]}),
+                               "err": d["err"], "bf16": d["bf16"]}
+    return {"status": status, "moe_rule_ok": moe_ok, "detail": sorted(set(detail))[:6], "problems": problems[:6],
             "per_layer": summary, "raw": per}
 
 
@@ -290,7 +302,7 @@ def probe(name: str, args, workdir: Path) -> dict:
         res.update(status=f"failed: compare: {type(e).__name__}: {e}"[:300],
                    traceback=traceback.format_exc()[-3000:])
         return res
-    res.update(status=cmp["status"], detail=cmp["detail"], problems=cmp["problems"],
+    res.update(status=cmp["status"], moe_rule_ok=cmp["moe_rule_ok"], detail=cmp["detail"], problems=cmp["problems"],
                per_layer=cmp["per_layer"], samples=len(records),
                sample_lens=[len(p) for p in prompts],
                worst=max(v["worst"] for v in cmp["per_layer"].values()),
