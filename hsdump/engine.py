@@ -225,6 +225,11 @@ def _install_patch(spec: dict) -> None:
         model.set_eagle3_layers_to_capture([k - 1 for k in layers])
         stack = decoder_stack(model)
         stack.layers_to_capture = list(layers)  # entry i = stream entering layer i = HF hs[i]
+        if hasattr(stack, "set_eagle3_layers_to_capture"):
+            # a stack that captures through per-layer flags (Qwen3.5) gets them from the same
+            # list: SGLang 0.5.17's wrapper setter leaves them unset (unverified family)
+            for i, layer in enumerate(stack.layers):
+                layer._is_layer_to_capture = i in layers
         if spec.get("tap_input_norm"):
             tap_stream(stack, layers)
         if "pre_norm" in final:
