@@ -419,8 +419,8 @@ def check_supported(info: ModelInfo, engine_cfg: "EngineConfig", model_cfg: "Mod
         raise ValueError(f"SGLang has no model class for {info.architecture}: {e}") from e
     if not hasattr(cls, "set_eagle3_layers_to_capture"):
         raise ValueError(f"{info.architecture} ({cls.__name__}) has no EAGLE-3 aux capture in "
-                         f"sglang {version}; hsdump cannot capture its layers. Supported "
-                         "families include Llama, Qwen2/3, Qwen3-MoE, DeepSeek-V2/V3/Kimi.")
+                         f"sglang {version}; hsdump cannot capture its layers. The classes "
+                         "hsdump verified: README \"Model families\" (hsdump.families)")
     return version
 
 

@@ -121,3 +121,20 @@ def test_unverified_class_is_refused_before_the_engine(tmp_path):
     assert p.returncode != 0 and "Qwen3NextForCausalLM" in text
     assert "capture.allow_unverified=true" in text and "Traceback" not in text
     assert not (out / "manifest.json").exists()
+
+
+@pytest.mark.engine  # imports SGLang's model registry (no engine starts)
+def test_readme_table_is_the_generated_one():
+    import families_table
+
+    readme = (ROOT / "README.md").read_text()
+    i, j = readme.index(families_table.BEGIN), readme.index(families_table.END)
+    assert readme[i + len(families_table.BEGIN):j].strip() == families_table.table().strip(), \
+        "README's family table is stale: .venv/bin/python bench/families_table.py --write"
+    # every verified class has a row that says so, and only those
+    from hsdump.families import FAMILIES as VERIFIED
+
+    for fam in VERIFIED:
+        for arch in fam.architectures:
+            row = next(r for r in readme.splitlines() if r.startswith(f"| `{arch}` |"))
+            assert "**verified**" in row, row
