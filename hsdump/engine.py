@@ -586,7 +586,7 @@ def scheduler_spec(rows_spec: dict, layout: NodeLayout, layers, final, device: s
 def follow(model_path: str, model_cfg: "ModelConfig", engine_cfg: "EngineConfig",
            layers: Sequence[int], info: ModelInfo, final: Sequence[str] = (),
            run_dir: Optional[str] = None, job_tag: str = "",
-           key_timeout: float = 900.0) -> None:
+           key_timeout: float = 900.0, on_ready: Optional[Callable[[str], None]] = None) -> None:
     """A node k > 0 of an engine over several nodes: SGLang's schedulers of this node with
     hsdump's patch (those owning rows send them to node 0 over TCP), until node 0 is done.
 
@@ -633,8 +633,9 @@ def follow(model_path: str, model_cfg: "ModelConfig", engine_cfg: "EngineConfig"
     threading.Thread(target=heartbeats, name="hsdump-heartbeat", daemon=True).start()
     engine = HsdumpEngine(**kwargs)
     children = _child_processes()
-    log.info("node %d: %d SGLang processes running; rows go to %s", layout.node_rank,
-             len(children), rows_spec["endpoint"])
+    if on_ready is not None:
+        on_ready(f"node {layout.node_rank}: {len(children)} SGLang processes running; rows go "
+                 f"to node 0 at {rows_spec['endpoint']}")
     try:
         while True:
             alive = [p for p in children if p.is_running() and p.status() != "zombie"]

@@ -310,7 +310,8 @@ def follow_node(r: Run, layout) -> Summary:
         from .engine import follow  # the sglang import happens only now
 
         follow(r.model_path, cfg.model, cfg.engine, r.layers, r.info, cfg.capture.final,
-               run_dir=cfg.output.dir, job_tag=writer_tag(cfg.dist.num_jobs, cfg.dist.job_index))
+               run_dir=cfg.output.dir, job_tag=writer_tag(cfg.dist.num_jobs, cfg.dist.job_index),
+               on_ready=log.info)
     log.info("node %d: node 0 is done", layout.node_rank)
     return Summary(out_dir=cfg.output.dir, layers=r.layers, wall_s=time.time() - r.t0)
 
