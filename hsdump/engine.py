@@ -739,7 +739,6 @@ class CaptureEngine:
         self._watchdog.start()
         log.info("engine ready in %.1f s", time.time() - t0)
 
-
     # ---------------------------------------------------------------- health
     def _fail(self, message: str) -> None:
         if self._died is None:
