@@ -6,7 +6,11 @@ runs exactly one `python extract.py OVERRIDES dist.num_jobs=N dist.job_index=i` 
 subprocess (SGLang starts its own processes; a subprocess keeps every job isolated and
 killable: it dies with its Ray worker). A job that exits non-zero raises, so Ray runs it again
 (`--max-retries`, default 3); the re-run resumes (committed samples are not recomputed).
-All jobs write one `output.dir`, which must be on a file system every node mounts. The driver
+All jobs write one `output.dir`, which must be on a file system every node mounts.
+With `dist.nodes_per_engine=N` each job's engine spans N nodes: the job is N tasks in a
+placement group (one bundle per node, STRICT_SPREAD) running the same command with
+`engine.nnodes=N engine.node_rank=i engine.dist_init_addr=<node 0>:<port>` (hsdump.nodes);
+those tasks are not retried one by one. The driver
 waits for all jobs, prints one line per job, and exits 1 naming the jobs that used up their
 retries (re-run just those with `--only`; they resume).
 
@@ -96,18 +100,29 @@ class JobSpec:
     the node that runs the job, or absolute."""
     fault_once: str = ""
     """HSDUMP_FAULT for the first attempt only (the HSDUMP_RAY_FAULT test hook)."""
+    nodes: int = 1
+    """Nodes of this job's one engine (dist.nodes_per_engine): one task per node."""
+    rank: int = 0
+    """This task's node in the engine."""
+    dist_init_addr: str = ""
+    """host:port of the engine's node 0 (nodes > 1)."""
 
     def command(self, attempt: int) -> List[str]:
         app = [str(EXTRACT)] if EXTRACT.is_file() else ["-m", "hsdump", "extract"]
         args = [sys.executable, *app, *self.overrides,
                 f"dist.num_jobs={self.num_jobs}", f"dist.job_index={self.index}"]
+        if self.nodes > 1:
+            args += [f"dist.nodes_per_engine={self.nodes}", f"engine.nnodes={self.nodes}",
+                     f"engine.node_rank={self.rank}",
+                     f"engine.dist_init_addr={self.dist_init_addr}"]
         if self.log_dir and not any(o.startswith(("hydra.run.dir=", "+hydra.run.dir="))
                                     for o in self.overrides):
             args.append(f"hydra.run.dir={self.attempt_dir(attempt)}")
         return args
 
     def attempt_dir(self, attempt: int) -> str:
-        return f"{self.log_dir}/job{self.index}-attempt{attempt}"
+        node = f"-node{self.rank}" if self.nodes > 1 else ""
+        return f"{self.log_dir}/job{self.index}{node}-attempt{attempt}"
 
 
 def job_cwd() -> Path:
@@ -298,6 +313,9 @@ def split_overrides(overrides: List[str], num_jobs: Optional[int]) -> Tuple[List
         if key == "dist.num_jobs":
             from_override = int(value)
             continue
+        if key in ("engine.nnodes", "engine.node_rank", "engine.dist_init_addr"):
+            raise ValueError(f"{o}: the Ray launch places each engine's nodes itself; give "
+                             "dist.nodes_per_engine=N")
         rest.append(o)
     if num_jobs is not None and from_override is not None and num_jobs != from_override:
         raise ValueError(f"--num-jobs {num_jobs} and dist.num_jobs={from_override} disagree")
@@ -329,9 +347,13 @@ def compose(overrides: List[str], num_jobs: int) -> Any:
 
 
 def default_gpus(cfg: Any) -> float:
+    """GPUs of one task: the engine's (TP x DP replicas; TP under DP attention), divided by
+    the nodes it spans."""
     if not str(cfg.engine.device).startswith("cuda"):
         return 0.0
-    return float(cfg.model.tp_size * int(cfg.engine.extra.get("dp_size", 1) or 1))
+    dp = 1 if cfg.engine.extra.get("enable_dp_attention") else \
+        int(cfg.engine.extra.get("dp_size", 1) or 1)
+    return float(cfg.model.tp_size * dp) / cfg.dist.nodes_per_engine
 
 
 def connect(address: Optional[str]) -> bool:
@@ -428,14 +450,61 @@ def main(argv=None) -> int:
         if warning:
             print(f"{PROG}: warning: {warning}", file=sys.stderr, flush=True)
         return launch(ray, only, num_jobs, overrides, env, log_dir, options, out_dir,
-                      fault_job, fault_spec, argv)
+                      fault_job, fault_spec, argv, nodes=cfg.dist.nodes_per_engine)
     finally:
         if owned:
             ray.shutdown()
 
 
+def node0_address() -> str:
+    """Runs on the first node of an engine: its IP and a port free there (SGLang's
+    dist_init_addr; the engine binds it a moment later)."""
+    import socket
+
+    import ray
+
+    with socket.socket() as s:
+        s.bind(("", 0))
+        port = s.getsockname()[1]
+    return f"{ray.util.get_node_ip_address()}:{port}"
+
+
+def start_engine_tasks(ray, spec: JobSpec, nodes: int, options: Dict[str, Any], tracker):
+    """One job whose engine spans `nodes` nodes: a placement group of one bundle per node
+    (STRICT_SPREAD: each on its own node), node 0's address found on the first bundle, then
+    one task per node running the same command with its node_rank. The tasks are not retried
+    one by one (a node's engine cannot rejoin alone): a failed job is re-run whole with --only,
+    and resumes. Returns (placement group, [ref per node])."""
+    import dataclasses
+
+    from ray.util.placement_group import placement_group
+    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+    bundle = {"CPU": options["num_cpus"], "GPU": options["num_gpus"]}
+    bundle.update(options.get("resources") or {})
+    if options.get("memory"):
+        bundle["memory"] = options["memory"]
+    pg = placement_group([{k: v for k, v in bundle.items() if v}] * nodes,
+                         strategy="STRICT_SPREAD", name=f"hsdump-job{spec.index}")
+    ray.get(pg.ready())
+
+    def on(rank):
+        return PlacementGroupSchedulingStrategy(pg, placement_group_bundle_index=rank)
+
+    addr = ray.get(ray.remote(num_cpus=0)(node0_address).options(
+        scheduling_strategy=on(0)).remote())
+    opts = {k: v for k, v in options.items() if k not in ("retry_exceptions", "max_retries")}
+    refs = []
+    for rank in range(nodes):
+        one = dataclasses.replace(spec, nodes=nodes, rank=rank, dist_init_addr=addr)
+        refs.append(ray.remote(run_job).options(**opts, max_retries=0,
+                                                scheduling_strategy=on(rank))
+                    .remote(one, tracker if rank == 0 else None))
+    return pg, refs
+
+
 def launch(ray, only, num_jobs, overrides, env, log_dir, options, out_dir, fault_job,
-           fault_spec, argv) -> int:
+           fault_spec, argv, nodes: int = 1) -> int:
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
     here = ray.get_runtime_context().get_node_id()
@@ -448,26 +517,41 @@ def launch(ray, only, num_jobs, overrides, env, log_dir, options, out_dir, fault
     t0 = time.time()
     # `ray job stop` and schedulers send SIGTERM: stop like Ctrl-C (the jobs commit first)
     signal.signal(signal.SIGTERM, signal.default_int_handler)
-    refs = {}
+    refs = {}  # ref -> (job, node rank)
+    groups = {}  # job -> its placement group (engines over several nodes)
     for i in only:
         spec = JobSpec(index=i, num_jobs=num_jobs, overrides=list(overrides), env=env,
                        log_dir=log_dir,
                        fault_once=fault_spec if fault_job.strip() == str(i) else "")
-        refs[task.remote(spec, tracker)] = i
+        if nodes > 1:
+            groups[i], gang = start_engine_tasks(ray, spec, nodes, options, tracker)
+            refs.update({ref: (i, rank) for rank, ref in enumerate(gang)})
+        else:
+            refs[task.remote(spec, tracker)] = (i, 0)
     results: Dict[int, Any] = {}
     pending = list(refs)
     try:
         while pending:
             done, pending = ray.wait(pending, num_returns=1)
             for ref in done:
-                i = refs[ref]
+                i, rank = refs[ref]
                 try:
-                    results[i] = ray.get(ref)
+                    res = ray.get(ref)
                 except JobError as e:  # a RayTaskError(JobFailed): its cause is ours
                     cause = getattr(e, "cause", None)
-                    results[i] = cause if isinstance(cause, JobError) else e
+                    res = cause if isinstance(cause, JobError) else e
                 except ray.exceptions.RayError as e:  # worker or node lost for good
-                    results[i] = e
+                    res = e
+                if rank == 0 or not isinstance(res, dict):  # node 0 reports; any node fails
+                    if not isinstance(results.get(i), Exception):
+                        results[i] = res
+                left = [r for r in pending if refs[r][0] == i]
+                if left:
+                    continue
+                if i in groups:
+                    from ray.util.placement_group import remove_placement_group
+
+                    remove_placement_group(groups.pop(i))
                 print(f"{PROG}: job {i}: {'done' if isinstance(results[i], dict) else 'FAILED'}"
                       f" ({len(results)}/{len(only)} finished)", flush=True)
     except KeyboardInterrupt:

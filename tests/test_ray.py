@@ -180,3 +180,46 @@ def test_two_ray_jobs_write_one_dataset_one_killed_and_rerun_by_ray(cluster, tmp
         for j, (x, y) in enumerate(zip(ra["hidden_states"], rb["hidden_states"])):
             err = float((x.float() - y.float()).norm() / y.float().norm())
             assert err < 0.01, (sid, j, err)
+
+
+# ----------------------------------------------------------------------------- engines of 2 nodes
+def test_engine_over_two_nodes_runs_one_task_per_node_with_its_rank(tmp_path):
+    """dist.nodes_per_engine=2: each job's engine gets a placement group of one bundle per node
+    (STRICT_SPREAD, on a real two-node Ray cluster simulated on this machine) and one task per
+    node with the same command plus engine.nnodes=2, its node_rank and node 0's address. The
+    jobs' python cannot start here (PYTHONHOME), so each task fails at once: the driver reports
+    the job FAILED, after both nodes' tasks ran, without retrying a node alone."""
+    from ray.cluster_utils import Cluster
+
+    spec = ray_launch.JobSpec(index=1, num_jobs=2, overrides=["model=kimi_k25"], nodes=2,
+                              rank=1, dist_init_addr="10.0.0.5:29500", log_dir="L")
+    cmd = spec.command(1)
+    for o in ("dist.num_jobs=2", "dist.job_index=1", "dist.nodes_per_engine=2",
+              "engine.nnodes=2", "engine.node_rank=1", "engine.dist_init_addr=10.0.0.5:29500"):
+        assert o in cmd, (o, cmd)
+    assert spec.attempt_dir(1) == "L/job1-node1-attempt1"
+    with pytest.raises(ValueError, match="dist.nodes_per_engine"):
+        ray_launch.split_overrides(["engine.node_rank=1"], 2)
+    cfg = ray_launch.compose(["model=kimi_k25", "engine=gpu", "model.tp_size=16",
+                              "dist.nodes_per_engine=2", "+engine.extra.dp_size=16",
+                              "+engine.extra.enable_dp_attention=true"], 2)
+    assert ray_launch.default_gpus(cfg) == 8  # 16 GPUs of the engine over 2 nodes
+
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1})
+    try:
+        cluster.add_node(num_cpus=1)
+        cluster.wait_for_nodes()
+        env = {"RAY_ADDRESS": cluster.address}
+        rc, log = run([*LAUNCH, "--num-jobs", "1", "--num-cpus", "1",
+                       "--env", "PYTHONHOME=/nonexistent", "--log-dir", str(tmp_path / "logs"),
+                       "dist.nodes_per_engine=2", *ARGS, f"output.dir={tmp_path}/out"],
+                      env=env, timeout=300)
+    finally:
+        cluster.shutdown()
+    assert rc == 1, log[-3000:]
+    assert "job 0/1: FAILED (exit status 1)" in log, log[-3000:]
+    for rank in (0, 1):
+        assert re.search(rf"engine\.nnodes=2 engine\.node_rank={rank} "
+                         r"engine\.dist_init_addr=[\d.]+:\d+", log), log[-3000:]
+    assert sorted(p.name for p in (tmp_path / "logs").iterdir()) == \
+        ["job0-node0-attempt1", "job0-node1-attempt1"]
