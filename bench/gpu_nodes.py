@@ -69,6 +69,17 @@ def wait_for(log_path: str, text: str, timeout: float) -> bool:
     return False
 
 
+def kill_one(model, out_dir, port, workdir, tag, victim: int):
+    """Both nodes started; `victim` SIGKILLed (its whole process group) 3 s after node 1's
+    schedulers run. (survivor process, its log, engine came up, time of the kill)."""
+    procs = [start(model, out_dir, rank, port, workdir, tag) for rank in (0, 1)]
+    up = wait_for(procs[1][1], "SGLang processes running", 400)
+    time.sleep(3)
+    os.killpg(procs[victim][0].pid, signal.SIGKILL)
+    survivor, log = procs[1 - victim]
+    return survivor, log, up, time.time()
+
+
 def two_nodes(model, out_dir, port, workdir, tag, timeout=420):
     p0, log0 = start(model, out_dir, 0, port, workdir, tag)
     p1, log1 = start(model, out_dir, 1, port, workdir, tag)
@@ -122,12 +133,7 @@ def main(argv=None) -> int:
 
     # 2. node 1 killed once the engine runs
     out2 = os.path.join(workdir, "ds-kill1")
-    p0, log0 = start(model, out2, 0, 29800, workdir, "kill1")
-    p1, log1 = start(model, out2, 1, 29800, workdir, "kill1")
-    up = wait_for(log1, "SGLang processes running", 400)
-    time.sleep(3)
-    os.killpg(p1.pid, signal.SIGKILL)
-    t = time.time()
+    p0, log0, up, t = kill_one(model, out2, 29800, workdir, "kill1", victim=1)
     rc0 = wait(p0, NODE_TIMEOUT + 180)
     text0 = Path(log0).read_text(errors="replace")
     again = two_nodes(model, out2, 29900, workdir, "resume")
@@ -143,12 +149,7 @@ def main(argv=None) -> int:
 
     # 3. node 0 killed: node 1 must leave by itself
     out3 = os.path.join(workdir, "ds-kill0")
-    p0, log0 = start(model, out3, 0, 30100, workdir, "kill0")
-    p1, log1 = start(model, out3, 1, 30100, workdir, "kill0")
-    up = wait_for(log1, "SGLang processes running", 400)
-    time.sleep(3)
-    os.killpg(p0.pid, signal.SIGKILL)
-    t = time.time()
+    p1, log1, up, t = kill_one(model, out3, 30100, workdir, "kill0", victim=0)
     rc1 = wait(p1, NODE_TIMEOUT + 60)
     report["kill_node0"] = {"engine_up": up, "rc1": rc1, "node1_s": round(time.time() - t, 1),
                             "tail1": Path(log1).read_text(errors="replace")[-2000:]}

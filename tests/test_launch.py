@@ -90,9 +90,9 @@ def test_launcher_presets_compose():
     assert c.dist.num_jobs == 2 and c.hydra.sweeper.params["dist.job_index"] == "range(2)"
 
 
-def test_slurm_sweep_submits_one_array_task_per_job(tmp_path):
-    """The real command line down to sbatch: a stand-in `sbatch` records the script that
-    hydra-submitit-launcher wrote, then refuses, so nothing runs and no cluster is needed."""
+def sbatch_stand_in(tmp_path):
+    """(env, folder): a PATH whose `sbatch` copies the script hydra-submitit-launcher wrote
+    into the folder, then refuses (so nothing runs), and whose `srun` exists."""
     bin_dir, rec = tmp_path / "bin", tmp_path / "rec"
     bin_dir.mkdir()
     rec.mkdir()
@@ -101,10 +101,17 @@ def test_slurm_sweep_submits_one_array_task_per_job(tmp_path):
     (bin_dir / "srun").write_text("#!/bin/sh\nexit 1\n")
     for f in bin_dir.iterdir():
         f.chmod(0o755)
+    return {"PATH": f"{bin_dir}:{os.environ['PATH']}", "REC": str(rec)}, rec
+
+
+def test_slurm_sweep_submits_one_array_task_per_job(tmp_path):
+    """The real command line down to sbatch: a stand-in `sbatch` records the script that
+    hydra-submitit-launcher wrote, then refuses, so nothing runs and no cluster is needed."""
+    env, rec = sbatch_stand_in(tmp_path)
     rc, log = extract("-m", "+dist=slurm_nodes", "dist.num_jobs=3", "model=kimi_k25",
                       "engine=gpu", "hydra.launcher.partition=gpu",
                       f"hydra.sweep.dir={tmp_path}/sweep",
-                      env={"PATH": f"{bin_dir}:{os.environ['PATH']}", "REC": str(rec)},
+                      env=env,
                       timeout=300)
     assert rc != 0 and "test stand-in" in log, log[-3000:]
     jobs = re.findall(r"#(\d+) : (.*)", log)
@@ -124,17 +131,10 @@ def test_slurm_multinode_preset_runs_each_engine_on_two_nodes(tmp_path):
     assert c.dist.nodes_per_engine == 2 and c.hydra.launcher.nodes == 2
     assert c.hydra.launcher.tasks_per_node == 1
     assert c.hydra.sweeper.params["dist.job_index"] == "range(4)"
-    bin_dir, rec = tmp_path / "bin", tmp_path / "rec"
-    bin_dir.mkdir()
-    rec.mkdir()
-    (bin_dir / "sbatch").write_text('#!/bin/sh\ncp "$1" "$REC/script.sh"\n'
-                                    'echo "sbatch: error: test stand-in" >&2\nexit 1\n')
-    (bin_dir / "srun").write_text("#!/bin/sh\nexit 1\n")
-    for f in bin_dir.iterdir():
-        f.chmod(0o755)
+    env, rec = sbatch_stand_in(tmp_path)
     rc, log = extract("-m", "+dist=slurm_multinode", "dist.num_jobs=4", "model=kimi_k25",
                       "engine=gpu", "model.tp_size=16", f"hydra.sweep.dir={tmp_path}/sweep",
-                      env={"PATH": f"{bin_dir}:{os.environ['PATH']}", "REC": str(rec)},
+                      env=env,
                       timeout=300)
     assert rc != 0 and "test stand-in" in log, log[-3000:]
     script = (rec / "script.sh").read_text()
