@@ -28,10 +28,8 @@ work dir and its tail in the JSON).
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import os
-import platform
 import re
 import shutil
 import subprocess
@@ -49,6 +47,7 @@ for p in (ROOT, ROOT / "tests"):
 import torch  # noqa: E402
 
 from families import FAMILIES, build  # noqa: E402
+from gpu_check import environment  # noqa: E402
 
 TOL_FACTOR, TOL_EPS = 3.0, 0.002
 MATCH_FACTOR = 5.0  # a failing layer "matches" index j when err_j <= 5 * bf16_err + 0.01
@@ -322,21 +321,6 @@ def line(r: dict) -> str:
     nums = (f"worst {w:.4f}  bf16 {b:.4f}  neighbours >= {nb:.3f}" if w is not None
             else "")
     return f"{r['family']:<15} {r['class']:<36} {st[:110]:<40} {nums}"
-
-
-def environment() -> dict:
-    from importlib import metadata
-
-    env = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-           "host": platform.node(), "python": platform.python_version()}
-    for pkg in ("sglang", "sglang-kernel", "torch", "transformers"):
-        try:
-            env[pkg] = metadata.version(pkg)
-        except metadata.PackageNotFoundError:
-            env[pkg] = None
-    if torch.cuda.is_available():
-        env["gpu"] = torch.cuda.get_device_name(0)
-    return env
 
 
 def main(argv=None) -> int:

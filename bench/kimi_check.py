@@ -37,8 +37,8 @@ for p in (ROOT, ROOT / "tests", ROOT / "bench"):
 
 import torch  # noqa: E402
 
-from families_probe import compare, environment, hf_hidden_states  # noqa: E402
-from gpu_check import tolerance_failures  # noqa: E402
+from families_probe import compare, hf_hidden_states  # noqa: E402
+from gpu_check import environment, tolerance_failures  # noqa: E402
 from kimi_checkpoint import build, reference_dir, write_kimi_tokenizer  # noqa: E402
 
 
