@@ -99,7 +99,8 @@ def _record(mode, run_dir, value):
     .hydra folder, its log file) is kept only where hydra.run.dir is set; by default (`.`)
     there is none (the log file is os.devnull), so a run leaves nothing in the current
     folder. Sweeps keep theirs."""
-    if str(mode) == "MULTIRUN" or str(run_dir) != ".":
+    # hydra.mode resolves to the enum RunMode.MULTIRUN (str: "RunMode.MULTIRUN") or its name
+    if str(getattr(mode, "name", mode)).endswith("MULTIRUN") or str(run_dir) != ".":
         return value
     return None if value == ".hydra" else os.devnull
 

@@ -24,7 +24,7 @@ from .masks import (encode_conversation, encode_with_spans,  # noqa: F401
                     tokenize_conversation, tokenize_text)
 from .sources import (LOADER_VERSION, RAW, RAW_LINE, _is_saved_dataset,  # noqa: F401
                       _materialize_stream, _raw_dataset, _sha256_file, _source_info, cache_root,
-                      dataset_fingerprint, load_json_file, load_rows, read_json_records,
+                      dataset_fingerprint, load_json_file, load_rows, non_utf8, read_json_records,
                       resolve_data_path, source_info, split_json_array)
 from .tokenization import (LENGTH_REASONS, MASK_VERSION, RowsView, Skip, length_policy,  # noqa: F401
                            Tokenized, _sample_fn, tokenize_dataset, tokenize_fingerprint)

@@ -16,7 +16,7 @@ import hostile
 
 MEMORY_CAP = 6 << 30
 """Address space of the driver: torch alone maps ~3.3 GB; reading /dev/zero would pass it."""
-RSS_CAP_MB = 1500
+RSS_CAP_MB = 2500  # the one driver process's peak over all cases and tools: 1,678 MB on a clean CI run (torch, export), far below a read of /dev/zero (the 6 GiB cap)
 
 
 @pytest.fixture(scope="module")

@@ -71,8 +71,9 @@ class Rank:
         sgl.monkeypatch.setattr(sgl.brp.SchedulerBatchResultProcessor,
                                 "process_batch_result_prefill",
                                 lambda proc, batch, result: self.prefilled.append(batch))
-        engine._install_patch({"endpoint": endpoint, "layers": LAYERS, "final": list(final),
-                               "device": "cpu", "slots": len(LAYERS) + len(final), "hidden": H})
+        engine._install_patch({"rows": {"endpoint": endpoint}, "node_rank": 0,
+                               "layers": LAYERS, "final": list(final), "device": "cpu",
+                               "slots": len(LAYERS) + len(final), "hidden": H})
         self.logits = sgl.lp.LogitsProcessor.forward
         self.prefill = sgl.brp.SchedulerBatchResultProcessor.process_batch_result_prefill
 
@@ -86,7 +87,7 @@ class Rank:
         from sglang.srt.managers.utils import GenerationBatchResult
 
         self.sgl.monkeypatch.setattr(engine, "_is_writer_rank", lambda: True)
-        self.sgl.monkeypatch.setattr(engine, "_source", lambda: self.source)
+        self.sgl.monkeypatch.setattr(engine, "_source", lambda node=0: self.source)
         batch = types.SimpleNamespace(
             return_hidden_states=True, reqs=[types.SimpleNamespace(rid=r) for r, _, _ in reqs],
             prefix_lens=[s for _, s, _ in reqs], extend_lens=[n for _, _, n in reqs])
