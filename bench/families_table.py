@@ -52,8 +52,6 @@ def measured() -> dict:
             status = r.get("status", "?")
             if status.startswith("wrong") and r.get("moe_rule_ok"):
                 status = "ok (MoE rule)"
-            if key == "gpu_preview" and name.startswith("gemma3"):
-                status += " (before hsdump's Gemma-3 fix; not re-run on the GPU)"
             out.setdefault(TEST_FAMILIES[name].cls, []).append(
                 (where, r.get("worst"), r.get("bf16_worst"), status))
     kimi = json.loads((RESULTS / "kimi-gpu-first.json").read_text())

@@ -47,8 +47,11 @@ FAMILIES = (
     Family("Llama-4", ("Llama4ForConditionalGeneration",),
            GPU_PROBE + ", +engine.extra.context_length=8192"),
     Family("DeepSeek-V3", ("DeepseekV3ForCausalLM",), GPU_TEST),
-    Family("Gemma-3", ("Gemma3ForCausalLM", "Gemma3ForConditionalGeneration"), CPU_TEST,
-           tap_input_norm=True),
+    Family("DeepSeek-V3.2", ("DeepseekV32ForCausalLM",),
+           GPU_PROBE + ", with deep_gemm and FlashMLA"),
+    Family("Qwen3-Next", ("Qwen3NextForCausalLM",), GPU_PROBE + ", MoE rule"),
+    Family("Gemma-3", ("Gemma3ForCausalLM", "Gemma3ForConditionalGeneration"),
+           CPU_TEST + "; " + GPU_PROBE, tap_input_norm=True),
     Family("Kimi-K2.5", ("KimiK25ForConditionalGeneration",),
            "GPU, bench/kimi_check.py --both (SGLang 0.5.17; bf16 and INT4 experts)"),
 )

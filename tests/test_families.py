@@ -107,9 +107,10 @@ def test_family_matches_transformers(name, tmp_path):
 
 
 def test_unverified_class_is_refused_before_the_engine(tmp_path):
-    # Qwen3-Next's SGLang class has EAGLE-3 capture but no check against transformers passed
-    # here: extract.py refuses it by name before anything starts, unless the user allows it
-    ckpt = build("qwen3_next")
+    # Llama-4's text-only SGLang class has EAGLE-3 capture but no check against transformers
+    # passed (only its multimodal wrapper did, on the GPU): extract.py refuses it by name
+    # before anything starts, unless the user allows it
+    ckpt = build("llama4_text")
     out = tmp_path / "ds"
     import subprocess
 
@@ -118,7 +119,7 @@ def test_unverified_class_is_refused_before_the_engine(tmp_path):
                         "dataset.max_samples=2"], cwd=ROOT, capture_output=True, text=True,
                        timeout=300)
     text = p.stdout + p.stderr
-    assert p.returncode != 0 and "Qwen3NextForCausalLM" in text
+    assert p.returncode != 0 and "Llama4ForCausalLM" in text
     assert "capture.allow_unverified=true" in text and "Traceback" not in text
     assert not (out / "manifest.json").exists()
 
