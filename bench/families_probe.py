@@ -12,8 +12,9 @@ every stored tensor of layer k (hf_hidden_states_index) with transformers' float
 `output_hidden_states=True` `hidden_states[k]` of the same input_ids (the checkpoint's own
 transformers class: a vision-language wrapper is run text-only). Tolerance: tests/tolerance.py's
 per-sample rule, as tests/test_engine.py: err <= 3 * bf16_err + 0.002 per sample and layer,
-where bf16_err is transformers' own bf16-vs-float32 error on the same input. Errors against hidden_states[k-1]
-and [k+1] are reported too, and for a failing layer the index the rows match best.
+where bf16_err is transformers' own bf16-vs-float32 error on the same input. Errors against
+hidden_states[k-1] and [k+1] are reported too, and for a failing layer the index the rows
+match best.
 
     .venv/bin/python bench/families_probe.py                      # all, CPU engine
     .venv/bin/python bench/families_probe.py llama gemma3 --timeout 300

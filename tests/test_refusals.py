@@ -16,7 +16,8 @@ from hsdump.sources import load_rows, read_json_records
 from hsdump.verify import verify
 from hsdump.writer import DatasetWriter
 
-from factories import H, ROOT
+from factories import H
+
 LAYERS = [1, 2, 3]
 
 
