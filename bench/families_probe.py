@@ -10,10 +10,11 @@ checkpoint, run hsdump's real path in a subprocess,
 with a time limit, read the stored rows back with `hsdump.reader.HsdumpDataset`, and compare
 every stored tensor of layer k (hf_hidden_states_index) with transformers' float32
 `output_hidden_states=True` `hidden_states[k]` of the same input_ids (the checkpoint's own
-transformers class: a vision-language wrapper is run text-only). Tolerance as in
-tests/test_engine.py: err <= 3 * bf16_err + 0.002 per sample and layer, where bf16_err is
-transformers' own bf16-vs-float32 error on the same input. Errors against hidden_states[k-1]
-and [k+1] are reported too, and for a failing layer the index the rows match best.
+transformers class: a vision-language wrapper is run text-only). Tolerance: tests/tolerance.py's
+per-sample rule, as tests/test_engine.py: err <= 3 * bf16_err + 0.002 per sample and layer,
+where bf16_err is transformers' own bf16-vs-float32 error on the same input. Errors against
+hidden_states[k-1] and [k+1] are reported too, and for a failing layer the index the rows
+match best.
 
     .venv/bin/python bench/families_probe.py                      # all, CPU engine
     .venv/bin/python bench/families_probe.py llama gemma3 --timeout 300
@@ -32,7 +33,6 @@ import json
 import os
 import re
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
@@ -46,16 +46,10 @@ for p in (ROOT, ROOT / "tests"):
 
 import torch  # noqa: E402
 
-from families import FAMILIES, build  # noqa: E402
+from families import FAMILIES, build, hf_hidden_states, run_extract  # noqa: E402,F401
 from gpu_check import environment  # noqa: E402
-
-TOL_FACTOR, TOL_EPS = 3.0, 0.002
-MATCH_FACTOR = 5.0  # a failing layer "matches" index j when err_j <= 5 * bf16_err + 0.01
-
-
-def rel_err(a: torch.Tensor, ref: torch.Tensor) -> float:
-    a, ref = a.float(), ref.float()
-    return float((a - ref).norm() / ref.norm())
+from tolerance import (MATCH_EPS, MATCH_FACTOR, PER_SAMPLE_EPS,  # noqa: E402
+                       PER_SAMPLE_FACTOR, moe_layer_failures, rel_err)
 
 
 def layers_for(num_layers: int):
@@ -122,70 +116,6 @@ def failure(name: str, log: str) -> str:
     return why
 
 
-def run_extract(ckpt: Path, fam_name: str, layers, out_dir: Path, device: str, samples: int,
-                timeout: float, log_path: Path, overrides=()) -> dict:
-    cmd = [sys.executable, str(ROOT / "extract.py"), f"model.path={ckpt}",
-           f"model.tokenizer={ckpt}", f"model.name=probe-{fam_name}",
-           "model.chat_template=deepseek_v3.jinja", "model.default_layers=null",
-           f"capture.layers=[{','.join(map(str, layers))}]", "capture.allow_unverified=true",
-           f"dataset.max_samples={samples}", f"output.dir={out_dir}", "output.overwrite=true",
-           f"engine={device}", "engine.log_level=info", "progress=false", *overrides]
-    t0 = time.time()
-    env = dict(os.environ, PYTHONFAULTHANDLER="1", PYTHONUNBUFFERED="1")
-    with open(log_path, "w") as logf:
-        logf.write(" ".join(cmd) + "\n\n")
-        logf.flush()
-        proc = subprocess.Popen(cmd, cwd=ROOT, stdout=logf, stderr=subprocess.STDOUT, env=env,
-                                start_new_session=True)
-        try:
-            rc = proc.wait(timeout=timeout)
-            timed_out = False
-        except subprocess.TimeoutExpired:
-            timed_out = True
-            _kill_group(proc)
-            rc = None
-    log = log_path.read_text(errors="replace")
-    return {"cmd": cmd, "rc": rc, "timed_out": timed_out, "seconds": round(time.time() - t0, 1),
-            "log": log}
-
-
-def _kill_group(proc: subprocess.Popen) -> None:
-    """The run and every SGLang process it started (its own session), by process group id."""
-    import signal
-
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        try:
-            os.killpg(proc.pid, sig)
-        except ProcessLookupError:
-            return
-        try:
-            proc.wait(timeout=15)
-            return
-        except subprocess.TimeoutExpired:
-            continue
-
-
-# --------------------------------------------------------------------------- reference
-@torch.no_grad()
-def hf_hidden_states(ckpt: Path, cls: str, prompts, dtype, device: str):
-    """All of transformers' hidden_states (float32, CPU) per prompt, from the checkpoint's own
-    class; a vision-language wrapper gets input_ids only (its text path)."""
-    import transformers
-
-    torch.backends.cuda.matmul.allow_tf32 = False
-    torch.backends.cudnn.allow_tf32 = False
-    model = getattr(transformers, cls).from_pretrained(str(ckpt), dtype=dtype).to(device).eval()
-    out = []
-    for ids in prompts:
-        res = model(input_ids=torch.tensor([ids], device=device), output_hidden_states=True,
-                    use_cache=False)
-        out.append([h[0].float().cpu() for h in res.hidden_states])
-    del model
-    if device == "cuda":
-        torch.cuda.empty_cache()
-    return out
-
-
 def compare(records, layers, ref32, ref16) -> dict:
     per = {str(k): {"err": [], "bf16": [], "prev": [], "next": [], "best": []} for k in layers}
     problems = []
@@ -211,29 +141,28 @@ def compare(records, layers, ref32, ref16) -> dict:
     for k in layers:
         d = per[str(k)]
         for e, s, (b, be) in zip(d["err"], d["bf16"], d["best"]):
-            if e > TOL_FACTOR * s + TOL_EPS:
-                if b != k and be <= MATCH_FACTOR * s + 0.01:
+            if e > PER_SAMPLE_FACTOR * s + PER_SAMPLE_EPS:
+                if b != k and be <= MATCH_FACTOR * s + MATCH_EPS:
                     status = "wrong-layer"
                     detail.append(f"layer {k} rows match hf[{b}] ({be:.4f}), not hf[{k}] "
                                   f"({e:.4f})")
                 else:
                     status = "wrong-layer" if status == "wrong-layer" else "wrong"
-                    detail.append(f"layer {k}: err {e:.4f} > {TOL_FACTOR} x bf16 {s:.4f} + "
-                                  f"{TOL_EPS}; best index hf[{b}] {be:.4f}")
+                    detail.append(f"layer {k}: err {e:.4f} > {PER_SAMPLE_FACTOR} x bf16 "
+                                  f"{s:.4f} + {PER_SAMPLE_EPS}; best index hf[{b}] {be:.4f}")
                 break
     if problems:
         status = "wrong"
-    # tests/test_gpu.py's MoE rule (bench/gpu_check.py): per layer, mean err <= 2 x mean bf16
-    # err + 0.005 and every err <= 3 x the largest bf16 err + 0.005. In an MoE a near-tied
-    # router flips experts for a few tokens in either bf16 run, so one prompt's bf16 error
-    # can be far below the engine's while others are above it.
+    # tests/tolerance.py's MoE rule (tests/test_gpu.py's): per layer, mean err <= 2 x mean
+    # bf16 err + 0.005 and every err <= 3 x the largest bf16 err + 0.005. In an MoE a
+    # near-tied router flips experts for a few tokens in either bf16 run, so one prompt's bf16
+    # error can be far below the engine's while others are above it.
     moe_ok = not problems
+    lens = [len(rec["input_ids"]) for rec in records.values()]
     for k in layers:
         d = per[str(k)]
-        if d["err"]:
-            m_e, m_b = sum(d["err"]) / len(d["err"]), sum(d["bf16"]) / len(d["bf16"])
-            if m_e > 2.0 * m_b + 0.005 or max(d["err"]) > 3.0 * max(d["bf16"]) + 0.005:
-                moe_ok = False
+        if d["err"] and moe_layer_failures(k, d["err"], d["bf16"], lens):
+            moe_ok = False
     summary = {}
     for k in layers:
         d = per[str(k)]
@@ -351,7 +280,8 @@ def main(argv=None) -> int:
     workdir.mkdir(parents=True, exist_ok=True)
     report = {"env": environment(), "device": args.device, "timeout_s": args.timeout,
               "samples": args.samples, "workdir": str(workdir),
-              "tolerance": f"err <= {TOL_FACTOR} * bf16_err + {TOL_EPS} per sample and layer",
+              "tolerance": f"err <= {PER_SAMPLE_FACTOR} * bf16_err + {PER_SAMPLE_EPS} per sample "
+                           "and layer",
               "results": {}}
     if args.merge and out.exists():
         report["results"] = json.loads(out.read_text()).get("results", {})

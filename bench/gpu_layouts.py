@@ -7,7 +7,7 @@ model built here: a DeepSeek-V3-config model (real MLA dims, 8 experts top-2, hi
 with the DeepSeek tokenizer's vocabulary. 128-token chunked prefill (64 per rank under DP
 attention) so requests span chunks and DP ranks sit idle while others prefill. Each dataset
 is checked with `python -m hsdump verify` and every stored tensor is compared with
-transformers (float32, the project's tolerance rule of bench/gpu_check.py, against
+transformers (float32, the project's tolerance rule of tests/tolerance.py, against
 transformers' own bf16 error) and with its model's TP 1 dataset (same rule, TP 1 in place of
 the float32 reference).
 
@@ -54,13 +54,14 @@ from typing import Dict, List, Optional
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
-for p in (str(ROOT), str(HERE)):
+for p in (str(ROOT), str(HERE), str(ROOT / "tests")):
     if p not in sys.path:
         sys.path.insert(0, p)
 
 import torch  # noqa: E402
 
-import gpu_check as gc  # noqa: E402  (bench/gpu_check.py: model config, references, tolerance)
+import gpu_check as gc  # noqa: E402  (bench/gpu_check.py: model config, references)
+import tolerance as tol  # noqa: E402  (tests/tolerance.py: the tolerance rule)
 
 LAYERS = [1, 3, 4]  # Kimi-K2.5's preset [3, 31, 59] of L = 61 scaled to L = 6
 CHUNK = 128
@@ -189,7 +190,7 @@ def compare_records(recs: Dict[int, dict], ids: List[int], prompts, ref32, ref16
     extra = sorted(set(recs) - set(ids))
     if extra:
         res["problems"].append(f"samples {extra[:10]} are not in the reference layout")
-    res["tolerance_failures"] = gc.tolerance_failures(res)
+    res["tolerance_failures"] = tol.tolerance_failures(res)
     res["summary"] = gc.summarize(res)
     return res
 
@@ -209,8 +210,8 @@ def compare_with(recs: Dict[int, dict], base: Dict[int, dict], ids: List[int], r
             res["problems"].append(f"sample {sid}: input_ids differ from the reference layout")
         for j, k in enumerate(LAYERS):
             res["sglang_vs_hf_fp32"].setdefault(str(k), []).append(
-                gc.rel_err(a["hidden_states"][j], b["hidden_states"][j]))
-    fails = gc.tolerance_failures(res)
+                tol.rel_err(a["hidden_states"][j], b["hidden_states"][j]))
+    fails = tol.tolerance_failures(res)
     return {"summary": {k: {"max": max(v), "mean": sum(v) / len(v)}
                         for k, v in res["sglang_vs_hf_fp32"].items()},
             "tolerance_failures": fails}
@@ -414,8 +415,8 @@ def main(argv=None) -> int:
     report.clear()
     report.update({"env": gc.environment(), "gpus": torch.cuda.device_count(), "layers": LAYERS,
               "chunked_prefill_size": CHUNK, "common_overrides": COMMON,
-              "tolerance": {"mean_factor": gc.TOL_MEAN_FACTOR, "factor": gc.TOL_FACTOR,
-                            "eps": gc.TOL_EPS}})
+              "tolerance": {"mean_factor": tol.TOL_MEAN_FACTOR, "factor": tol.TOL_FACTOR,
+                            "eps": tol.TOL_EPS}})
 
     def save():
         report["elapsed_s"] = round(time.time() - t_start, 1)

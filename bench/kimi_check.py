@@ -10,7 +10,7 @@ pack-quantized INT4 group 32), runs the preset with no other override than the m
 
 then `hsdump verify OUT`, and compares every stored layer (the preset's [3, 31, 59]) with a
 float32 transformers DeepseekV3ForCausalLM forward of the same text weights (for INT4: the
-dequantized values) by the project's MoE rule (bench/gpu_check.tolerance_failures, as
+dequantized values) by the project's MoE rule (tests/tolerance.py's tolerance_failures, as
 tests/test_gpu.py: per layer, the mean error <= 2 x transformers' own mean bf16 error + 0.005,
 and every sample's <= 3 x the largest bf16 error + 0.005; routing in bf16 flips experts on
 near-ties, so the dense families' per-sample rule is too tight for MoE). The neighbouring
@@ -37,9 +37,11 @@ for p in (ROOT, ROOT / "tests", ROOT / "bench"):
 
 import torch  # noqa: E402
 
-from families_probe import compare, hf_hidden_states  # noqa: E402
-from gpu_check import environment, tolerance_failures  # noqa: E402
+from families import hf_hidden_states  # noqa: E402
+from families_probe import compare  # noqa: E402
+from gpu_check import environment  # noqa: E402
 from kimi_checkpoint import build, reference_dir, write_kimi_tokenizer  # noqa: E402
+from tolerance import tolerance_failures  # noqa: E402
 
 
 def run(int4: bool, workdir: Path, tp: int = 1, dp_attention: bool = False,

@@ -19,6 +19,9 @@ ids are valid; `bos`/`eos` ids are those of that tokenizer.
     from families import FAMILIES, build
     path = build("qwen3_moe")        # cached under hsdump.tiny.cache_dir() / "families"
 
+`run_extract` runs extract.py on such a checkpoint and `hf_hidden_states` is transformers'
+reference of it (tests/test_families.py, bench/families_probe.py, bench/kimi_check.py).
+
 Real configs the options come from (the release's config.json): Llama-3.1-8B-Instruct,
 Qwen2.5-7B-Instruct, Qwen3-8B, Qwen3-30B-A3B, Qwen3-Next-80B-A3B-Instruct, Qwen3.5-27B /
 Qwen3.5-35B-A3B (`text_config`), gpt-oss-20b, GLM-4.5-Air, MiniMax-M2, DeepSeek-V3,
@@ -31,10 +34,15 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import subprocess
+import sys
 import tempfile
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Dict, Optional
+
+from factories import ROOT
 
 BOS, EOS = 0, 1  # the DeepSeek tokenizer's <｜begin▁of▁sentence｜> / <｜end▁of▁sentence｜>
 
@@ -521,8 +529,75 @@ def build(name: str, dest: Optional[Path] = None, seed: int = 0, force: bool = F
     return dest
 
 
-if __name__ == "__main__":
-    import sys
+# --------------------------------------------------------------------------- extract.py, reference
+def run_extract(ckpt: Path, fam_name: str, layers, out_dir: Path, device: str, samples: int,
+                timeout: float, log_path: Path, overrides=()) -> dict:
+    """extract.py on a family's checkpoint (`capture.layers=layers`, `engine=device`) in a
+    subprocess of its own session, killed with its SGLang processes after `timeout` seconds;
+    its output in `log_path`. Returns {"cmd", "rc", "timed_out", "seconds", "log"}."""
+    cmd = [sys.executable, str(ROOT / "extract.py"), f"model.path={ckpt}",
+           f"model.tokenizer={ckpt}", f"model.name=probe-{fam_name}",
+           "model.chat_template=deepseek_v3.jinja", "model.default_layers=null",
+           f"capture.layers=[{','.join(map(str, layers))}]", "capture.allow_unverified=true",
+           f"dataset.max_samples={samples}", f"output.dir={out_dir}", "output.overwrite=true",
+           f"engine={device}", "engine.log_level=info", "progress=false", *overrides]
+    t0 = time.time()
+    env = dict(os.environ, PYTHONFAULTHANDLER="1", PYTHONUNBUFFERED="1")
+    with open(log_path, "w") as logf:
+        logf.write(" ".join(cmd) + "\n\n")
+        logf.flush()
+        proc = subprocess.Popen(cmd, cwd=ROOT, stdout=logf, stderr=subprocess.STDOUT, env=env,
+                                start_new_session=True)
+        try:
+            rc = proc.wait(timeout=timeout)
+            timed_out = False
+        except subprocess.TimeoutExpired:
+            timed_out = True
+            _kill_group(proc)
+            rc = None
+    log = log_path.read_text(errors="replace")
+    return {"cmd": cmd, "rc": rc, "timed_out": timed_out, "seconds": round(time.time() - t0, 1),
+            "log": log}
 
+
+def _kill_group(proc: subprocess.Popen) -> None:
+    """The run and every SGLang process it started (its own session), by process group id."""
+    import signal
+
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            proc.wait(timeout=15)
+            return
+        except subprocess.TimeoutExpired:
+            continue
+
+
+def hf_hidden_states(ckpt: Path, cls: str, prompts, dtype, device: str):
+    """All of transformers' hidden_states (float32, CPU) per prompt, from the checkpoint's own
+    class; a vision-language wrapper gets input_ids only (its text path)."""
+    import torch
+    import transformers
+
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    with torch.no_grad():
+        model = getattr(transformers, cls).from_pretrained(str(ckpt), dtype=dtype).to(
+            device).eval()
+        out = []
+        for ids in prompts:
+            res = model(input_ids=torch.tensor([ids], device=device), output_hidden_states=True,
+                        use_cache=False)
+            out.append([h[0].float().cpu() for h in res.hidden_states])
+    del model
+    if device == "cuda":
+        torch.cuda.empty_cache()
+    return out
+
+
+if __name__ == "__main__":
     for n in sys.argv[1:] or FAMILIES:
         print(n, build(n))

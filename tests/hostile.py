@@ -25,12 +25,14 @@ import traceback
 import warnings
 from pathlib import Path
 
+from factories import H
+
 CANARY = "CANARY-outside-the-dataset-7f3a"
 """Written only outside the dataset folder: no tool's output may ever hold it."""
 CASE_SECONDS = 15
 """Each tool on each case: well above what a clean open takes (under a second)."""
 TOOLS = ("reader", "verify", "inspect", "export", "messages", "vocab", "resume", "compact")
-H, LAYERS = 8, [1, 2, 3]
+LAYERS = [1, 2, 3]
 COMPAT = {"model": "m", "layers": LAYERS, "storage_dtype": "bfloat16"}
 MANIFEST = {"format": "hsdump/speculators-v1", "format_version": 2, "layers": LAYERS,
             "convention": "hf_hidden_states_index", "storage_dtype": "bfloat16",

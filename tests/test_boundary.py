@@ -3,7 +3,9 @@
 import ast
 from pathlib import Path
 
-PKG = Path(__file__).resolve().parents[1] / "hsdump"
+from factories import ROOT
+
+PKG = ROOT / "hsdump"
 
 
 def imported_modules(path: Path):

@@ -25,6 +25,8 @@ from hsdump.sources import load_rows, source_info, split_json_array
 from hsdump.tokenization import tokenize_dataset
 from hsdump.tokenizer import load_tokenizer
 
+from factories import mask_runs
+
 CONV = [
     {"from": "system", "value": "You are terse."},
     {"from": "human", "value": "Name a prime."},
@@ -199,19 +201,6 @@ def by_hand(tok, pieces):
     return ids, mask
 
 
-def runs(ids, mask):
-    out, cur = [], []
-    for t, m in zip(ids, mask):
-        if m:
-            cur.append(t)
-        elif cur:
-            out.append(cur)
-            cur = []
-    if cur:
-        out.append(cur)
-    return out
-
-
 def reference(tok, msgs):
     """transformers' own apply_chat_template, with its {% generation %} assistant mask."""
     out = tok.apply_chat_template(msgs, tokenize=True, return_dict=True,
@@ -227,7 +216,7 @@ def test_masks_match_hand_spans_multi_turn(name, request):
     text = "".join(t for t, _ in EXPECTED[name])
     assert tok.decode(ids) == text
     assert (ids, mask) == by_hand(tok, EXPECTED[name])
-    assert [tok.decode(r) for r in runs(ids, mask)] == [t for t, m in EXPECTED[name] if m]
+    assert [tok.decode(r) for r in mask_runs(ids, mask)] == [t for t, m in EXPECTED[name] if m]
     assert (ids, mask) == reference(tok, msgs)
 
 
@@ -260,15 +249,15 @@ def test_qwen3_reasoning_is_in_the_loss_only_with_thinking_on(qwen_tok, qwen_not
     msgs = [{"role": "user", "content": "2+2?"},
             {"role": "assistant", "content": "4", "reasoning_content": "Add them."}]
     ids, mask = tokenize_conversation(qwen_tok, msgs)
-    assert [qwen_tok.decode(r) for r in runs(ids, mask)] == [
+    assert [qwen_tok.decode(r) for r in mask_runs(ids, mask)] == [
         "<think>\nAdd them.\n</think>\n\n4<|im_end|>"]
     ids, mask = tokenize_conversation(qwen_nothink_tok, msgs)
-    assert [qwen_nothink_tok.decode(r) for r in runs(ids, mask)] == ["4<|im_end|>"]
+    assert [qwen_nothink_tok.decode(r) for r in mask_runs(ids, mask)] == ["4<|im_end|>"]
     # earlier turns lose their reasoning, as in the official template
     more = msgs + [{"role": "user", "content": "3+3?"}, {"role": "assistant", "content": "6"}]
     ids, mask = tokenize_conversation(qwen_tok, more)
     assert "Add them" not in qwen_tok.decode(ids)
-    assert [qwen_tok.decode(r) for r in runs(ids, mask)] == [
+    assert [qwen_tok.decode(r) for r in mask_runs(ids, mask)] == [
         "4<|im_end|>", "<think>\n\n</think>\n\n6<|im_end|>"]
 
 

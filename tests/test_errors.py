@@ -15,19 +15,18 @@ import sys
 from pathlib import Path
 
 import pytest
-from hydra import compose, initialize_config_dir
 
 from hsdump.config import ModelConfig, register_configs, to_config
 from hsdump.pipeline import run
 from hsdump.tokenizer import load_tokenizer
 
-ROOT = Path(__file__).resolve().parents[1]
+from factories import ROOT, compose_config
+
 register_configs()
 
 
 def config(*overrides):
-    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
-        return to_config(compose("config", overrides=list(overrides)))
+    return to_config(compose_config(*overrides))
 
 
 @pytest.fixture

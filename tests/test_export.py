@@ -23,21 +23,21 @@ from safetensors.torch import load_file
 
 from hsdump import export as ex
 from hsdump.reader import HsdumpDataset
-from test_reader import LAYERS, H, make_dataset, sample
 
-ROOT = Path(__file__).resolve().parents[1]
+from factories import H, LAYERS, ROOT, make_dataset, stored_sample
+
 LENS = {0: 5, 2: 17, 3: 9, 9: 40, 10: 1, 12: 12, 13: 7}
 
 
 @pytest.fixture
 def src(tmp_path):
     return make_dataset(tmp_path / "src", {
-        sid: sample(sid, n, final=("pre_norm", "post_norm")) for sid, n in LENS.items()})
+        sid: stored_sample(sid, n, final=("pre_norm", "post_norm")) for sid, n in LENS.items()})
 
 
 @pytest.fixture
 def plain(tmp_path):  # no final-layer capture
-    return make_dataset(tmp_path / "plain", {sid: sample(sid, n) for sid, n in LENS.items()})
+    return make_dataset(tmp_path / "plain", {sid: stored_sample(sid, n) for sid, n in LENS.items()})
 
 
 def bf(t):
@@ -65,7 +65,7 @@ def test_speculators_layout_as_its_code_reads_it(src, tmp_path):
     # ArrowDataset._compute_approx_lengths
     assert list(data.with_format(None)["seq_len"]) == [LENS[s] for s in ids]
     for i, sid in enumerate(ids):
-        _, mask, hs, fin = sample(sid, LENS[sid], final=("pre_norm", "post_norm"))
+        _, mask, hs, fin = stored_sample(sid, LENS[sid], final=("pre_norm", "post_norm"))
         r = speculators_read(dest, i)
         assert r["hidden_states"].shape == (LENS[sid], 3 * H)
         assert r["hidden_states"].dtype == torch.bfloat16
@@ -75,7 +75,7 @@ def test_speculators_layout_as_its_code_reads_it(src, tmp_path):
     freq = torch.load(dest / "token_freq.pt", weights_only=True)
     want = Counter()
     for sid in ids:
-        t, m, _, _ = sample(sid, LENS[sid])
+        t, m, _, _ = stored_sample(sid, LENS[sid])
         want.update(t[m.bool()].tolist())
     assert freq == dict(want) and all(type(k) is int for k in freq)
     state = json.loads((dest / "hsdump_export.json").read_text())
@@ -101,7 +101,7 @@ def test_speculators_own_arrow_dataset_reads_the_export(src, tmp_path):
     ds = data_mod.ArrowDataset(max_len=64, datapath=str(dest), on_missing="raise")
     assert len(ds) == 7 and ds.approx_lengths == [LENS[s] for s in sorted(LENS)]
     for i, sid in enumerate(sorted(LENS)):
-        _, mask, hs, fin = sample(sid, LENS[sid], final=("pre_norm", "post_norm"))
+        _, mask, hs, fin = stored_sample(sid, LENS[sid], final=("pre_norm", "post_norm"))
         r = ds[i]
         assert torch.equal(r["hidden_states"], bf(torch.cat(hs, dim=-1)))
         assert torch.equal(r["verifier_last_hidden_states"], bf(fin["pre_norm"]))
@@ -118,7 +118,7 @@ def test_speculators_v1_layout(src, tmp_path):
                    key=lambda p: int(p.stem.split("_")[1]))
     assert [p.name for p in files] == [f"data_{i}.pt" for i in range(7)]
     for i, sid in enumerate(sorted(LENS)):
-        ids, mask, hs, fin = sample(sid, LENS[sid], final=("pre_norm", "post_norm"))
+        ids, mask, hs, fin = stored_sample(sid, LENS[sid], final=("pre_norm", "post_norm"))
         data = torch.load(files[i], mmap=True, weights_only=True, map_location="cpu")
         assert set(data) == {"input_ids", "hidden_states", "loss_mask"}
         # standardize_data_v1
@@ -147,7 +147,7 @@ def test_specforge_layout(src, tmp_path):
     assert sorted(Path(f).relative_to(dest).as_posix() for f in files) == \
         sorted(f"rows_0-2000/data_{i}.ckpt" for i in range(7))
     for i, sid in enumerate(sorted(LENS)):
-        ids, mask, hs, fin = sample(sid, LENS[sid], final=("pre_norm", "post_norm"))
+        ids, mask, hs, fin = stored_sample(sid, LENS[sid], final=("pre_norm", "post_norm"))
         data = torch.load(dest / f"rows_0-2000/data_{i}.ckpt", weights_only=True, mmap=True)
         n = LENS[sid]
         assert data["aux_hidden_state"].shape == (1, n, 3 * H)
@@ -178,7 +178,7 @@ def test_no_final_state_is_refused_unless_last_layer_is_asked(plain, tmp_path):
         ex.export(str(plain), str(tmp_path / "sf"), "specforge", final_state="last-layer",
                   progress=False)
     data = torch.load(tmp_path / "sf/rows_0-2000/data_3.ckpt", weights_only=True)
-    hs = sample(9, 40)[2]
+    hs = stored_sample(9, 40)[2]
     assert torch.equal(data["hidden_state"][0], bf(hs[-1]))  # layers[-1] as the stand-in
     assert torch.equal(data["aux_hidden_state"][0], bf(torch.cat(hs, -1)))
     with pytest.warns(UserWarning):
@@ -214,7 +214,7 @@ def test_resume_skips_finished_files_and_cleans_temporaries(src, tmp_path, monke
     assert (hs_dir / "hs_0.safetensors").stat().st_mtime_ns == mtime
     assert sorted(p.name for p in hs_dir.iterdir()) == [f"hs_{i}.safetensors" for i in range(7)]
     r = speculators_read(dest, 2)
-    assert torch.equal(r["input_ids"], sample(3, 9)[0])
+    assert torch.equal(r["input_ids"], stored_sample(3, 9)[0])
     c = ex.export(str(src), str(dest), "speculators", progress=False)  # complete: no-op
     assert c == {"written": 0, "skipped": 7, "bytes": 0}
 
@@ -237,7 +237,7 @@ def test_a_different_export_is_refused_and_overwrite_replaces_it(src, tmp_path):
 
 
 def test_fp8_source_exports_dequantized_bf16(tmp_path):
-    samples = {sid: sample(sid, n, final=("post_norm",)) for sid, n in LENS.items()}
+    samples = {sid: stored_sample(sid, n, final=("post_norm",)) for sid, n in LENS.items()}
     s = make_dataset(tmp_path / "s8", samples, storage="fp8")
     ex.export(str(s), str(tmp_path / "sf"), "specforge", progress=False)
     data = torch.load(tmp_path / "sf/rows_0-2000/data_3.ckpt", weights_only=True)
@@ -340,7 +340,7 @@ def test_speculators_03_own_v1_dataset_reads_the_export(src, tmp_path):
     ds = data.Eagle3SampleFileDataset(max_len=64, file_list=files,
                                       hidden_states_dtype=torch.bfloat16)
     for i, sid in enumerate(sorted(LENS)):
-        ids, mask, hs, fin = sample(sid, LENS[sid], final=("pre_norm", "post_norm"))
+        ids, mask, hs, fin = stored_sample(sid, LENS[sid], final=("pre_norm", "post_norm"))
         r = ds[i]  # standardize_data_v1, then shift_batch
         assert torch.equal(r["hidden_states"], bf(torch.cat(hs, -1))[:-1])
         assert torch.equal(r["verifier_last_hidden_states"], bf(fin["pre_norm"])[1:])
@@ -369,7 +369,7 @@ def test_specforge_own_offline_dataset_reads_the_export(src, tmp_path):
     for path, k in zip(ds.datapaths, range(len(ds))):
         i = int(Path(path).stem.split("_")[1])
         sid = sorted(LENS)[i]
-        ids, mask, hs, fin = sample(sid, LENS[sid], final=("pre_norm", "post_norm"))
+        ids, mask, hs, fin = stored_sample(sid, LENS[sid], final=("pre_norm", "post_norm"))
         r = ds[k]
         m = min(LENS[sid], 16)
         assert torch.equal(r["hidden_state"][0], bf(torch.cat(hs, -1))[:m])
@@ -388,7 +388,7 @@ def test_regenerated_conversations_export_as_messages(tmp_path):
     convs = {3: [{"role": "user", "content": "q"}, {"role": "assistant", "content": "é a"}],
              9: [{"role": "user", "content": "q2"}, {"role": "assistant", "content": "b"}]}
     for sid, conv in convs.items():
-        ids, mask, hs, _ = sample(sid, 6)
+        ids, mask, hs, _ = stored_sample(sid, 6)
         w.add(sid, ids, mask, hs, conversation=conv)
     w.close()
     c = ex.export(str(out), str(tmp_path / "msgs"), "messages", progress=False)
@@ -400,7 +400,7 @@ def test_regenerated_conversations_export_as_messages(tmp_path):
     assert row_to_sample(rows[0], "messages", "messages")[0] == convs[3]
     plain = tmp_path / "plain"
     w = DatasetWriter(str(plain), {"layers": LAYERS}, {}, layers=LAYERS, hidden_size=H)
-    w.add(0, *sample(0, 4)[:3])
+    w.add(0, *stored_sample(0, 4)[:3])
     w.close()
     with pytest.raises(ex.ExportError, match="no regenerated conversations"):
         ex.export(str(plain), str(tmp_path / "none"), "messages", progress=False)

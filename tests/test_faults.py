@@ -14,12 +14,12 @@ import psutil
 import pytest
 import torch
 
-import helpers
 from hsdump.reader import HsdumpDataset
 from hsdump.verify import verify
 from hsdump.writer import DatasetWriter, WriteError
 
-ROOT = Path(__file__).resolve().parents[1]
+from factories import ROOT, committed, shard_mtimes
+
 ARGS = ["dataset.max_samples=16", "dataset.max_seq_len=64", "output.shard_bytes=40000",
         "progress=false", "dataset.on_bad_row=skip"]
 
@@ -38,10 +38,6 @@ def extract(out, *extra, fault=None, wait=True):
     return p.returncode, out_text
 
 
-def committed(out):
-    return helpers.committed(out)
-
-
 def same_dataset(a, b):
     da, db = HsdumpDataset(str(a)), HsdumpDataset(str(b))
     assert da.ids == db.ids and len(da) > 0
@@ -51,10 +47,6 @@ def same_dataset(a, b):
         assert torch.equal(ra["loss_mask"], rb["loss_mask"])
         for x, y in zip(ra["hidden_states"], rb["hidden_states"]):
             assert float((x.float() - y.float()).norm() / y.float().norm()) < 0.01
-
-
-def shard_stamps(out):
-    return {n: (Path(out) / n).stat().st_mtime_ns for n in helpers.shards(out)}
 
 
 @pytest.mark.engine
@@ -77,12 +69,12 @@ def test_kill_9_at_every_stage_then_resume(tmp_path, tiny_llama):
     # (torn: ignored by readers, cut by the resumed writer)
     for fault in ("sample@5", "before_rename@2", "before_record@2", "mid_record@2"):
         before = committed(out)
-        stamps = shard_stamps(out) if before else {}
+        stamps = shard_mtimes(out) if before else {}
         rc, log = extract(out, fault=fault)
         assert rc == -signal.SIGKILL, (fault, log[-2000:])
         after = committed(out)
         assert set(before) <= set(after), fault  # nothing committed is ever lost
-        assert all(shard_stamps(out)[n] == t for n, t in stamps.items())  # nor rewritten
+        assert all(shard_mtimes(out)[n] == t for n, t in stamps.items())  # nor rewritten
         HsdumpDataset(str(out))  # always readable
 
         if fault == "mid_record@2":

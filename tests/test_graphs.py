@@ -3,14 +3,13 @@ that generates, prefill graphs as engine.prefill_cuda_graph_max_tokens says, and
 real SGLang ServerArgs field (the GPU start-time figures are BENCHMARKS.md section 12)."""
 
 import dataclasses
-from pathlib import Path
 
 import pytest
 
 from hsdump.config import EngineConfig
 from hsdump.engine import start_kwargs
 
-ROOT = Path(__file__).resolve().parents[1]
+from factories import ROOT
 
 
 def gpu(**kw):

@@ -5,9 +5,8 @@ import torch
 from PIL import Image
 
 from hsdump import inspect as hi
-from test_reader import make_dataset
 
-H = 8
+from factories import H, make_dataset
 
 
 def chatty(n_samples=300, seed=0):

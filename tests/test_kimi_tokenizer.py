@@ -18,6 +18,8 @@ from hsdump.tiktoken_tokenizer import (KIMI_PATTERN, build_kimi_tokenizer, kimi_
                                        write_tiktoken_bpe)
 from hsdump.tokenizer import load_tokenizer, tokenizer_sha256
 
+from factories import mask_runs
+
 TEXTS = [
     "Hello world! How's it going? I'M FINE, they'll see.",
     "你好，世界！我们今天学习数学和物理。北京天气怎么样？",
@@ -156,15 +158,7 @@ def test_kimi_k25_template_masks(kimi_dir):
     text, _ = chat_spans(tok, messages, None, tok.chat_template)
     assert text.startswith("<|im_system|>system<|im_middle|>You are Kimi")
     assert ids == tiktoken_encoding(kimi_dir).encode(text, allowed_special="all")
-    runs, cur = [], []
-    for i, m in zip(ids, mask):
-        if m:
-            cur.append(i)
-        elif cur:
-            runs.append(cur)
-            cur = []
-    if cur:
-        runs.append(cur)
+    runs = mask_runs(ids, mask)
     assert [tok.decode(r) for r in runs] == [f"</think>{m['content']}<|im_end|>"
                                              for m in messages if m["role"] == "assistant"]
     im_end = tok.convert_tokens_to_ids("<|im_end|>")

@@ -11,26 +11,21 @@ from pathlib import Path
 
 import pytest
 
-from helpers import committed, shards, skipped
 import torch
-from hydra import compose, initialize_config_dir
 
 from hsdump.config import register_configs, to_config
 from hsdump.reader import HsdumpDataset
 
-ROOT = Path(__file__).resolve().parents[1]
-# one writer thread: shards reach the fault points in order, so "killed at its 2nd shard"
-# means exactly one listed shard (with several threads the kill may land before the 1st's index)
-ARGS = ["dataset.max_samples=20", "dataset.max_seq_len=64", "output.shard_bytes=40000",
-        "progress=false", "dataset.on_bad_row=skip", "output.writer_threads=1"]
+from factories import (JOB_ARGS, ROOT, committed, compose_config, shard_mtimes, shards,
+                       skipped)
+
 register_configs()
 
 pytest.importorskip("hydra_plugins.hydra_submitit_launcher")
 
 
 def config(*overrides, hydra=True):
-    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
-        return compose("config", overrides=list(overrides), return_hydra_config=hydra)
+    return compose_config(*overrides, hydra=hydra)
 
 
 def extract(*args, env=None, timeout=600, wait=True):
@@ -146,14 +141,6 @@ def test_slurm_multinode_preset_runs_each_engine_on_two_nodes(tmp_path):
 
 
 # ----------------------------------------------------------------------------- real jobs
-def shards_of(out):
-    return shards(out)
-
-
-def stamps(out, names):
-    return {n: (Path(out) / n).stat().st_mtime_ns for n in names}
-
-
 @pytest.mark.engine
 def test_two_local_jobs_write_one_dataset_one_killed_and_rerun_alone(tmp_path, tiny_llama):
     ref, out = tmp_path / "ref", tmp_path / "out"
@@ -162,7 +149,7 @@ def test_two_local_jobs_write_one_dataset_one_killed_and_rerun_alone(tmp_path, t
     # for hydra job 0 and before_record@12 for job 1, which commits fewer than 12 shards.
     sweep = tmp_path / "sweep1"
     rc, log = extract("-m", "hydra/launcher=local_jobs", "dist.num_jobs=2",
-                      "dist.job_index=range(2)", *ARGS, f"output.dir={out}",
+                      "dist.job_index=range(2)", *JOB_ARGS, f"output.dir={out}",
                       f"hydra.sweep.dir={sweep}",
                       "+hydra.job.env_set.HSDUMP_FAULT=before_record@${hydra.job.num}2")
     jobs_log = job_logs(sweep)
@@ -180,7 +167,7 @@ def test_two_local_jobs_write_one_dataset_one_killed_and_rerun_alone(tmp_path, t
     assert job0_shards == ["shards/j0000of0002/0000/j0000of0002-000000.safetensors"]  # 1st only
     assert (out / "shards/j0000of0002/0000/j0000of0002-000001.safetensors").exists()  # unlisted
     assert len(HsdumpDataset(str(out))) == len(samples)  # readable meanwhile
-    before = stamps(out, shards(out))
+    before = shard_mtimes(out)
     committed_0 = len(by_job[0])
 
     # the killed job, re-run alone through the same launcher: it resumes. Its engine now uses
@@ -188,12 +175,12 @@ def test_two_local_jobs_write_one_dataset_one_killed_and_rerun_alone(tmp_path, t
     # its core through SGLANG_CPU_OMP_THREADS_BIND), so the merged dataset also checks that
     # dp_size writes every sample once, with the same tensors. Meanwhile the reference: the
     # same config as one job and one replica, into its own folder.
-    reference = extract(*ARGS, f"output.dir={ref}", f"hydra.run.dir={tmp_path}/run", wait=False)
+    reference = extract(*JOB_ARGS, f"output.dir={ref}", f"hydra.run.dir={tmp_path}/run", wait=False)
     sweep2 = tmp_path / "sweep2"
     dp = ["+engine.extra.dp_size=2"] if (os.cpu_count() or 1) >= 2 else []
     try:
         rc, log = extract("-m", "hydra/launcher=local_jobs", "dist.num_jobs=2",
-                          "dist.job_index=0", *ARGS, *dp, f"output.dir={out}",
+                          "dist.job_index=0", *JOB_ARGS, *dp, f"output.dir={out}",
                           f"hydra.sweep.dir={sweep2}",
                           env={"SGLANG_CPU_OMP_THREADS_BIND": "0|1"} if dp else None)
         ref_log, _ = reference.communicate(timeout=600)
@@ -208,7 +195,7 @@ def test_two_local_jobs_write_one_dataset_one_killed_and_rerun_alone(tmp_path, t
     # rows came from both replicas' scheduler processes (hsdump.rows logs each sender)
     assert not dp or "captured rows came from 2 scheduler process(es)" in jobs_log, \
         jobs_log[-3000:]
-    assert stamps(out, before) == before  # nothing committed was rewritten
+    assert shard_mtimes(out, before) == before  # nothing committed was rewritten
 
     # one dataset, every sample exactly once, equal to the single-job run
     listed = sum(len(s["ids"]) for s in shards(out).values())

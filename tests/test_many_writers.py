@@ -6,14 +6,13 @@ import os
 import signal
 import subprocess
 import sys
-from pathlib import Path
 
 from hsdump import commits
 from hsdump.dist import writer_tag
 from hsdump.reader import HsdumpDataset
 from hsdump.verify import UNLISTED, verify
 
-ROOT = Path(__file__).resolve().parents[1]
+from factories import ROOT
 JOBS, SAMPLES = 16, 16 * 12  # 12 samples per job, 5 per shard: 3 shards each
 FAULTS = {3: "before_record@2", 11: "mid_record@2"}
 

@@ -7,7 +7,6 @@ import logging
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
@@ -15,7 +14,7 @@ from hsdump import cli, pipeline
 from hsdump.pipeline import check_output_dir, check_space
 from hsdump.writer import WriteError
 
-ROOT = Path(__file__).resolve().parents[1]
+from factories import ROOT
 
 
 def extract(cwd, *overrides):

@@ -18,7 +18,7 @@ import pytest
 from hsdump import __version__
 from hsdump.reader import HsdumpDataset
 
-ROOT = Path(__file__).resolve().parents[1]
+from factories import ROOT
 SOURCES = ("pyproject.toml", "README.md", "requirements.txt", "hsdump", "conf")
 SMALL = ["output.shard_bytes=200000", "progress=false"]  # as tests/test_pipeline.py
 

@@ -3,12 +3,11 @@
 import re
 import subprocess
 import sys
-from pathlib import Path
 
 from hsdump.preview import groups
 from hsdump.preview import main as preview_main
 
-ROOT = Path(__file__).resolve().parents[1]
+from factories import ROOT
 
 
 def test_groups():

@@ -22,9 +22,8 @@ import torch
 from hsdump import ray_launch
 from hsdump.reader import HsdumpDataset
 
-ROOT = Path(__file__).resolve().parents[1]
-ARGS = ["dataset.max_samples=20", "dataset.max_seq_len=64", "output.shard_bytes=40000",
-        "progress=false", "dataset.on_bad_row=skip", "output.writer_threads=1"]
+from factories import JOB_ARGS, ROOT
+
 LAUNCH = ["-m", "hsdump", "ray"]
 
 
@@ -115,7 +114,7 @@ def test_failed_job_is_retried_then_reported_and_relative_dirs_refused(cluster, 
     # names the job and the command that re-runs it; job 0 is not run (--only)
     rc, log = run([*LAUNCH, "--num-jobs", "2", "--only", "1", "--max-retries", "1",
                    "--env", "PYTHONHOME=/nonexistent", "--log-dir", str(tmp_path / "logs"),
-                   *ARGS, f"output.dir={tmp_path}/out"], env=env, timeout=300)
+                   *JOB_ARGS, f"output.dir={tmp_path}/out"], env=env, timeout=300)
     assert rc == 1, log[-3000:]
     assert "job 1/2: FAILED (exit status 1) after 2 attempt(s)" in log, log[-3000:]
     assert "job 0/2" not in log
@@ -131,7 +130,7 @@ def test_two_ray_jobs_write_one_dataset_one_killed_and_rerun_by_ray(cluster, tmp
     ref, out, logs = tmp_path / "ref", tmp_path / "out", tmp_path / "logs"
     # the reference (one plain job) runs meanwhile, into its own folder
     reference = subprocess.Popen(
-        [sys.executable, "extract.py", *ARGS, f"output.dir={ref}", f"hydra.run.dir={tmp_path}/run"],
+        [sys.executable, "extract.py", *JOB_ARGS, f"output.dir={ref}", f"hydra.run.dir={tmp_path}/run"],
         cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
         # one thread, like each Ray task of 1 CPU (Ray sets OMP_NUM_THREADS=1): three engines
         # share this machine's cores meanwhile
@@ -141,7 +140,7 @@ def test_two_ray_jobs_write_one_dataset_one_killed_and_rerun_by_ray(cluster, tmp
         # two jobs as Ray tasks of 1 CPU each; job 1 SIGKILLs itself at its 3rd sample on its
         # first attempt only (HSDUMP_RAY_FAULT), so Ray must run it again
         rc, log = run([*LAUNCH, "--num-jobs", "2", "--num-cpus", "1", "--log-dir", str(logs),
-                       *ARGS, f"output.dir={out}"],
+                       *JOB_ARGS, f"output.dir={out}"],
                       env={**cluster, "HSDUMP_RAY_FAULT": "1:sample@3"})
         ref_log, _ = reference.communicate(timeout=600)
     finally:
@@ -212,7 +211,7 @@ def test_engine_over_two_nodes_runs_one_task_per_node_with_its_rank(tmp_path):
         env = {"RAY_ADDRESS": cluster.address}
         rc, log = run([*LAUNCH, "--num-jobs", "1", "--num-cpus", "1",
                        "--env", "PYTHONHOME=/nonexistent", "--log-dir", str(tmp_path / "logs"),
-                       "dist.nodes_per_engine=2", *ARGS, f"output.dir={tmp_path}/out"],
+                       "dist.nodes_per_engine=2", *JOB_ARGS, f"output.dir={tmp_path}/out"],
                       env=env, timeout=300)
     finally:
         cluster.shutdown()

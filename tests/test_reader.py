@@ -1,78 +1,21 @@
-import hashlib
-import json
 import pickle
 
 import pytest
 import torch
-from safetensors.torch import save
 
 from hsdump import fp8
 from hsdump.reader import (HsdumpDataset, PadCollator, SpeculatorsV1Dataset, pad_collate,
                            read_safetensors_header, resolve_final_state, v1_record)
 from hsdump.writer import DatasetWriter
 
-H = 8
-LAYERS = [2, 4, 5]
-
-
-def sample(sid, n, final=()):
-    g = torch.Generator().manual_seed(sid)
-    ids = torch.randint(0, 100, (n,), generator=g)
-    mask = torch.tensor([0] * (n // 2) + [1] * (n - n // 2))
-    hs = [torch.randn(n, H, generator=g) for _ in LAYERS]
-    fin = {k: torch.randn(n, H, generator=g) for k in final}
-    return ids, mask, hs, fin
-
-
-def make_dataset(path, samples, *, storage="bfloat16", per_shard=3, skipped=None,
-                 skipped_rows=None, model="m"):
-    """Write a dataset the way hsdump's writer lays it out (format.md), plus the two format
-    extensions read here: fp8 hidden states (`.../scale` companions) and final-layer states
-    (`{i}/final/{pre_norm,post_norm}`)."""
-    path.mkdir(parents=True, exist_ok=True)
-    index = {"format": "hsdump/speculators-v1", "format_version": 1, "samples": {},
-             "shards": {}, "skipped": skipped or {}}
-    sids = sorted(samples)
-    for s in range(0, len(sids), per_shard):
-        tensors = {}
-        for sid in sids[s:s + per_shard]:
-            ids, mask, hs, fin = samples[sid]
-            tensors[f"{sid}/input_ids"] = torch.as_tensor(ids, dtype=torch.int64)
-            tensors[f"{sid}/loss_mask"] = torch.as_tensor(mask, dtype=torch.int64)
-            named = {f"{sid}/hidden_states/{j}": h for j, h in enumerate(hs)}
-            named.update({f"{sid}/final/{k}": v for k, v in fin.items()})
-            for name, h in named.items():
-                if storage == "fp8":
-                    tensors.update(fp8.encode(name, h))
-                else:
-                    tensors[name] = h.to(torch.bfloat16).contiguous()
-        meta = {"format": "hsdump/speculators-v1", "format_version": "1",
-                "layers": json.dumps(LAYERS)}
-        if storage == "fp8":
-            meta.update(fp8.shard_metadata())
-        data = save(tensors, metadata=meta)
-        name = f"shard-{s // per_shard:05d}.safetensors"
-        (path / name).write_bytes(data)
-        index["shards"][name] = {"bytes": len(data), "samples": len(sids[s:s + per_shard]),
-                                 "sha256": hashlib.sha256(data).hexdigest()}
-        for sid in sids[s:s + per_shard]:
-            index["samples"][str(sid)] = name
-    manifest = {"format": "hsdump/speculators-v1", "format_version": 1, "layers": LAYERS,
-                "storage_dtype": "float8_e4m3fn" if storage == "fp8" else storage,
-                "model": {"path": model, "hidden_size": H, "num_hidden_layers": 6,
-                          "dtype": "bfloat16"},
-                "dataset": {"path": "d", "rows": 20, "skipped_rows": skipped_rows or {}}}
-    (path / "manifest.json").write_text(json.dumps(manifest))
-    (path / "index.json").write_text(json.dumps(index))
-    return path
-
+from factories import H, LAYERS, make_dataset, stored_sample
 
 LENS = {0: 5, 3: 17, 4: 9, 7: 40, 8: 1, 11: 12}
 
 
 @pytest.fixture
 def ds_path(tmp_path):
-    return make_dataset(tmp_path / "ds", {sid: sample(sid, n) for sid, n in LENS.items()})
+    return make_dataset(tmp_path / "ds", {sid: stored_sample(sid, n) for sid, n in LENS.items()})
 
 
 def test_random_access_order_len_and_iteration(ds_path):
@@ -81,7 +24,7 @@ def test_random_access_order_len_and_iteration(ds_path):
     assert [r["id"] for r in ds] == sorted(LENS)
     assert ds[2]["id"] == 4 and 7 in ds and 5 not in ds
     for sid, n in LENS.items():
-        ids, mask, hs, _ = sample(sid, n)
+        ids, mask, hs, _ = stored_sample(sid, n)
         r = ds.get(sid)
         assert torch.equal(r["input_ids"], ids) and torch.equal(r["loss_mask"], mask)
         assert "final" not in r
@@ -91,8 +34,8 @@ def test_random_access_order_len_and_iteration(ds_path):
         ds.get(5)
     small = ds.get(3, hidden=False)  # two preads, no mapping
     assert small.keys() == {"id", "input_ids", "loss_mask"}
-    assert torch.equal(small["input_ids"], sample(3, 17)[0])
-    assert torch.equal(small["loss_mask"], sample(3, 17)[1])
+    assert torch.equal(small["input_ids"], stored_sample(3, 17)[0])
+    assert torch.equal(small["loss_mask"], stored_sample(3, 17)[1])
     assert small["input_ids"].dtype == torch.int64
 
 
@@ -152,7 +95,7 @@ def test_dataloader_workers_and_pad_collate(ds_path):
 
 
 def test_fp8_dataset_is_dequantized_transparently(tmp_path):
-    samples = {sid: sample(sid, n) for sid, n in LENS.items()}
+    samples = {sid: stored_sample(sid, n) for sid, n in LENS.items()}
     path = make_dataset(tmp_path / "fp8", samples, storage="fp8")
     head = read_safetensors_header(path / "shard-00000.safetensors")
     assert head["0/hidden_states/1"]["dtype"] == "F8_E4M3"
@@ -172,7 +115,7 @@ def test_fp8_dataset_is_dequantized_transparently(tmp_path):
 
 
 def test_final_states_and_the_v1_view(tmp_path):
-    samples = {sid: sample(sid, n, final=("pre_norm", "post_norm"))
+    samples = {sid: stored_sample(sid, n, final=("pre_norm", "post_norm"))
                for sid, n in LENS.items()}
     ds = HsdumpDataset(str(make_dataset(tmp_path / "f", samples)))
     assert ds.final_kinds == ["pre_norm", "post_norm"]
@@ -207,16 +150,16 @@ def test_reads_what_the_writer_writes(tmp_path):
     w = DatasetWriter(str(tmp_path), {"format": "hsdump/speculators-v1", "layers": LAYERS},
                       {"m": 1}, layers=LAYERS, hidden_size=H, shard_bytes=1500)
     for sid, n in LENS.items():
-        ids, mask, hs, _ = sample(sid, n)
+        ids, mask, hs, _ = stored_sample(sid, n)
         w.add(sid, ids.tolist(), mask.tolist(), hs)
     w.close()
     ds = HsdumpDataset(str(tmp_path), min_len=9)
     assert ds.ids == [3, 4, 7, 11] and ds.lengths == [17, 9, 40, 12]
-    assert torch.equal(ds.get(4)["hidden_states"][0], sample(4, 9)[2][0].bfloat16())
+    assert torch.equal(ds.get(4)["hidden_states"][0], stored_sample(4, 9)[2][0].bfloat16())
 
 
 def test_fp8_raw_for_gpu_dequantize(tmp_path):
-    samples = {sid: sample(sid, n, final=("post_norm",)) for sid, n in LENS.items()}
+    samples = {sid: stored_sample(sid, n, final=("post_norm",)) for sid, n in LENS.items()}
     path = make_dataset(tmp_path / "fp8", samples, storage="fp8")
     raw = HsdumpDataset(str(path), dequantize=False)
     r = raw.get(7)
@@ -235,7 +178,7 @@ def test_fp8_raw_for_gpu_dequantize(tmp_path):
 
 
 def test_pread_mode_gives_the_same_records_unmapped(tmp_path):
-    samples = {sid: sample(sid, n, final=("pre_norm",)) for sid, n in LENS.items()}
+    samples = {sid: stored_sample(sid, n, final=("pre_norm",)) for sid, n in LENS.items()}
     for storage in ("bfloat16", "fp8"):
         path = make_dataset(tmp_path / storage, samples, storage=storage)
         a, b = HsdumpDataset(str(path)), HsdumpDataset(str(path), mmap=False)
@@ -253,7 +196,7 @@ def test_reads_the_writers_fp8_and_final_states(tmp_path):
                                       "storage_dtype": "fp8"},
                       {"m": 2}, layers=LAYERS, hidden_size=H, shard_bytes=1500, dtype="fp8",
                       final=["pre_norm", "post_norm"])
-    data = {sid: sample(sid, n, final=("pre_norm", "post_norm")) for sid, n in LENS.items()}
+    data = {sid: stored_sample(sid, n, final=("pre_norm", "post_norm")) for sid, n in LENS.items()}
     for sid, (ids, mask, hs, fin) in data.items():
         assert w.add(sid, ids.tolist(), mask.tolist(), hs, fin)
     w.close()

@@ -16,8 +16,9 @@ from hsdump.sources import load_rows, read_json_records
 from hsdump.verify import verify
 from hsdump.writer import DatasetWriter
 
-ROOT = Path(__file__).resolve().parents[1]
-H, LAYERS = 8, [1, 2, 3]
+from factories import H
+
+LAYERS = [1, 2, 3]
 
 
 def dataset(path, final=()):

@@ -11,20 +11,11 @@ import torch
 from hsdump.verify import UNLISTED, main, read_header, verify
 from hsdump.writer import DatasetWriter
 
-H = 8
-LAYERS = [2, 4, 5]
-COMPAT = {"model": "m", "layers": LAYERS, "storage_dtype": "bfloat16"}
+from factories import COMPAT, H, LAYERS, sample
+
 MANIFEST = {"format": "hsdump/speculators-v1", "format_version": 1, "layers": LAYERS,
             "convention": "hf_hidden_states_index", "storage_dtype": "bfloat16",
             "model": {"path": "m", "hidden_size": H, "num_hidden_layers": 8}}
-
-
-def sample(sid, n):
-    g = torch.Generator().manual_seed(sid)
-    ids = torch.randint(0, 100, (n,), generator=g).tolist()
-    mask = [0] * (n // 2) + [1] * (n - n // 2)
-    hs = [torch.randn(n, H, generator=g) for _ in LAYERS]
-    return ids, mask, hs
 
 
 def make(path, sizes=((0, 5), (3, 17), (7, 40), (8, 1), (9, 6)), manifest=MANIFEST, data=None):

@@ -3,7 +3,6 @@
 import json
 import subprocess
 import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -14,7 +13,7 @@ from hsdump.stats import TOKEN_FREQ, read_token_freq, token_frequencies, write_t
 from hsdump.vocab import MAPPING, build_mapping
 from hsdump.vocab import main as vocab_main
 
-ROOT = Path(__file__).resolve().parents[1]
+from factories import ROOT
 
 
 def hand_built():

@@ -6,19 +6,7 @@ from safetensors import safe_open
 from hsdump.reader import HsdumpDataset
 from hsdump.writer import DatasetWriter, SampleError
 
-from helpers import committed, shards, skipped
-
-H = 8
-LAYERS = [2, 4, 5]
-COMPAT = {"model": "m", "layers": LAYERS, "storage_dtype": "bfloat16"}
-
-
-def sample(sid, n):
-    g = torch.Generator().manual_seed(sid)
-    ids = torch.randint(0, 100, (n,), generator=g).tolist()
-    mask = [0] * (n // 2) + [1] * (n - n // 2)
-    hs = [torch.randn(n, H, generator=g) for _ in LAYERS]
-    return ids, mask, hs
+from factories import COMPAT, H, LAYERS, committed, sample, shards, skipped
 
 
 def writer(path, **kw):
