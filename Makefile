@@ -7,7 +7,7 @@ PYTHON := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 ARGS ?=
 
-.PHONY: setup extract test test-gpu bench clean
+.PHONY: setup extract test lint format test-gpu bench clean
 
 # The pinned dependencies, then hsdump itself, editable and with --no-deps (the lock's pins
 # stay): that puts the `hsdump` command in .venv/bin. The venv's own setuptools builds it when
@@ -28,6 +28,15 @@ extract: setup
 
 test: setup
 	$(PYTHON) -m pytest -q -ra tests $(ARGS)
+
+# ruff (configured in pyproject.toml): `make lint` checks, `make format` rewrites
+lint: setup
+	$(PYTHON) -m ruff check .
+	$(PYTHON) -m ruff format --check .
+
+format: setup
+	$(PYTHON) -m ruff check --fix .
+	$(PYTHON) -m ruff format .
 
 bench: setup
 	$(PYTHON) bench/bench.py $(ARGS)

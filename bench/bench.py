@@ -27,11 +27,11 @@ the timed window.
     python3 bench/bench.py --device cuda --models llama8b:2048/8192 --deadline-s 560
     python3 bench/bench.py --device cuda --models kimi-width:2048 --modes a,b,b8,c --weights dummy
     python3 bench/bench.py --device cuda --tp 2 --models llama8b:2048:512:2 --modes a,b \
-        --weights dummy                              # TP 2 on two GPUs (bench/gpu_x2.sh)
+        --weights dummy                              # TP 2 on two GPUs (bench/README.md)
     python3 bench/writer_bench.py --dir /output/disk               # DatasetWriter alone
 
 On the GPU machine, first `source .gpu/part1/install.sh` and put the repo on PYTHONPATH
-(see BENCHMARKS.md). Sequence lengths of one model share its three engines.
+(see bench/README.md). Sequence lengths of one model share its three engines.
 
 Models: `tiny-llama` (CPU), `llama8b` (Llama-3.1-8B dimensions), `dsv3-small` (DeepSeek-V3
 architecture, real MLA dims, hidden 512, 8 layers), `kimi-width` (DeepSeek-V3 architecture at
@@ -83,15 +83,24 @@ WEIGHTS = ("files", "dummy")
 def llama8b_config():
     from transformers import LlamaConfig
 
-    return LlamaConfig(vocab_size=128256, hidden_size=4096, intermediate_size=14336,
-                       num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=8,
-                       head_dim=128, max_position_embeddings=131072, rope_theta=500000.0,
-                       rms_norm_eps=1e-5, tie_word_embeddings=False, bos_token_id=128000,
-                       eos_token_id=128001)
+    return LlamaConfig(
+        vocab_size=128256,
+        hidden_size=4096,
+        intermediate_size=14336,
+        num_hidden_layers=32,
+        num_attention_heads=32,
+        num_key_value_heads=8,
+        head_dim=128,
+        max_position_embeddings=131072,
+        rope_theta=500000.0,
+        rms_norm_eps=1e-5,
+        tie_word_embeddings=False,
+        bos_token_id=128000,
+        eos_token_id=128001,
+    )
 
 
-def kimi_width_config(num_layers: int = 8, experts: int = 16, top_k: int = 8,
-                      vocab: int = 163840):
+def kimi_width_config(num_layers: int = 8, experts: int = 16, top_k: int = 8, vocab: int = 163840):
     """DeepSeek-V3 architecture at Kimi-K2.5's widths (its text_config: hidden 7168, q_lora 1536,
     kv_lora 512, qk_nope 128, qk_rope 64, v_head 128, 64 heads, expert width 2048, dense width
     18432, 1 shared expert, first layer dense, sigmoid noaux_tc routing with n_group 1, yarn rope
@@ -100,20 +109,51 @@ def kimi_width_config(num_layers: int = 8, experts: int = 16, top_k: int = 8,
     from transformers import DeepseekV3Config
 
     cfg = DeepseekV3Config(
-        vocab_size=vocab, hidden_size=7168, intermediate_size=18432, moe_intermediate_size=2048,
-        num_hidden_layers=num_layers, num_attention_heads=64, num_key_value_heads=64,
-        n_shared_experts=1, n_routed_experts=experts, num_experts_per_tok=top_k, n_group=1,
-        topk_group=1, routed_scaling_factor=2.827, norm_topk_prob=True, first_k_dense_replace=1,
-        kv_lora_rank=512, q_lora_rank=1536, qk_rope_head_dim=64, qk_nope_head_dim=128,
-        v_head_dim=128, max_position_embeddings=262144, rms_norm_eps=1e-5,
-        rope_scaling={"type": "yarn", "factor": 64.0, "original_max_position_embeddings": 4096,
-                      "beta_fast": 1.0, "beta_slow": 1.0, "mscale": 1.0, "mscale_all_dim": 1.0,
-                      "rope_theta": 50000.0},
+        vocab_size=vocab,
+        hidden_size=7168,
+        intermediate_size=18432,
+        moe_intermediate_size=2048,
+        num_hidden_layers=num_layers,
+        num_attention_heads=64,
+        num_key_value_heads=64,
+        n_shared_experts=1,
+        n_routed_experts=experts,
+        num_experts_per_tok=top_k,
+        n_group=1,
+        topk_group=1,
+        routed_scaling_factor=2.827,
+        norm_topk_prob=True,
+        first_k_dense_replace=1,
+        kv_lora_rank=512,
+        q_lora_rank=1536,
+        qk_rope_head_dim=64,
+        qk_nope_head_dim=128,
+        v_head_dim=128,
+        max_position_embeddings=262144,
+        rms_norm_eps=1e-5,
+        rope_scaling={
+            "type": "yarn",
+            "factor": 64.0,
+            "original_max_position_embeddings": 4096,
+            "beta_fast": 1.0,
+            "beta_slow": 1.0,
+            "mscale": 1.0,
+            "mscale_all_dim": 1.0,
+            "rope_theta": 50000.0,
+        },
         # keys of the real config.json that SGLang's deepseek_v2 reads and transformers'
         # DeepseekV3Config does not define (see gpu_check.deepseek_v3_config)
-        moe_layer_freq=1, topk_method="noaux_tc", scoring_func="sigmoid", ep_size=1,
-        seq_aux=True, aux_loss_alpha=0.001, num_nextn_predict_layers=0,
-        tie_word_embeddings=False, bos_token_id=163584, eos_token_id=163585)
+        moe_layer_freq=1,
+        topk_method="noaux_tc",
+        scoring_func="sigmoid",
+        ep_size=1,
+        seq_aux=True,
+        aux_loss_alpha=0.001,
+        num_nextn_predict_layers=0,
+        tie_word_embeddings=False,
+        bos_token_id=163584,
+        eos_token_id=163585,
+    )
     return cfg
 
 
@@ -153,19 +193,22 @@ def build_model(name: str, dest: str, weights: str = "files") -> str:
         return dest
     if name in ("llama8b", "kimi-width"):
         # built on the GPU in a child process, so this process never holds GPU memory
-        code = ("import sys, os, torch; sys.path[:0] = [%r, %r]; import bench; "
-                "from transformers import AutoModelForCausalLM; torch.manual_seed(0); "
-                "dev = 'cuda' if torch.cuda.is_available() else 'cpu'\n"
-                "with torch.device(dev):\n"
-                "    m = AutoModelForCausalLM.from_config(bench.model_config(sys.argv[2]), "
-                "dtype=torch.bfloat16)\n"
-                "m.save_pretrained(sys.argv[1] + '.tmp')\n"
-                "os.replace(sys.argv[1] + '.tmp', sys.argv[1])"
-                % (str(HERE), str(ROOT)))
+        code = (
+            "import sys, os, torch; sys.path[:0] = [%r, %r]; import bench; "
+            "from transformers import AutoModelForCausalLM; torch.manual_seed(0); "
+            "dev = 'cuda' if torch.cuda.is_available() else 'cpu'\n"
+            "with torch.device(dev):\n"
+            "    m = AutoModelForCausalLM.from_config(bench.model_config(sys.argv[2]), "
+            "dtype=torch.bfloat16)\n"
+            "m.save_pretrained(sys.argv[1] + '.tmp')\n"
+            "os.replace(sys.argv[1] + '.tmp', sys.argv[1])" % (str(HERE), str(ROOT))
+        )
     else:  # dsv3-small
-        code = ("import sys; sys.path[:0] = [%r, %r]; import gpu_check; "
-                "gpu_check.make_model('deepseek_v3', sys.argv[1], num_layers=8)"
-                % (str(HERE), str(ROOT)))
+        code = (
+            "import sys; sys.path[:0] = [%r, %r]; import gpu_check; "
+            "gpu_check.make_model('deepseek_v3', sys.argv[1], num_layers=8)"
+            % (str(HERE), str(ROOT))
+        )
     shutil.rmtree(dest + ".tmp", ignore_errors=True)
     Path(dest).parent.mkdir(parents=True, exist_ok=True)
     subprocess.run([sys.executable, "-c", code, dest, name], check=True)
@@ -176,15 +219,18 @@ def default_layers(name: str, num_layers: int) -> List[int]:
     if name in ("dsv3-small", "kimi-width"):  # the Kimi-K2.5 preset's [3, 31, 59] of 61 is
         # [3, L // 2 + 1, L - 2]; at L = 8: [3, 5, 6]
         return [3, num_layers // 2 + 1, num_layers - 2]
-    from hsdump.layers import eagle3_default
+    from hsdump.capture.layers import eagle3_default
 
     return eagle3_default(num_layers)
 
 
 # --------------------------------------------------------------------------- monitoring
 class _NvmlMem(ctypes.Structure):
-    _fields_ = [("total", ctypes.c_ulonglong), ("free", ctypes.c_ulonglong),
-                ("used", ctypes.c_ulonglong)]
+    _fields_ = [
+        ("total", ctypes.c_ulonglong),
+        ("free", ctypes.c_ulonglong),
+        ("used", ctypes.c_ulonglong),
+    ]
 
 
 class Gpu:
@@ -197,8 +243,11 @@ class Gpu:
             self.lib = ctypes.CDLL("libnvidia-ml.so.1")
             if self.lib.nvmlInit_v2() != 0:
                 return
-            vis = [x.strip() for x in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",")
-                   if x.strip()][:count]
+            vis = [
+                x.strip()
+                for x in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",")
+                if x.strip()
+            ][:count]
             ok = len(vis) == count and all(x.isdigit() for x in vis)
             idxs = [int(x) for x in vis] if ok else list(range(count))
             for idx in idxs:
@@ -230,7 +279,7 @@ def _tree_pids(root: int) -> List[int]:
             try:
                 with open(f"/proc/{d}/stat") as f:
                     st = f.read()
-                parent[int(d)] = int(st[st.rindex(")") + 2:].split()[1])
+                parent[int(d)] = int(st[st.rindex(")") + 2 :].split()[1])
             except (OSError, ValueError, IndexError):
                 continue
     keep, changed = {root}, True
@@ -275,7 +324,7 @@ def thread_cpu(root: int) -> Dict[tuple, float]:
             continue
         # the process's own total also counts its threads that have exited (a DatasetWriter's
         # threads end with it, inside the window); tid None marks it
-        fields = st[st.rindex(")") + 2:].split()
+        fields = st[st.rindex(")") + 2 :].split()
         out[(pid, pname, None, "")] = (int(fields[11]) + int(fields[12])) / _TICK
         for tid in tids:
             try:
@@ -283,8 +332,8 @@ def thread_cpu(root: int) -> Dict[tuple, float]:
                     st = f.read()
             except OSError:
                 continue
-            name = st[st.index("(") + 1:st.rindex(")")]
-            fields = st[st.rindex(")") + 2:].split()
+            name = st[st.index("(") + 1 : st.rindex(")")]
+            fields = st[st.rindex(")") + 2 :].split()
             if pid == root:
                 name = py_names.get(int(tid), name)
             out[(pid, pname, int(tid), name)] = (int(fields[11]) + int(fields[12])) / _TICK
@@ -318,20 +367,24 @@ def cpu_window(t0: dict, t1: dict, h0: List[int], h1: List[int], wall: float) ->
     wall = max(wall, 1e-9)
     cmdlines = {}
     for name in procs:  # what each process is (a busy child with a bare name, e.g. a JIT build)
-        pid = name[name.rindex("[") + 1:-1]
+        pid = name[name.rindex("[") + 1 : -1]
         try:
             with open(f"/proc/{pid}/cmdline", "rb") as f:
                 cmdlines[name] = f.read().replace(b"\0", b" ").decode(errors="replace")[:200]
         except OSError:
             cmdlines[name] = "(exited)"
-    return {"cpus": os.cpu_count(), "wall_s": wall,
-            "host_busy_cores": (d[0] + d[1] + d[2] + d[5] + d[6]) / total * os.cpu_count(),
-            "host_iowait_cores": d[4] / total * os.cpu_count(),
-            "host_steal_cores": d[7] / total * os.cpu_count(),
-            "tree_cores": {k: round(v / wall, 3) for k, v in
-                           sorted(procs.items(), key=lambda kv: -kv[1])},
-            "top_threads_cores": {n: round(u / wall, 3) for u, n in threads[:16]},
-            "cmdlines": cmdlines}
+    return {
+        "cpus": os.cpu_count(),
+        "wall_s": wall,
+        "host_busy_cores": (d[0] + d[1] + d[2] + d[5] + d[6]) / total * os.cpu_count(),
+        "host_iowait_cores": d[4] / total * os.cpu_count(),
+        "host_steal_cores": d[7] / total * os.cpu_count(),
+        "tree_cores": {
+            k: round(v / wall, 3) for k, v in sorted(procs.items(), key=lambda kv: -kv[1])
+        },
+        "top_threads_cores": {n: round(u / wall, 3) for u, n in threads[:16]},
+        "cmdlines": cmdlines,
+    }
 
 
 class Monitor(threading.Thread):
@@ -381,8 +434,11 @@ class Monitor(threading.Thread):
             except Exception:
                 cpu = None
         with self.lock:
-            return {"peak_rss_bytes": self.peak_rss, "peak_gpu_used_bytes": self.peak_gpu,
-                    "cpu": cpu}
+            return {
+                "peak_rss_bytes": self.peak_rss,
+                "peak_gpu_used_bytes": self.peak_gpu,
+                "cpu": cpu,
+            }
 
     def stop(self):
         self._halt.set()
@@ -395,8 +451,11 @@ def disk_bandwidth(out_dir: str, mib: int) -> dict:
     res = {"path": out_dir, "bytes": mib << 20}
     for label, flag in (("oflag_direct", "oflag=direct"), ("conv_fdatasync", "conv=fdatasync")):
         t = time.time()
-        p = subprocess.run(["dd", "if=/dev/zero", f"of={path}", "bs=16M", f"count={mib // 16}",
-                            flag], capture_output=True, text=True)
+        p = subprocess.run(
+            ["dd", "if=/dev/zero", f"of={path}", "bs=16M", f"count={mib // 16}", flag],
+            capture_output=True,
+            text=True,
+        )
         dt = time.time() - t
         if p.returncode == 0:
             res[label + "_bytes_per_s"] = (mib << 20) / dt
@@ -415,8 +474,9 @@ def writer_stages(out_dir: str, nbytes: int, width: int) -> dict:
     from safetensors.torch import save
 
     rows = max(1, nbytes // (2 * width) // 8)
-    tensors = {f"{i}/hidden_states/0": torch.randn(rows, width).to(torch.bfloat16)
-               for i in range(8)}
+    tensors = {
+        f"{i}/hidden_states/0": torch.randn(rows, width).to(torch.bfloat16) for i in range(8)
+    }
     total = sum(t.numel() * 2 for t in tensors.values())
     t0 = time.time()
     data = save(tensors, metadata={"format": "bench"})
@@ -430,17 +490,21 @@ def writer_stages(out_dir: str, nbytes: int, width: int) -> dict:
         os.fsync(f.fileno())
     t3 = time.time()
     os.unlink(path)
-    return {"bytes": total, "serialize_bytes_per_s": total / (t1 - t0),
-            "sha256_bytes_per_s": total / (t2 - t1), "write_fsync_bytes_per_s": total / (t3 - t2),
-            "serial_bytes_per_s": total / (t3 - t0)}
+    return {
+        "bytes": total,
+        "serialize_bytes_per_s": total / (t1 - t0),
+        "sha256_bytes_per_s": total / (t2 - t1),
+        "write_fsync_bytes_per_s": total / (t3 - t2),
+        "serial_bytes_per_s": total / (t3 - t0),
+    }
 
 
 # --------------------------------------------------------------------------- engines
 def _prepare(device: str) -> None:
     """SGLang's CPU engine switch and libcuda stub, as in every scheduler process."""
-    from hsdump.engine import _prepare_process
+    from hsdump.capture.patch import prepare_process
 
-    _prepare_process(device)
+    prepare_process(device)
 
 
 def engine_config(device: str, mem_fraction: Optional[float]):
@@ -457,16 +521,28 @@ def engine_config(device: str, mem_fraction: Optional[float]):
 
 def plain_kwargs(model_path: str, ec, tp: int = 1) -> dict:
     """The keyword arguments CaptureEngine gives sglang, minus everything about capture."""
-    kw = dict(model_path=model_path, tp_size=tp, dtype="bfloat16", device=ec.device,
-              skip_tokenizer_init=True, disable_radix_cache=True,
-              chunked_prefill_size=ec.chunked_prefill_size,
-              max_prefill_tokens=ec.max_prefill_tokens, disable_cuda_graph=ec.disable_cuda_graph,
-              log_level=ec.log_level)
-    for key in ("attention_backend", "sampling_backend", "mem_fraction_static",
-                "max_running_requests", "max_total_tokens"):
+    kw = dict(
+        model_path=model_path,
+        tp_size=tp,
+        dtype="bfloat16",
+        device=ec.device,
+        skip_tokenizer_init=True,
+        disable_radix_cache=True,
+        chunked_prefill_size=ec.chunked_prefill_size,
+        max_prefill_tokens=ec.max_prefill_tokens,
+        disable_cuda_graph=ec.disable_cuda_graph,
+        log_level=ec.log_level,
+    )
+    for key in (
+        "attention_backend",
+        "sampling_backend",
+        "mem_fraction_static",
+        "max_running_requests",
+        "max_total_tokens",
+    ):
         if getattr(ec, key) is not None:
             kw[key] = getattr(ec, key)
-    from hsdump.engine import start_kwargs
+    from hsdump.capture.serving import start_kwargs
 
     kw.update(start_kwargs(ec, False))  # CaptureEngine's CUDA graphs for a run that never decodes
     kw.update(ec.extra)  # e.g. load_format="dummy" (--weights dummy), as CaptureEngine does
@@ -506,8 +582,11 @@ def builtin_engine(model_path: str, ec, layers: List[int], version: str, tp: int
             run_scheduler_process_func = staticmethod(aux_scheduler_process)
 
         return AuxCaptureEngine(**kw)
-    kw.update(speculative_algorithm="EAGLE3", enable_return_aux_hidden_states=True,
-              return_aux_hidden_state_layer_ids=[k - 1 for k in sorted(layers)])
+    kw.update(
+        speculative_algorithm="EAGLE3",
+        enable_return_aux_hidden_states=True,
+        return_aux_hidden_state_layer_ids=[k - 1 for k in sorted(layers)],
+    )
     return Engine(**kw)
 
 
@@ -517,8 +596,14 @@ SP = {"max_new_tokens": 1, "temperature": 0.0}
 def _rate(tokens: int, samples: int, walls: List[float], **extra) -> dict:
     """Rates from the median wall time of the repeats (all walls are kept)."""
     wall = statistics.median(walls)
-    d = {"wall_s": wall, "walls_s": walls, "tokens": tokens, "samples": samples,
-         "tokens_per_s": tokens / wall, "samples_per_s": samples / wall}
+    d = {
+        "wall_s": wall,
+        "walls_s": walls,
+        "tokens": tokens,
+        "samples": samples,
+        "tokens_per_s": tokens / wall,
+        "samples_per_s": samples / wall,
+    }
     d.update(extra)
     return d
 
@@ -546,8 +631,7 @@ class Workload:
         self.tokens = sum(len(s) for s in samples)
 
 
-def mode_plain(model_path, ec, loads: List[Workload], mon, repeat: int = 1,
-               tp: int = 1) -> dict:
+def mode_plain(model_path, ec, loads: List[Workload], mon, repeat: int = 1, tp: int = 1) -> dict:
     """Mode a. Returns {seq: result} plus "_engine" facts."""
     from sglang.srt.entrypoints.engine import Engine
 
@@ -564,28 +648,43 @@ def mode_plain(model_path, ec, loads: List[Workload], mon, repeat: int = 1,
             walls = []
             for _ in range(repeat):
                 t = time.time()
-                outs = eng.generate(input_ids=w.samples, sampling_params=SP,
-                                    return_hidden_states=False)
+                outs = eng.generate(
+                    input_ids=w.samples, sampling_params=SP, return_hidden_states=False
+                )
                 walls.append(time.time() - t)
                 assert len(outs) == len(w.samples)
-            out[w.seq] = _rate(w.tokens, len(w.samples), walls, warmup_s=warm_s, idle=idle,
-                               **mon.peaks())
+            out[w.seq] = _rate(
+                w.tokens, len(w.samples), walls, warmup_s=warm_s, idle=idle, **mon.peaks()
+            )
     finally:
         eng.shutdown()
     return out
 
 
-def mode_hsdump(model_path, ec, loads: List[Workload], layers, info, out_dir, mon,
-                repeat: int = 1, storages=("bfloat16",), fp8_tokens: int = 0,
-                on_partial=None, tp: int = 1) -> dict:
+def mode_hsdump(
+    model_path,
+    ec,
+    loads: List[Workload],
+    layers,
+    info,
+    out_dir,
+    mon,
+    repeat: int = 1,
+    storages=("bfloat16",),
+    fp8_tokens: int = 0,
+    on_partial=None,
+    tp: int = 1,
+) -> dict:
     """Modes b0 (capture, rows dropped), b (capture + DatasetWriter to disk) and b8 (the same
     with storage fp8, if "fp8" is in `storages`), one engine. b8 runs on the first samples
     holding `fp8_tokens` tokens (0: all of b's). `on_partial(seq, results)` is called after
     each of them, so that a run cut short keeps what it measured."""
+    from hsdump.capture.engine import CaptureEngine
+    from hsdump.capture.layers import CONVENTION
     from hsdump.config import ModelConfig
-    from hsdump.engine import CaptureEngine
-    from hsdump.layers import CONVENTION
-    from hsdump.writer import FORMAT, FORMAT_VERSION, DatasetWriter
+    from hsdump.store.layout import FORMAT
+    from hsdump.store.layout import VERSION as FORMAT_VERSION
+    from hsdump.store.writer import DatasetWriter
 
     out = {"_engine": {"baseline": mon.reset()}}
     t0 = time.time()
@@ -602,17 +701,32 @@ def mode_hsdump(model_path, ec, loads: List[Workload], layers, info, out_dir, mo
     def to_disk(samples: List[List[int]], storage: str) -> dict:
         """Capture + DatasetWriter(dtype=storage), timed until close() has committed all."""
         tokens = sum(len(x) for x in samples)
-        manifest = {"format": FORMAT, "format_version": FORMAT_VERSION, "layers": layers,
-                    "convention": CONVENTION, "storage_dtype": storage,
-                    "model": {"path": model_path, "hidden_size": info.hidden_size,
-                              "num_hidden_layers": info.num_hidden_layers}}
+        manifest = {
+            "format": FORMAT,
+            "format_version": FORMAT_VERSION,
+            "layers": layers,
+            "convention": CONVENTION,
+            "storage_dtype": storage,
+            "model": {
+                "path": model_path,
+                "hidden_size": info.hidden_size,
+                "num_hidden_layers": info.num_hidden_layers,
+            },
+        }
         idle = mon.reset()
         walls, details = [], []
         for _ in range(repeat):
             shutil.rmtree(ds_dir, ignore_errors=True)
             t = time.time()
-            writer = DatasetWriter(ds_dir, manifest, {"bench": True}, layers=layers,
-                                   hidden_size=info.hidden_size, dtype=storage, **WRITER_OPTS)
+            writer = DatasetWriter(
+                ds_dir,
+                manifest,
+                {"bench": True},
+                layers=layers,
+                hidden_size=info.hidden_size,
+                dtype=storage,
+                **WRITER_OPTS,
+            )
 
             def sink(sid, ids, hs, bad):
                 writer.add(sid, ids, [1] * len(ids), hs, nonfinite=bad)
@@ -626,10 +740,16 @@ def mode_hsdump(model_path, ec, loads: List[Workload], layers, info, out_dir, mo
                 close_s = time.time() - t_c
             walls.append(time.time() - t)
             assert writer.samples_written == len(samples)
-            details.append({"run_s": t_run, "sink_add_s": writer.timing["add_s"],
-                            "final_close_s": close_s, "bytes_written": writer.bytes_written,
-                            "writer_timing": dict(writer.timing),
-                            "shards": writer.shards_written})
+            details.append(
+                {
+                    "run_s": t_run,
+                    "sink_add_s": writer.timing["add_s"],
+                    "final_close_s": close_s,
+                    "bytes_written": writer.bytes_written,
+                    "writer_timing": dict(writer.timing),
+                    "shards": writer.shards_written,
+                }
+            )
             shutil.rmtree(ds_dir, ignore_errors=True)
         wall = statistics.median(walls)
         n_bytes = details[0]["bytes_written"]
@@ -637,11 +757,20 @@ def mode_hsdump(model_path, ec, loads: List[Workload], layers, info, out_dir, mo
         # of the wall is the final flush (the last shards written and fsynced), a fixed
         # cost per run that a long extraction amortizes
         run_rate = tokens / statistics.median([d["run_s"] for d in details])
-        return _rate(tokens, len(samples), walls, storage_dtype=storage,
-                     bytes_written=n_bytes, bytes_per_token=n_bytes / tokens,
-                     run_tokens_per_s=run_rate, bytes_written_per_s=n_bytes / wall,
-                     payload_bytes_per_s=tokens * k_bytes / wall, repeats=details,
-                     idle=idle, **mon.peaks())
+        return _rate(
+            tokens,
+            len(samples),
+            walls,
+            storage_dtype=storage,
+            bytes_written=n_bytes,
+            bytes_per_token=n_bytes / tokens,
+            run_tokens_per_s=run_rate,
+            bytes_written_per_s=n_bytes / wall,
+            payload_bytes_per_s=tokens * k_bytes / wall,
+            repeats=details,
+            idle=idle,
+            **mon.peaks(),
+        )
 
     try:
         for w in loads:
@@ -664,21 +793,28 @@ def mode_hsdump(model_path, ec, loads: List[Workload], layers, info, out_dir, mo
                 eng.run(sids(w.samples), null_sink)
                 walls.append(time.time() - t)
                 assert got == [len(w.samples), w.tokens], got
-            res["b0"] = _rate(w.tokens, len(w.samples), walls,
-                              payload_bytes_per_s=w.tokens * k_bytes / statistics.median(walls),
-                              idle=idle, **mon.peaks())
+            res["b0"] = _rate(
+                w.tokens,
+                len(w.samples),
+                walls,
+                payload_bytes_per_s=w.tokens * k_bytes / statistics.median(walls),
+                idle=idle,
+                **mon.peaks(),
+            )
             if on_partial:
                 on_partial(w.seq, res)
             for storage in storages:
                 key = "b8" if storage == "fp8" else "b"
                 samples = w.samples
                 if storage == "fp8" and fp8_tokens:
-                    samples = w.samples[:_count_within([len(x) for x in w.samples], fp8_tokens)]
+                    samples = w.samples[: _count_within([len(x) for x in w.samples], fp8_tokens)]
                 try:
                     res[key] = to_disk(samples, storage)
                 except Exception as e:  # b8 failing must not lose b
-                    res[key] = {"error": f"{type(e).__name__}: {e}",
-                                "traceback": traceback.format_exc()[-3000:]}
+                    res[key] = {
+                        "error": f"{type(e).__name__}: {e}",
+                        "traceback": traceback.format_exc()[-3000:],
+                    }
                     print(traceback.format_exc())
                     if key == "b":
                         raise
@@ -692,9 +828,9 @@ def mode_hsdump(model_path, ec, loads: List[Workload], layers, info, out_dir, mo
 
 
 def fp8_host_cost(hidden: int, slots: int, seq: int = 2048, reps: int = 3) -> dict:
-    """Time of the writer's fp8 encoding (hsdump.fp8.quantize, on the CPU, in writer.add on
+    """Time of the writer's fp8 encoding (hsdump.store.fp8.quantize, on the CPU, in writer.add on
     the caller's thread) for one sample of `slots` [seq, hidden] bf16 tensors."""
-    from hsdump import fp8
+    from hsdump.store import fp8
 
     xs = [torch.randn(seq, hidden).to(torch.bfloat16) for _ in range(slots)]
     for x in xs:
@@ -706,12 +842,19 @@ def fp8_host_cost(hidden: int, slots: int, seq: int = 2048, reps: int = 3) -> di
             fp8.quantize(x)
         times.append(time.perf_counter() - t)
     ms = statistics.median(times) * 1e3
-    return {"seq": seq, "hidden": hidden, "slots": slots, "torch_threads": torch.get_num_threads(),
-            "ms_per_sample": ms, "tokens_per_s_ceiling": seq / (ms / 1e3)}
+    return {
+        "seq": seq,
+        "hidden": hidden,
+        "slots": slots,
+        "torch_threads": torch.get_num_threads(),
+        "ms_per_sample": ms,
+        "tokens_per_s_ceiling": seq / (ms / 1e3),
+    }
 
 
-def mode_builtin(model_path, ec, loads: List[Workload], layers, info, version, mon,
-                 repeat: int = 1, tp: int = 1) -> dict:
+def mode_builtin(
+    model_path, ec, loads: List[Workload], layers, info, version, mon, repeat: int = 1, tp: int = 1
+) -> dict:
     """Mode c: SGLang's own return path, the caller keeping every returned list."""
     out = {"_engine": {"baseline": mon.reset()}}
     t0 = time.time()
@@ -722,7 +865,7 @@ def mode_builtin(model_path, ec, loads: List[Workload], layers, info, version, m
         for w in loads:
             if w.n_builtin < 1:
                 continue  # not measured at this length (--models MODEL:SEQ:N:0)
-            samples = w.samples[:w.n_builtin]
+            samples = w.samples[: w.n_builtin]
             n_tok = sum(len(s) for s in samples)
             t = time.time()
             eng.generate(input_ids=w.warm[:1], sampling_params=SP, return_hidden_states=True)
@@ -731,17 +874,23 @@ def mode_builtin(model_path, ec, loads: List[Workload], layers, info, version, m
             walls = []
             for _ in range(repeat):
                 t = time.time()
-                outs = eng.generate(input_ids=samples, sampling_params=SP,
-                                    return_hidden_states=True)
+                outs = eng.generate(
+                    input_ids=samples, sampling_params=SP, return_hidden_states=True
+                )
                 collected = [o["meta_info"]["hidden_states"][0] for o in outs]
                 walls.append(time.time() - t)
                 for s, hs in zip(samples, collected):
-                    assert len(hs) == len(s) and len(hs[0]) == width, \
-                        (len(hs), len(hs[0]), width)
+                    assert len(hs) == len(s) and len(hs[0]) == width, (len(hs), len(hs[0]), width)
                 del outs, collected
-            out[w.seq] = _rate(n_tok, len(samples), walls,
-                               payload_bytes_per_s=n_tok * width * 2 / statistics.median(walls),
-                               warmup_s=warm_s, idle=idle, **mon.peaks())
+            out[w.seq] = _rate(
+                n_tok,
+                len(samples),
+                walls,
+                payload_bytes_per_s=n_tok * width * 2 / statistics.median(walls),
+                warmup_s=warm_s,
+                idle=idle,
+                **mon.peaks(),
+            )
     finally:
         eng.shutdown()
     return out
@@ -758,54 +907,71 @@ def _mb(x):
 
 def table(name: str, r: dict, tp: int = 1) -> str:
     b = r.get("b") or {}
-    rows = [("a plain prefill", r.get("a")), ("b0 hsdump capture only", b.get("b0")),
-            ("b hsdump -> disk", b.get("b")), ("c built-in lists", r.get("c"))]
+    rows = [
+        ("a plain prefill", r.get("a")),
+        ("b0 hsdump capture only", b.get("b0")),
+        ("b hsdump -> disk", b.get("b")),
+        ("c built-in lists", r.get("c")),
+    ]
     if b.get("b8"):
         rows.insert(3, ("b8 hsdump -> disk, fp8", b.get("b8")))
-    lines = [f"{name}: {r['model']} seq {r['seq']} tp {r.get('tp', tp)} layers {r['layers']} "
-             f"(samples a/b {r['samples']}, c {r['samples_builtin']})",
-             f"| mode | tokens/s | samples/s | write MB/s | payload MB/s | peak RSS GB "
-             f"| peak GPU GB | wall s |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|"]
+    lines = [
+        f"{name}: {r['model']} seq {r['seq']} tp {r.get('tp', tp)} layers {r['layers']} "
+        f"(samples a/b {r['samples']}, c {r['samples_builtin']})",
+        "| mode | tokens/s | samples/s | write MB/s | payload MB/s | peak RSS GB "
+        "| peak GPU GB | wall s |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
     for label, m in rows:
         if not m or "tokens_per_s" not in m:
             err = (m or {}).get("error", "not run") if isinstance(m, dict) else "not run"
             lines.append(f"| {label} | {str(err)[:60]} | | | | | | |")
             continue
-        lines.append(f"| {label} | {m['tokens_per_s']:,.0f} | {m['samples_per_s']:.2f} | "
-                     f"{_mb(m.get('bytes_written_per_s'))} | {_mb(m.get('payload_bytes_per_s'))} | "
-                     f"{_gb(m.get('peak_rss_bytes'))} | {_gb(m.get('peak_gpu_used_bytes'))} | "
-                     f"{m['wall_s']:.1f} |")
+        lines.append(
+            f"| {label} | {m['tokens_per_s']:,.0f} | {m['samples_per_s']:.2f} | "
+            f"{_mb(m.get('bytes_written_per_s'))} | {_mb(m.get('payload_bytes_per_s'))} | "
+            f"{_gb(m.get('peak_rss_bytes'))} | {_gb(m.get('peak_gpu_used_bytes'))} | "
+            f"{m['wall_s']:.1f} |"
+        )
     ra = r.get("ratios", {})
     lines.append("ratios: " + ", ".join(f"{k} = {v:.3f}" for k, v in ra.items()))
     for key in ("b", "b8"):
         m = b.get(key) or {}
         if "bytes_per_token" in m:
-            lines.append(f"{key}: {m['bytes_per_token']:,.0f} bytes per token, "
-                         f"{m['tokens']:,} tokens, run {m['run_tokens_per_s']:,.0f} tokens/s")
+            lines.append(
+                f"{key}: {m['bytes_per_token']:,.0f} bytes per token, "
+                f"{m['tokens']:,} tokens, run {m['run_tokens_per_s']:,.0f} tokens/s"
+            )
     for key, d in [(k, d) for k in ("b", "b8") for d in (b.get(k) or {}).get("repeats", [])]:
         wt = d.get("writer_timing", {})
-        lines.append(f"{key} profile: run {d['run_s']:.1f} s, "
-                     f"in writer.add {d['sink_add_s']:.1f} s "
-                     f"(blocked on the shard queue {wt.get('queue_wait_s', 0):.1f} s), "
-                     f"final close {d['final_close_s']:.1f} s, shard commits "
-                     f"{wt.get('commit_s', 0):.1f} thread-s over {d['shards']} shards")
+        lines.append(
+            f"{key} profile: run {d['run_s']:.1f} s, "
+            f"in writer.add {d['sink_add_s']:.1f} s "
+            f"(blocked on the shard queue {wt.get('queue_wait_s', 0):.1f} s), "
+            f"final close {d['final_close_s']:.1f} s, shard commits "
+            f"{wt.get('commit_s', 0):.1f} thread-s over {d['shards']} shards"
+        )
     for label, m in rows:
         cpu = (m or {}).get("cpu") if isinstance(m, dict) else None
         if cpu:
             top = ", ".join(f"{k} {v:.2f}" for k, v in list(cpu["tree_cores"].items())[:4])
-            lines.append(f"{label.split()[0]} cpu: host busy {cpu['host_busy_cores']:.1f} of "
-                         f"{cpu['cpus']} cores (iowait {cpu['host_iowait_cores']:.1f}, steal "
-                         f"{cpu['host_steal_cores']:.1f}); cores by process: {top}")
+            lines.append(
+                f"{label.split()[0]} cpu: host busy {cpu['host_busy_cores']:.1f} of "
+                f"{cpu['cpus']} cores (iowait {cpu['host_iowait_cores']:.1f}, steal "
+                f"{cpu['host_steal_cores']:.1f}); cores by process: {top}"
+            )
     return "\n".join(lines)
 
 
 def environment(device: str) -> dict:
     from importlib import metadata
 
-    env = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-           "device": device, "cpus": os.cpu_count(),
-           "mem_total_gb": os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 1e9}
+    env = {
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "device": device,
+        "cpus": os.cpu_count(),
+        "mem_total_gb": os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 1e9,
+    }
     for pkg in ("sglang", "sglang-kernel", "torch", "transformers", "safetensors", "pyzmq"):
         try:
             env[pkg] = metadata.version(pkg)
@@ -824,38 +990,76 @@ def environment(device: str) -> dict:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description="hsdump throughput benchmark (see module doc)")
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    ap.add_argument("--models", default=None,
-                    help="comma list of MODEL:SEQ[/SEQ...][:N[:N_BUILTIN]]; MODEL in "
-                    + ", ".join(MODELS) + "; the sequence lengths of one model share its engines")
+    ap.add_argument(
+        "--models",
+        default=None,
+        help="comma list of MODEL:SEQ[/SEQ...][:N[:N_BUILTIN]]; MODEL in "
+        + ", ".join(MODELS)
+        + "; the sequence lengths of one model share its engines",
+    )
     ap.add_argument("--modes", default="a,b,c")
     ap.add_argument("--name", default=None, help="results file name (default: the device)")
     ap.add_argument("--results-dir", default=str(HERE / "results"))
     ap.add_argument("--out-dir", default="/tmp/hsdump-bench", help="dataset and dd target")
     ap.add_argument("--model-dir", default="/tmp/hsdump-bench-models")
-    ap.add_argument("--tp", type=int, default=1,
-                    help="SGLang tensor-parallel size of every mode's engine (a, b0, b, b8, c)")
+    ap.add_argument(
+        "--tp",
+        type=int,
+        default=1,
+        help="SGLang tensor-parallel size of every mode's engine (a, b0, b, b8, c)",
+    )
     ap.add_argument("--mem-fraction", type=float, default=None)
     ap.add_argument("--dd-mib", type=int, default=None)
-    ap.add_argument("--repeat", type=int, default=None,
-                    help="timed runs per mode, median reported (default: 2 on CPU, 1 on GPU)")
-    ap.add_argument("--deadline-s", type=float, default=0,
-                    help="skip modes that would start after this many seconds")
-    ap.add_argument("--deadline-modes", default=None,
-                    help="comma list: the modes the deadline may skip (default: all)")
-    ap.add_argument("--tokens", type=int, default=0,
-                    help="tokens per timed run and length (default 2M small models, 0.5M 8B)")
+    ap.add_argument(
+        "--repeat",
+        type=int,
+        default=None,
+        help="timed runs per mode, median reported (default: 2 on CPU, 1 on GPU)",
+    )
+    ap.add_argument(
+        "--deadline-s",
+        type=float,
+        default=0,
+        help="skip modes that would start after this many seconds",
+    )
+    ap.add_argument(
+        "--deadline-modes",
+        default=None,
+        help="comma list: the modes the deadline may skip (default: all)",
+    )
+    ap.add_argument(
+        "--tokens",
+        type=int,
+        default=0,
+        help="tokens per timed run and length (default 2M small models, 0.5M 8B)",
+    )
     ap.add_argument("--writer-threads", type=int, default=None)
     ap.add_argument("--shard-mib", type=int, default=None)
-    ap.add_argument("--weights", choices=WEIGHTS, default="files",
-                    help="files: random weights saved with save_pretrained; dummy: config.json "
-                    "only, SGLang fills random weights at load (load_format=dummy)")
-    ap.add_argument("--no-cuda-graph", action="store_true",
-                    help="disable_cuda_graph=True in every mode: skips capturing decode graphs "
-                    "that max_new_tokens=1 never replays (MLA models run no prefill graph)")
-    ap.add_argument("--fp8-tokens", type=int, default=0,
-                    help="mode b8 on the first samples holding this many tokens (0: all of b's)")
-    ap.add_argument("--writer-stages-mib", type=int, default=None,
-                    help="MiB of the serial writer-stage probe (default 1024 GPU, 64 CPU; 0 skips)")
+    ap.add_argument(
+        "--weights",
+        choices=WEIGHTS,
+        default="files",
+        help="files: random weights saved with save_pretrained; dummy: config.json "
+        "only, SGLang fills random weights at load (load_format=dummy)",
+    )
+    ap.add_argument(
+        "--no-cuda-graph",
+        action="store_true",
+        help="disable_cuda_graph=True in every mode: skips capturing decode graphs "
+        "that max_new_tokens=1 never replays (MLA models run no prefill graph)",
+    )
+    ap.add_argument(
+        "--fp8-tokens",
+        type=int,
+        default=0,
+        help="mode b8 on the first samples holding this many tokens (0: all of b's)",
+    )
+    ap.add_argument(
+        "--writer-stages-mib",
+        type=int,
+        default=None,
+        help="MiB of the serial writer-stage probe (default 1024 GPU, 64 CPU; 0 skips)",
+    )
     args = ap.parse_args(argv)
     if args.tp < 1:
         ap.error(f"--tp {args.tp}: must be >= 1")
@@ -872,12 +1076,18 @@ def main(argv=None) -> int:
     repeat = args.repeat or (1 if gpu else 2)
     t_start = time.time()
     _prepare(dev)
-    from hsdump.engine import sglang_version
-    from hsdump.layers import read_model_info
+    from hsdump.capture.layers import read_model_info
+    from hsdump.capture.serving import sglang_version
 
     version = sglang_version()
-    report = {"name": name, "command": " ".join([sys.executable] + sys.argv),
-              "env": environment(dev), "sglang": version, "tp": tp, "runs": {}}
+    report = {
+        "name": name,
+        "command": " ".join([sys.executable] + sys.argv),
+        "env": environment(dev),
+        "sglang": version,
+        "tp": tp,
+        "runs": {},
+    }
     out_json = Path(args.results_dir) / f"{name}.json"
 
     def save():
@@ -891,7 +1101,7 @@ def main(argv=None) -> int:
     if args.no_cuda_graph:
         ec.disable_cuda_graph = True
     # FlashInfer's all-reduce fusion (a 3-minute JIT build at TP > 1) is off as in gpu.yaml:
-    # engine.start_kwargs, which plain_kwargs and CaptureEngine apply
+    # serving.start_kwargs, which plain_kwargs and CaptureEngine apply
     report["weights"] = args.weights
     report["writer_opts"] = dict(WRITER_OPTS)
     report["engine_config"] = {k: getattr(ec, k) for k in ec.__dataclass_fields__}
@@ -911,11 +1121,13 @@ def main(argv=None) -> int:
         build_s = time.time() - t_build
         info = read_model_info(model_path)
         layers = default_layers(mname, info.num_hidden_layers)
-        stages_mib = (1024 if gpu else 64) if args.writer_stages_mib is None \
-            else args.writer_stages_mib
+        stages_mib = (
+            (1024 if gpu else 64) if args.writer_stages_mib is None else args.writer_stages_mib
+        )
         if "writer_stages" not in report and stages_mib > 0:
             report["writer_stages"] = writer_stages(
-                args.out_dir, stages_mib << 20, len(layers) * info.hidden_size)
+                args.out_dir, stages_mib << 20, len(layers) * info.hidden_size
+            )
             print("writer stages:", json.dumps(report["writer_stages"]))
         modes = [m for m in args.modes.split(",") if m]
         if "b8" in modes:
@@ -931,31 +1143,47 @@ def main(argv=None) -> int:
             lens = sharegpt_lengths() if seq == "sharegpt" else None
             if lens is not None:
                 n = int(parts[2]) if len(parts) > 2 else _count_within(lens, budget)
-                nc = int(parts[3]) if len(parts) > 3 else max(
-                    1, _count_within(lens, 65536 if small else 16384))
+                nc = (
+                    int(parts[3])
+                    if len(parts) > 3
+                    else max(1, _count_within(lens, 65536 if small else 16384))
+                )
                 lens = lens[:n]
                 g = torch.Generator().manual_seed(4321)
             else:
                 n = int(parts[2]) if len(parts) > 2 else max(8, budget // seq)
                 # past 8,192 tokens one sample's lists alone take > 10 GB: c is not run
-                nc = int(parts[3]) if len(parts) > 3 else (
-                    0 if seq > 8192 else max(2, 65536 // seq) if small else max(1, 16384 // seq))
+                nc = (
+                    int(parts[3])
+                    if len(parts) > 3
+                    else (
+                        0 if seq > 8192 else max(2, 65536 // seq) if small else max(1, 16384 // seq)
+                    )
+                )
                 lens = [seq] * n
                 g = torch.Generator().manual_seed(1234 + seq)
             samples = [torch.randint(10, vocab, (m,), generator=g).tolist() for m in lens]
             w_len = 2048 if seq == "sharegpt" else seq
             warm_n = max(2, 32768 // w_len) if gpu else 4
-            warm = [torch.randint(10, vocab, (w_len,), generator=g).tolist()
-                    for _ in range(warm_n)]
+            warm = [torch.randint(10, vocab, (w_len,), generator=g).tolist() for _ in range(warm_n)]
             loads.append(Workload(seq, samples, warm, nc))
             key = f"{mname}:{seq}"
             runs[seq] = report["runs"][key] = {
-                "model": mname, "model_path": model_path, "architecture": info.architecture,
-                "hidden_size": info.hidden_size, "num_hidden_layers": info.num_hidden_layers,
-                "seq": seq, "samples": n, "samples_builtin": nc, "layers": layers,
-                "weights": args.weights, "tp": tp,
+                "model": mname,
+                "model_path": model_path,
+                "architecture": info.architecture,
+                "hidden_size": info.hidden_size,
+                "num_hidden_layers": info.num_hidden_layers,
+                "seq": seq,
+                "samples": n,
+                "samples_builtin": nc,
+                "layers": layers,
+                "weights": args.weights,
+                "tp": tp,
                 "tokens": loads[-1].tokens,
-                "repeat": repeat, "model_build_s": build_s}
+                "repeat": repeat,
+                "model_build_s": build_s,
+            }
         engines = report.setdefault("engines", {}).setdefault(mname, {})
         # seconds a mode takes: a rough constant until one mode has run, then that mode's time
         est = 90 if small else 60 + 45 * len(seqs)
@@ -985,11 +1213,24 @@ def main(argv=None) -> int:
                     return mode_plain(model_path, ec, loads, mon, repeat, tp)
                 if mode in ("b", "b8"):
                     storages = ["bfloat16"] * (mode == "b") + ["fp8"] * ("b8" in modes)
-                    return mode_hsdump(model_path, ec, loads, layers, info, args.out_dir, mon,
-                                       repeat, storages, args.fp8_tokens, partial, tp)
+                    return mode_hsdump(
+                        model_path,
+                        ec,
+                        loads,
+                        layers,
+                        info,
+                        args.out_dir,
+                        mon,
+                        repeat,
+                        storages,
+                        args.fp8_tokens,
+                        partial,
+                        tp,
+                    )
                 if mode == "c":
-                    return mode_builtin(model_path, ec, loads, layers, info, version, mon,
-                                        repeat, tp)
+                    return mode_builtin(
+                        model_path, ec, loads, layers, info, version, mon, repeat, tp
+                    )
                 raise ValueError(f"unknown mode {mode}")
 
             try:
@@ -1007,15 +1248,20 @@ def main(argv=None) -> int:
                     t_build = time.time()
                     model_path = build_model(mname, os.path.join(args.model_dir, mname))
                     for seq in seqs:
-                        runs[seq].update(model_path=model_path, weights="files",
-                                         model_build_s=time.time() - t_build)
+                        runs[seq].update(
+                            model_path=model_path,
+                            weights="files",
+                            model_build_s=time.time() - t_build,
+                        )
                     res = run_mode()
                 engines[mode] = res.pop("_engine")
                 for seq in seqs:
                     runs[seq][mode] = res.get(seq, {"error": "not measured"})
             except Exception as e:
-                err = {"error": f"{type(e).__name__}: {e}",
-                       "traceback": traceback.format_exc()[-3000:]}
+                err = {
+                    "error": f"{type(e).__name__}: {e}",
+                    "traceback": traceback.format_exc()[-3000:],
+                }
                 engines[mode] = err
                 for seq in seqs:
                     runs[seq].setdefault(mode, err)
@@ -1028,8 +1274,12 @@ def main(argv=None) -> int:
         for seq in seqs:
             print()
             print(table(name, runs[seq], tp))
-        print("engine start s: " + ", ".join(
-            f"{m} {e.get('engine_start_s', float('nan')):.1f}" for m, e in engines.items()))
+        print(
+            "engine start s: "
+            + ", ".join(
+                f"{m} {e.get('engine_start_s', float('nan')):.1f}" for m, e in engines.items()
+            )
+        )
         print()
     mon.stop()
     report["elapsed_s"] = time.time() - t_start
@@ -1047,8 +1297,15 @@ def _ratios(r: dict, disk: Optional[dict] = None) -> None:
     c = (r.get("c") or {}).get("tokens_per_s")
     b_run = (bm.get("b") or {}).get("run_tokens_per_s")
     b8_run = (bm.get("b8") or {}).get("run_tokens_per_s")
-    pairs = {"b/a": (b, a), "b_run/a": (b_run, a), "b0/a": (b0, a), "b/c": (b, c),
-             "b8/a": (b8, a), "b8_run/a": (b8_run, a), "b8/b": (b8, b)}
+    pairs = {
+        "b/a": (b, a),
+        "b_run/a": (b_run, a),
+        "b0/a": (b0, a),
+        "b/c": (b, c),
+        "b8/a": (b8, a),
+        "b8_run/a": (b8_run, a),
+        "b8/b": (b8, b),
+    }
     ra = {k: x / y for k, (x, y) in pairs.items() if x and y}
     # the disk: rows written per second against dd's conv=fdatasync rate on the same disk, and
     # the rate at which b0 produced rows against it (above 1: the disk cannot keep up)

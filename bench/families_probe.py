@@ -7,7 +7,7 @@ checkpoint, run hsdump's real path in a subprocess,
     python extract.py model.path=CKPT capture.layers=[1,L//2,L-1] dataset.max_samples=4 \
         output.dir=TMP engine=cpu|gpu capture.allow_unverified=true ...
 
-with a time limit, read the stored rows back with `hsdump.reader.HsdumpDataset`, and compare
+with a time limit, read the stored rows back with `hsdump.store.reader.HsdumpDataset`, and compare
 every stored tensor of layer k (hf_hidden_states_index) with transformers' float32
 `output_hidden_states=True` `hidden_states[k]` of the same input_ids (the checkpoint's own
 transformers class: a vision-language wrapper is run text-only). Tolerance: tests/tolerance.py's
@@ -45,11 +45,16 @@ for p in (ROOT, ROOT / "tests"):
         sys.path.insert(0, str(p))
 
 import torch  # noqa: E402
-
 from families import FAMILIES, build, hf_hidden_states, run_extract  # noqa: E402,F401
 from gpu_check import environment  # noqa: E402
-from tolerance import (MATCH_EPS, MATCH_FACTOR, PER_SAMPLE_EPS,  # noqa: E402
-                       PER_SAMPLE_FACTOR, moe_layer_failures, rel_err)
+from tolerance import (  # noqa: E402
+    MATCH_EPS,
+    MATCH_FACTOR,
+    PER_SAMPLE_EPS,
+    PER_SAMPLE_FACTOR,
+    moe_layer_failures,
+    rel_err,
+)
 
 
 def layers_for(num_layers: int):
@@ -57,8 +62,10 @@ def layers_for(num_layers: int):
 
 
 # --------------------------------------------------------------------------- extraction
-_ERR = re.compile(r"^\s*(?:[\w.]+\.)?([A-Z]\w*(?:Error|Exception|Exit|Interrupt)|AssertionError"
-                  r"|KeyError|NotImplementedError)\b:?(.*)$")
+_ERR = re.compile(
+    r"^\s*(?:[\w.]+\.)?([A-Z]\w*(?:Error|Exception|Exit|Interrupt)|AssertionError"
+    r"|KeyError|NotImplementedError)\b:?(.*)$"
+)
 _GENERIC = ("EngineDied", "CaptureError", "ChildFailed", "SystemExit", "KeyboardInterrupt")
 
 
@@ -101,10 +108,19 @@ def root_error(log: str) -> str:
 
 # SGLang's model module per family: when it fails to import, SGLang's registry falls back to
 # its transformers backend (TransformersForCausalLM), which has no EAGLE-3 capture
-SGLANG_MODULE = {"qwen3_5": "qwen3_5_text", "qwen3_5_moe": "qwen3_5_text",
-                 "qwen3_5_vl": "qwen3_5", "qwen3_5_moe_vl": "qwen3_5", "gemma3": "gemma3_causal",
-                 "gemma3_vl": "gemma3_mm", "llama4": "mllama4", "llama4_text": "llama4",
-                 "deepseek_v3": "deepseek_v2", "deepseek_v32": "deepseek_v2", "phi3": "llama"}
+SGLANG_MODULE = {
+    "qwen3_5": "qwen3_5_text",
+    "qwen3_5_moe": "qwen3_5_text",
+    "qwen3_5_vl": "qwen3_5",
+    "qwen3_5_moe_vl": "qwen3_5",
+    "gemma3": "gemma3_causal",
+    "gemma3_vl": "gemma3_mm",
+    "llama4": "mllama4",
+    "llama4_text": "llama4",
+    "deepseek_v3": "deepseek_v2",
+    "deepseek_v32": "deepseek_v2",
+    "phi3": "llama",
+}
 
 
 def failure(name: str, log: str) -> str:
@@ -125,8 +141,9 @@ def compare(records, layers, ref32, ref16) -> dict:
             h = rec["hidden_states"][j]
             d = per[str(k)]
             if tuple(h.shape) != tuple(r32[k].shape):
-                problems.append(f"sample {sid} layer {k}: shape {tuple(h.shape)} != "
-                                f"{tuple(r32[k].shape)}")
+                problems.append(
+                    f"sample {sid} layer {k}: shape {tuple(h.shape)} != {tuple(r32[k].shape)}"
+                )
                 continue
             d["err"].append(rel_err(h, r32[k]))
             d["bf16"].append(rel_err(r16[k], r32[k]))
@@ -144,12 +161,13 @@ def compare(records, layers, ref32, ref16) -> dict:
             if e > PER_SAMPLE_FACTOR * s + PER_SAMPLE_EPS:
                 if b != k and be <= MATCH_FACTOR * s + MATCH_EPS:
                     status = "wrong-layer"
-                    detail.append(f"layer {k} rows match hf[{b}] ({be:.4f}), not hf[{k}] "
-                                  f"({e:.4f})")
+                    detail.append(f"layer {k} rows match hf[{b}] ({be:.4f}), not hf[{k}] ({e:.4f})")
                 else:
                     status = "wrong-layer" if status == "wrong-layer" else "wrong"
-                    detail.append(f"layer {k}: err {e:.4f} > {PER_SAMPLE_FACTOR} x bf16 "
-                                  f"{s:.4f} + {PER_SAMPLE_EPS}; best index hf[{b}] {be:.4f}")
+                    detail.append(
+                        f"layer {k}: err {e:.4f} > {PER_SAMPLE_FACTOR} x bf16 "
+                        f"{s:.4f} + {PER_SAMPLE_EPS}; best index hf[{b}] {be:.4f}"
+                    )
                 break
     if problems:
         status = "wrong"
@@ -168,18 +186,28 @@ def compare(records, layers, ref32, ref16) -> dict:
         d = per[str(k)]
         if d["err"]:
             nxt = [x for x in d["next"] if x is not None]
-            summary[str(k)] = {"worst": max(d["err"]), "bf16_worst": max(d["bf16"]),
-                               "prev_min": min(d["prev"]),
-                               "next_min": min(nxt) if nxt else None,
-                               "best_index": sorted({b for b, _ in d["best"]}),
-                               "err": d["err"], "bf16": d["bf16"]}
-    return {"status": status, "moe_rule_ok": moe_ok, "detail": sorted(set(detail))[:6], "problems": problems[:6],
-            "per_layer": summary, "raw": per}
+            summary[str(k)] = {
+                "worst": max(d["err"]),
+                "bf16_worst": max(d["bf16"]),
+                "prev_min": min(d["prev"]),
+                "next_min": min(nxt) if nxt else None,
+                "best_index": sorted({b for b, _ in d["best"]}),
+                "err": d["err"],
+                "bf16": d["bf16"],
+            }
+    return {
+        "status": status,
+        "moe_rule_ok": moe_ok,
+        "detail": sorted(set(detail))[:6],
+        "problems": problems[:6],
+        "per_layer": summary,
+        "raw": per,
+    }
 
 
 # --------------------------------------------------------------------------- one family
 def probe(name: str, args, workdir: Path) -> dict:
-    from hsdump.layers import read_model_info
+    from hsdump.capture.layers import read_model_info
 
     fam = FAMILIES[name]
     res = {"family": name, "class": fam.cls, "device": args.device}
@@ -187,29 +215,50 @@ def probe(name: str, args, workdir: Path) -> dict:
     try:
         ckpt = build(name)
     except Exception as e:  # noqa: BLE001
-        res.update(status=f"failed: build: {type(e).__name__}: {e}"[:300],
-                   traceback=traceback.format_exc()[-3000:])
+        res.update(
+            status=f"failed: build: {type(e).__name__}: {e}"[:300],
+            traceback=traceback.format_exc()[-3000:],
+        )
         return res
     info = read_model_info(str(ckpt))
     layers = layers_for(info.num_hidden_layers)
-    res.update(checkpoint=str(ckpt), num_layers=info.num_hidden_layers,
-               hidden_size=info.hidden_size, layers=layers)
+    res.update(
+        checkpoint=str(ckpt),
+        num_layers=info.num_hidden_layers,
+        hidden_size=info.hidden_size,
+        layers=layers,
+    )
     out_dir = workdir / f"ds-{name}"
     shutil.rmtree(out_dir, ignore_errors=True)
     log_path = workdir / f"{name}.log"
-    run = run_extract(ckpt, name, layers, out_dir, args.device, args.samples, args.timeout,
-                      log_path, args.override)
+    run = run_extract(
+        ckpt,
+        name,
+        layers,
+        out_dir,
+        args.device,
+        args.samples,
+        args.timeout,
+        log_path,
+        args.override,
+    )
     if args.override:
         res["overrides"] = list(args.override)
-    res.update(extract_s=run["seconds"], rc=run["rc"], timed_out=run["timed_out"],
-               log=str(log_path), log_tail=run["log"].splitlines()[-40:])
+    res.update(
+        extract_s=run["seconds"],
+        rc=run["rc"],
+        timed_out=run["timed_out"],
+        log=str(log_path),
+        log_tail=run["log"].splitlines()[-40:],
+    )
     if run["rc"] != 0:
-        why = (f"timeout after {args.timeout:.0f} s" if run["timed_out"]
-               else failure(name, run["log"]))
+        why = (
+            f"timeout after {args.timeout:.0f} s" if run["timed_out"] else failure(name, run["log"])
+        )
         res["status"] = f"failed: {why}"
         return res
     try:
-        from hsdump.reader import HsdumpDataset
+        from hsdump.store.reader import HsdumpDataset
 
         ds = HsdumpDataset(str(out_dir))
         assert list(ds.layers) == layers, (ds.layers, layers)
@@ -227,17 +276,26 @@ def probe(name: str, args, workdir: Path) -> dict:
         ref16 = dict(zip(sids, r16))
         cmp = compare(records, layers, ref32, ref16)
     except Exception as e:  # noqa: BLE001
-        res.update(status=f"failed: compare: {type(e).__name__}: {e}"[:300],
-                   traceback=traceback.format_exc()[-3000:])
+        res.update(
+            status=f"failed: compare: {type(e).__name__}: {e}"[:300],
+            traceback=traceback.format_exc()[-3000:],
+        )
         return res
-    res.update(status=cmp["status"], moe_rule_ok=cmp["moe_rule_ok"], detail=cmp["detail"], problems=cmp["problems"],
-               per_layer=cmp["per_layer"], samples=len(records),
-               sample_lens=[len(p) for p in prompts],
-               worst=max(v["worst"] for v in cmp["per_layer"].values()),
-               bf16_worst=max(v["bf16_worst"] for v in cmp["per_layer"].values()),
-               neighbour_min=min(min(v["prev_min"], v["next_min"] or 9e9)
-                                 for v in cmp["per_layer"].values()),
-               total_s=round(time.time() - t0, 1))
+    res.update(
+        status=cmp["status"],
+        moe_rule_ok=cmp["moe_rule_ok"],
+        detail=cmp["detail"],
+        problems=cmp["problems"],
+        per_layer=cmp["per_layer"],
+        samples=len(records),
+        sample_lens=[len(p) for p in prompts],
+        worst=max(v["worst"] for v in cmp["per_layer"].values()),
+        bf16_worst=max(v["bf16_worst"] for v in cmp["per_layer"].values()),
+        neighbour_min=min(
+            min(v["prev_min"], v["next_min"] or 9e9) for v in cmp["per_layer"].values()
+        ),
+        total_s=round(time.time() - t0, 1),
+    )
     res.pop("log_tail")
     return res
 
@@ -247,28 +305,40 @@ def line(r: dict) -> str:
     w = r.get("worst")
     b = r.get("bf16_worst")
     nb = r.get("neighbour_min")
-    nums = (f"worst {w:.4f}  bf16 {b:.4f}  neighbours >= {nb:.3f}" if w is not None
-            else "")
+    nums = f"worst {w:.4f}  bf16 {b:.4f}  neighbours >= {nb:.3f}" if w is not None else ""
     return f"{r['family']:<15} {r['class']:<36} {st[:110]:<40} {nums}"
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("families", nargs="*", help=f"default: all of {', '.join(FAMILIES)}")
-    ap.add_argument("--device", choices=("cpu", "gpu"), default="cpu",
-                    help="engine=cpu (SGLang's CPU engine) or engine=gpu")
-    ap.add_argument("--out", default=None,
-                    help="results JSON (default: bench/results/families-<device>.json)")
+    ap.add_argument(
+        "--device",
+        choices=("cpu", "gpu"),
+        default="cpu",
+        help="engine=cpu (SGLang's CPU engine) or engine=gpu",
+    )
+    ap.add_argument(
+        "--out", default=None, help="results JSON (default: bench/results/families-<device>.json)"
+    )
     ap.add_argument("--timeout", type=float, default=240, help="seconds per family's run")
     ap.add_argument("--samples", type=int, default=4, help="dataset.max_samples")
     ap.add_argument("--workdir", default=None, help="datasets and logs (default: a temp dir)")
-    ap.add_argument("--override", action="append", default=[],
-                    help="one more extract.py override for every family (repeatable), e.g. "
-                    "engine.max_total_tokens=20000")
-    ap.add_argument("--relabel", action="store_true",
-                    help="only recompute the failed families' statuses in --out from their logs")
-    ap.add_argument("--merge", action="store_true",
-                    help="keep the other families' results already in --out")
+    ap.add_argument(
+        "--override",
+        action="append",
+        default=[],
+        help="one more extract.py override for every family (repeatable), e.g. "
+        "engine.max_total_tokens=20000",
+    )
+    ap.add_argument(
+        "--relabel",
+        action="store_true",
+        help="only recompute the failed families' statuses in --out from their logs",
+    )
+    ap.add_argument(
+        "--merge", action="store_true", help="keep the other families' results already in --out"
+    )
     args = ap.parse_args(argv)
     names = args.families or list(FAMILIES)
     bad = [n for n in names if n not in FAMILIES]
@@ -278,20 +348,28 @@ def main(argv=None) -> int:
     out.parent.mkdir(parents=True, exist_ok=True)
     workdir = Path(args.workdir or tempfile.mkdtemp(prefix="hsdump-families-"))
     workdir.mkdir(parents=True, exist_ok=True)
-    report = {"env": environment(), "device": args.device, "timeout_s": args.timeout,
-              "samples": args.samples, "workdir": str(workdir),
-              "tolerance": f"err <= {PER_SAMPLE_FACTOR} * bf16_err + {PER_SAMPLE_EPS} per sample "
-                           "and layer",
-              "results": {}}
+    report = {
+        "env": environment(),
+        "device": args.device,
+        "timeout_s": args.timeout,
+        "samples": args.samples,
+        "workdir": str(workdir),
+        "tolerance": f"err <= {PER_SAMPLE_FACTOR} * bf16_err + {PER_SAMPLE_EPS} per sample "
+        "and layer",
+        "results": {},
+    }
     if args.merge and out.exists():
         report["results"] = json.loads(out.read_text()).get("results", {})
     if args.relabel:
         report = json.loads(out.read_text())
         for name, r in report["results"].items():
-            if r.get("status", "").startswith("failed") and not r.get("timed_out") \
-                    and r.get("log") and os.path.exists(r["log"]):
-                r["status"] = "failed: " + failure(name, Path(r["log"]).read_text(
-                    errors="replace"))
+            if (
+                r.get("status", "").startswith("failed")
+                and not r.get("timed_out")
+                and r.get("log")
+                and os.path.exists(r["log"])
+            ):
+                r["status"] = "failed: " + failure(name, Path(r["log"]).read_text(errors="replace"))
             print(line(r))
         out.write_text(json.dumps(report, indent=1, default=str) + "\n")
         return 0

@@ -1,7 +1,7 @@
 """README's model-family table, generated from the recorded results.
 
 Rows: every architecture the installed SGLang registers with EAGLE-3 aux capture
-(`set_eagle3_layers_to_capture`), every class of tests/families.py, and hsdump.families'
+(`set_eagle3_layers_to_capture`), every class of tests/families.py, and hsdump.capture.families'
 verified list. Errors come from the results files: bench/results/families-cpu.json (`results`:
 `bench/families_probe.py` on the CPU, SGLang 0.5.23; `gpu_preview`: the same with `--device
 gpu` on one H200, SGLang 0.5.17), bench/results/kimi-gpu-first.json (bench/kimi_check.py) and
@@ -30,14 +30,15 @@ DRAFT = re.compile(r"(Eagle3?|MTP|NextN|Assistant)")
 
 def registered_eagle3() -> list:
     """Architectures of the installed SGLang whose class has EAGLE-3 aux capture."""
-    from hsdump.engine import _prepare_process
+    from hsdump.capture.patch import prepare_process
 
-    _prepare_process("cpu")
+    prepare_process("cpu")
     from sglang.srt.models.registry import ModelRegistry
 
     ModelRegistry.get_supported_archs()
-    return sorted(a for a, cls in ModelRegistry.models.items()
-                  if hasattr(cls, "set_eagle3_layers_to_capture"))
+    return sorted(
+        a for a, cls in ModelRegistry.models.items() if hasattr(cls, "set_eagle3_layers_to_capture")
+    )
 
 
 def measured() -> dict:
@@ -53,7 +54,8 @@ def measured() -> dict:
             if status.startswith("wrong") and r.get("moe_rule_ok"):
                 status = "ok (MoE rule)"
             out.setdefault(TEST_FAMILIES[name].cls, []).append(
-                (where, r.get("worst"), r.get("bf16_worst"), status))
+                (where, r.get("worst"), r.get("bf16_worst"), status)
+            )
     kimi = json.loads((RESULTS / "kimi-gpu-first.json").read_text())
     for r in kimi["runs"]:
         worst = max(v["worst"] for v in r["per_layer"].values())
@@ -62,14 +64,25 @@ def measured() -> dict:
         # MoE rule's mean part was not recorded by that run
         ok = r["status"] == "ok" or worst <= 3 * bf16 + 0.005
         out.setdefault("KimiK25ForConditionalGeneration", []).append(
-            ("H200, SGLang 0.5.17, " + ("INT4 experts" if r["int4"] else "bf16"), worst, bf16,
-             ("ok" if r["status"] == "ok" else "ok by the MoE rule's worst-sample part")
-             if ok else "wrong"))
+            (
+                "H200, SGLang 0.5.17, " + ("INT4 experts" if r["int4"] else "bf16"),
+                worst,
+                bf16,
+                ("ok" if r["status"] == "ok" else "ok by the MoE rule's worst-sample part")
+                if ok
+                else "wrong",
+            )
+        )
     check = json.loads((RESULTS / "gpu-check-h200.json").read_text())["cases"]["deepseek_v3"]
     s = check["summary"].values()
     out.setdefault("DeepseekV3ForCausalLM", []).append(
-        ("H200, SGLang 0.5.17 (tests/test_gpu.py)", max(v["sglang_max"] for v in s),
-         max(v["hf_bf16_max"] for v in s), "ok" if not check["tolerance_failures"] else "wrong"))
+        (
+            "H200, SGLang 0.5.17 (tests/test_gpu.py)",
+            max(v["sglang_max"] for v in s),
+            max(v["hf_bf16_max"] for v in s),
+            "ok" if not check["tolerance_failures"] else "wrong",
+        )
+    )
     return out
 
 
@@ -80,7 +93,7 @@ def _fmt(x) -> str:
 def table(archs=None) -> str:
     from families import FAMILIES as TEST_FAMILIES
 
-    from hsdump.families import family_of
+    from hsdump.capture.families import family_of
 
     archs = set(archs if archs is not None else registered_eagle3())
     archs |= {f.cls for f in TEST_FAMILIES.values()}
@@ -92,7 +105,7 @@ def table(archs=None) -> str:
         runs = seen.get(arch, [])
         ran = "; ".join(f"{w}: {s[:60]}" for w, _, _, s in runs) or "not run"
         best = [r for r in runs if r[3].startswith("ok")]
-        err = (f"{_fmt(best[-1][1])} / {_fmt(best[-1][2])}" if best else "")
+        err = f"{_fmt(best[-1][1])} / {_fmt(best[-1][2])}" if best else ""
         if fam is not None:
             status = f"**verified** ({fam.verified})"
         elif DRAFT.search(arch):
@@ -101,8 +114,11 @@ def table(archs=None) -> str:
             status = "refused unless capture.allow_unverified=true"
         rows.append((fam is None, arch, fam.name if fam else "", ran, err, status))
     rows.sort()
-    lines = ["| SGLang class | family | where it ran: result | worst error / transformers' "
-             "own bf16 | hsdump |", "|---|---|---|---|---|"]
+    lines = [
+        "| SGLang class | family | where it ran: result | worst error / transformers' "
+        "own bf16 | hsdump |",
+        "|---|---|---|---|---|",
+    ]
     for _, arch, name, ran, err, status in rows:
         lines.append(f"| `{arch}` | {name} | {ran.replace('|', '/')} | {err} | {status} |")
     return "\n".join(lines)

@@ -58,26 +58,31 @@ for p in (str(ROOT), str(HERE), str(ROOT / "tests")):
     if p not in sys.path:
         sys.path.insert(0, p)
 
-import torch  # noqa: E402
-
 import gpu_check as gc  # noqa: E402  (bench/gpu_check.py: model config, references)
 import tolerance as tol  # noqa: E402  (tests/tolerance.py: the tolerance rule)
+import torch  # noqa: E402
 
 LAYERS = [1, 3, 4]  # Kimi-K2.5's preset [3, 31, 59] of L = 61 scaled to L = 6
 CHUNK = 128
 # common to every layout (the GPU preset already keeps FlashInfer's all-reduce fusion and its
 # 3-minute JIT build at TP 2 off: engine.flashinfer_allreduce_fusion=false)
-COMMON = ["engine=gpu", "engine.mem_fraction_static=0.5", f"engine.chunked_prefill_size={CHUNK}",
-          f"capture.layers=[{','.join(map(str, LAYERS))}]", "output.overwrite=true",
-          "progress=false"]
+COMMON = [
+    "engine=gpu",
+    "engine.mem_fraction_static=0.5",
+    f"engine.chunked_prefill_size={CHUNK}",
+    f"capture.layers=[{','.join(map(str, LAYERS))}]",
+    "output.overwrite=true",
+    "progress=false",
+]
 # the models (built by build_model) and each one's reference layout
-MODELS = {"dsv3": {"name": "dsv3-small", "reference": "tp1"},
-          "llama": {"name": "llama-small", "reference": "llama-tp1"}}
+MODELS = {
+    "dsv3": {"name": "dsv3-small", "reference": "tp1"},
+    "llama": {"name": "llama-small", "reference": "llama-tp1"},
+}
 LAYOUTS: Dict[str, Dict] = {
     "tp1": {"tp": 1, "extra": {}, "model": "dsv3"},
     "tp2": {"tp": 2, "extra": {}, "model": "dsv3"},
-    "tp2-dpattn": {"tp": 2, "extra": {"dp_size": 2, "enable_dp_attention": True},
-                   "model": "dsv3"},
+    "tp2-dpattn": {"tp": 2, "extra": {"dp_size": 2, "enable_dp_attention": True}, "model": "dsv3"},
     "tp2-ep2": {"tp": 2, "extra": {"ep_size": 2}, "model": "dsv3"},
     "llama-tp1": {"tp": 1, "extra": {}, "model": "llama"},
     "llama-tp2": {"tp": 2, "extra": {}, "model": "llama"},
@@ -130,16 +135,29 @@ def build_model(dest: str, seed: int = 0, family: str = "dsv3") -> str:
 # --------------------------------------------------------------------------- extract.py
 def run_extract(name: str, model: str, workdir: str, timeout_s: float) -> dict:
     out_dir = os.path.join(workdir, f"ds-{name}")
-    common = COMMON if DEVICE["name"] == "cuda" else (
-        ["engine=cpu", f"engine.chunked_prefill_size={CHUNK}"] + COMMON[3:])
-    cmd = [sys.executable, str(ROOT / "extract.py"), f"model.path={model}",
-           f"model.name={MODELS[model_of(name)]['name']}", f"output.dir={out_dir}",
-           f"hydra.run.dir={workdir}/hydra-{name}"] + common + overrides(name)
+    common = (
+        COMMON
+        if DEVICE["name"] == "cuda"
+        else (["engine=cpu", f"engine.chunked_prefill_size={CHUNK}"] + COMMON[3:])
+    )
+    cmd = (
+        [
+            sys.executable,
+            str(ROOT / "extract.py"),
+            f"model.path={model}",
+            f"model.name={MODELS[model_of(name)]['name']}",
+            f"output.dir={out_dir}",
+            f"hydra.run.dir={workdir}/hydra-{name}",
+        ]
+        + common
+        + overrides(name)
+    )
     log_path = os.path.join(workdir, f"extract-{name}.log")
     t0 = time.time()
     with open(log_path, "w") as log:
-        proc = subprocess.Popen(cmd, cwd=str(ROOT), stdout=log, stderr=subprocess.STDOUT,
-                                start_new_session=True)
+        proc = subprocess.Popen(
+            cmd, cwd=str(ROOT), stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+        )
         try:
             rc = proc.wait(timeout=timeout_s)
         except subprocess.TimeoutExpired:
@@ -148,8 +166,12 @@ def run_extract(name: str, model: str, workdir: str, timeout_s: float) -> dict:
             rc = "timeout"
     wall = time.time() - t0
     text = Path(log_path).read_text(errors="replace")
-    res = {"command": "python3 extract.py " + " ".join(cmd[2:]), "rc": rc,
-           "wall_s": round(wall, 1), "out_dir": out_dir}
+    res = {
+        "command": "python3 extract.py " + " ".join(cmd[2:]),
+        "rc": rc,
+        "wall_s": round(wall, 1),
+        "out_dir": out_dir,
+    }
     m = re.search(r"samples written: (\d+)", text)
     res["samples_written"] = int(m.group(1)) if m else None
     m = re.search(r"wall time: ([\d.]+) s \(engine start ([\d.]+) s\)", text)
@@ -164,21 +186,28 @@ def run_extract(name: str, model: str, workdir: str, timeout_s: float) -> dict:
 
 
 def verify(out_dir: str) -> dict:
-    p = subprocess.run([sys.executable, "-m", "hsdump", "verify", out_dir], cwd=str(ROOT),
-                       capture_output=True, text=True, timeout=300)
+    p = subprocess.run(
+        [sys.executable, "-m", "hsdump", "verify", out_dir],
+        cwd=str(ROOT),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     return {"rc": p.returncode, "tail": (p.stdout + p.stderr)[-1500:]}
 
 
 def read_dataset(out_dir: str) -> Dict[int, dict]:
-    from hsdump.reader import HsdumpDataset
+    from hsdump.store.reader import HsdumpDataset
 
     ds = HsdumpDataset(out_dir)
     assert list(ds.layers) == LAYERS, (ds.layers, LAYERS)
     out = {}
     for sid in ds.ids:
         rec = ds.get(sid)
-        out[sid] = {"input_ids": rec["input_ids"].clone(),
-                    "hidden_states": [h.clone() for h in rec["hidden_states"]]}
+        out[sid] = {
+            "input_ids": rec["input_ids"].clone(),
+            "hidden_states": [h.clone() for h in rec["hidden_states"]],
+        }
     return out
 
 
@@ -198,8 +227,13 @@ def compare_records(recs: Dict[int, dict], ids: List[int], prompts, ref32, ref16
 def compare_with(recs: Dict[int, dict], base: Dict[int, dict], ids: List[int], ref16_err) -> dict:
     """Each tensor against the reference layout's, judged by the same rule (the reference
     layout in place of transformers float32; the scale is still transformers' bf16 error)."""
-    res = {"layers": LAYERS, "prompt_lens": [], "sglang_vs_hf_fp32": {},
-           "hf_bf16_vs_hf_fp32": ref16_err, "problems": []}
+    res = {
+        "layers": LAYERS,
+        "prompt_lens": [],
+        "sglang_vs_hf_fp32": {},
+        "hf_bf16_vs_hf_fp32": ref16_err,
+        "problems": [],
+    }
     for sid in ids:
         a, b = recs.get(sid), base.get(sid)
         if a is None or b is None:
@@ -210,11 +244,15 @@ def compare_with(recs: Dict[int, dict], base: Dict[int, dict], ids: List[int], r
             res["problems"].append(f"sample {sid}: input_ids differ from the reference layout")
         for j, k in enumerate(LAYERS):
             res["sglang_vs_hf_fp32"].setdefault(str(k), []).append(
-                tol.rel_err(a["hidden_states"][j], b["hidden_states"][j]))
+                tol.rel_err(a["hidden_states"][j], b["hidden_states"][j])
+            )
     fails = tol.tolerance_failures(res)
-    return {"summary": {k: {"max": max(v), "mean": sum(v) / len(v)}
-                        for k, v in res["sglang_vs_hf_fp32"].items()},
-            "tolerance_failures": fails}
+    return {
+        "summary": {
+            k: {"max": max(v), "mean": sum(v) / len(v)} for k, v in res["sglang_vs_hf_fp32"].items()
+        },
+        "tolerance_failures": fails,
+    }
 
 
 class Models:
@@ -233,28 +271,49 @@ class Models:
                 self.paths[family] = resolve_model_path("tiny:llama")
             else:
                 self.paths[family] = build_model(
-                    os.path.join(self.workdir, f"model-{MODELS[family]['name']}"), family=family)
+                    os.path.join(self.workdir, f"model-{MODELS[family]['name']}"), family=family
+                )
             self.report.setdefault("model_build_s", {})[family] = round(time.time() - t, 1)
         return self.paths[family]
 
 
-def fidelity(names: List[str], workdir: str, models: Models, timeout_s: float,
-             report: dict, save) -> None:
+def fidelity(
+    names: List[str], workdir: str, models: Models, timeout_s: float, report: dict, save
+) -> None:
     """The layouts `names`, grouped by model: extract.py runs, then the comparisons with
     transformers and with the model's reference layout."""
     runs: Dict[str, dict] = report.setdefault("layouts", {})
     for family in dict.fromkeys(model_of(n) for n in names):
-        _fidelity_of_model(family, [n for n in names if model_of(n) == family], workdir,
-                           models.path(family), timeout_s, report, runs, save)
+        _fidelity_of_model(
+            family,
+            [n for n in names if model_of(n) == family],
+            workdir,
+            models.path(family),
+            timeout_s,
+            report,
+            runs,
+            save,
+        )
 
 
-def _fidelity_of_model(family: str, names: List[str], workdir: str, model: str,
-                       timeout_s: float, report: dict, runs: Dict[str, dict], save) -> None:
+def _fidelity_of_model(
+    family: str,
+    names: List[str],
+    workdir: str,
+    model: str,
+    timeout_s: float,
+    report: dict,
+    runs: Dict[str, dict],
+    save,
+) -> None:
     reference = MODELS[family]["reference"]
     records: Dict[str, Dict[int, dict]] = {}
     for name in names:
-        print(f"\n== extract.py, layout {name} ({MODELS[family]['name']}): "
-              f"{' '.join(overrides(name))}", flush=True)
+        print(
+            f"\n== extract.py, layout {name} ({MODELS[family]['name']}): "
+            f"{' '.join(overrides(name))}",
+            flush=True,
+        )
         done = os.path.join(workdir, f"ds-{name}")
         if REUSE["on"] and os.path.isdir(done):  # --reuse: compare what an earlier run wrote
             res = {"rc": 0, "out_dir": done, "reused": True}
@@ -281,18 +340,24 @@ def _fidelity_of_model(family: str, names: List[str], workdir: str, model: str,
     report.setdefault("reference_s", {})[family] = round(time.time() - t0, 1)
     for name, recs in records.items():
         res = compare_records(recs, ids, prompts, ref32, ref16)
-        runs[name]["vs_transformers"] = {"summary": res["summary"],
-                                         "tolerance_failures": res["tolerance_failures"],
-                                         "problems": res["problems"]}
+        runs[name]["vs_transformers"] = {
+            "summary": res["summary"],
+            "tolerance_failures": res["tolerance_failures"],
+            "problems": res["problems"],
+        }
         if name != reference and reference in records:
             runs[name]["vs_" + reference] = compare_with(
-                recs, records[reference], ids, res["hf_bf16_vs_hf_fp32"])
+                recs, records[reference], ids, res["hf_bf16_vs_hf_fp32"]
+            )
         s = res["summary"]
-        print(f"{name}: worst vs transformers fp32 "
-              f"{max(v['sglang_max'] for v in s.values()):.4f} (HF bf16 worst "
-              f"{max(v['hf_bf16_max'] for v in s.values()):.4f}); tolerance failures "
-              f"{len(res['tolerance_failures'])}; vs {reference}: "
-              f"{runs[name].get('vs_' + reference, {}).get('summary')}", flush=True)
+        print(
+            f"{name}: worst vs transformers fp32 "
+            f"{max(v['sglang_max'] for v in s.values()):.4f} (HF bf16 worst "
+            f"{max(v['hf_bf16_max'] for v in s.values()):.4f}); tolerance failures "
+            f"{len(res['tolerance_failures'])}; vs {reference}: "
+            f"{runs[name].get('vs_' + reference, {}).get('summary')}",
+            flush=True,
+        )
     save()
 
 
@@ -313,19 +378,28 @@ def throughput_model(family: str, models: "Models", workdir: str):
     if family == "kimi-width":
         import bench  # bench/bench.py: the Kimi-width config, written as config.json only
 
-        path = bench.build_model("kimi-width", os.path.join(workdir, "model-kimi-width"),
-                                 weights="dummy")
+        path = bench.build_model(
+            "kimi-width", os.path.join(workdir, "model-kimi-width"), weights="dummy"
+        )
         return path, bench.default_layers("kimi-width", 8), {"load_format": "dummy"}
     return models.path(family), LAYERS, {}
 
 
-def throughput(name: str, model: str, n: int, length: int, repeat: int, chunk: int = 16384,
-               layers: List[int] = LAYERS, model_extra: Optional[dict] = None,
-               port: Optional[int] = 30000) -> dict:
-    """port None: hsdump chooses it (engine.dp_attention_port under DP attention)."""
+def throughput(
+    name: str,
+    model: str,
+    n: int,
+    length: int,
+    repeat: int,
+    chunk: int = 16384,
+    layers: List[int] = LAYERS,
+    model_extra: Optional[dict] = None,
+    port: Optional[int] = 30000,
+) -> dict:
+    """port None: hsdump chooses it (serving.dp_attention_port under DP attention)."""
+    from hsdump.capture.engine import CaptureEngine
+    from hsdump.capture.layers import read_model_info
     from hsdump.config import ModelConfig
-    from hsdump.engine import CaptureEngine
-    from hsdump.layers import read_model_info
 
     lay = LAYOUTS[name]
     extra = dict(lay["extra"], **(model_extra or {}))  # all-reduce fusion: off by default
@@ -335,14 +409,25 @@ def throughput(name: str, model: str, n: int, length: int, repeat: int, chunk: i
     if port is not None:
         extra["port"] = port
     # prefill CUDA graphs off as in conf/engine/gpu.yaml (the extract.py runs' preset)
-    ecfg = gc.engine_config(DEVICE["name"], chunk, extra=extra, max_prefill_tokens=chunk,
-                            prefill_cuda_graph_max_tokens=0)
+    ecfg = gc.engine_config(
+        DEVICE["name"],
+        chunk,
+        extra=extra,
+        max_prefill_tokens=chunk,
+        prefill_cuda_graph_max_tokens=0,
+    )
     info = read_model_info(model)
     prompts = gc.make_prompts([length] * n, seed=1, vocab=info.vocab_size)
     t0 = time.time()
     eng = CaptureEngine(model, ModelConfig(path=model, tp_size=lay["tp"]), ecfg, layers, info)
-    res = {"engine_start_s": round(time.time() - t0, 1), "prompts": n, "length": length,
-           "chunked_prefill_size": chunk, "layers": list(layers), "runs_tokens_per_s": []}
+    res = {
+        "engine_start_s": round(time.time() - t0, 1),
+        "prompts": n,
+        "length": length,
+        "chunked_prefill_size": chunk,
+        "layers": list(layers),
+        "runs_tokens_per_s": [],
+    }
     try:
         count = {"n": 0}
 
@@ -360,8 +445,9 @@ def throughput(name: str, model: str, n: int, length: int, repeat: int, chunk: i
             assert count["n"] == n, (count["n"], n)
             res["runs_tokens_per_s"].append(round(n * length / dt))
         res["row_sources"] = eng.sources()
-        res["port"] = getattr(getattr(getattr(eng, "_engine", None), "server_args", None),
-                              "port", None)
+        res["port"] = getattr(
+            getattr(getattr(eng, "_engine", None), "server_args", None), "port", None
+        )
     finally:
         eng.close()
     res["tokens_per_s"] = max(res["runs_tokens_per_s"])
@@ -371,32 +457,62 @@ def throughput(name: str, model: str, n: int, length: int, repeat: int, chunk: i
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--device", default="cuda", choices=["cuda", "cpu"],
-                    help="cpu: debug this script with the tiny Llama on SGLang's CPU engine")
-    ap.add_argument("--layouts", default=",".join(LAYOUTS),
-                    help="comma list of layouts to check (default: all): " + ", ".join(LAYOUTS))
-    ap.add_argument("--throughput-watchdog-s", type=float, default=480,
-                    help="abort one layout's throughput run (engine start, JIT, passes) after this")
-    ap.add_argument("--reuse", action="store_true",
-                    help="compare the datasets an earlier run left in --workdir")
-    ap.add_argument("--throughput", default="tp2-dpattn,tp2,tp2-ep2",
-                    help="comma list of layouts whose capture throughput is measured; "
-                    "layout@N runs it with N-token chunks (default 16384)")
-    ap.add_argument("--throughput-model", default="dsv3", choices=THROUGHPUT_MODELS,
-                    help="dsv3: the small MoE (hidden 512); kimi-width: hidden 7168, dummy weights")
-    ap.add_argument("--auto-port", action="store_true",
-                    help="throughput engines get no explicit port: hsdump picks one "
-                    "(checks that consecutive DP-attention engines in one process start)")
+    ap.add_argument(
+        "--device",
+        default="cuda",
+        choices=["cuda", "cpu"],
+        help="cpu: debug this script with the tiny Llama on SGLang's CPU engine",
+    )
+    ap.add_argument(
+        "--layouts",
+        default=",".join(LAYOUTS),
+        help="comma list of layouts to check (default: all): " + ", ".join(LAYOUTS),
+    )
+    ap.add_argument(
+        "--throughput-watchdog-s",
+        type=float,
+        default=480,
+        help="abort one layout's throughput run (engine start, JIT, passes) after this",
+    )
+    ap.add_argument(
+        "--reuse", action="store_true", help="compare the datasets an earlier run left in --workdir"
+    )
+    ap.add_argument(
+        "--throughput",
+        default="tp2-dpattn,tp2,tp2-ep2",
+        help="comma list of layouts whose capture throughput is measured; "
+        "layout@N runs it with N-token chunks (default 16384)",
+    )
+    ap.add_argument(
+        "--throughput-model",
+        default="dsv3",
+        choices=THROUGHPUT_MODELS,
+        help="dsv3: the small MoE (hidden 512); kimi-width: hidden 7168, dummy weights",
+    )
+    ap.add_argument(
+        "--auto-port",
+        action="store_true",
+        help="throughput engines get no explicit port: hsdump picks one "
+        "(checks that consecutive DP-attention engines in one process start)",
+    )
     ap.add_argument("--workdir", default=None)
     ap.add_argument("--out", default=None, help="results JSON")
     ap.add_argument("--extract-timeout-s", type=float, default=300)
     ap.add_argument("--prompts", type=int, default=512)
     ap.add_argument("--length", type=int, default=2048)
     ap.add_argument("--repeat", type=int, default=2)
-    ap.add_argument("--deadline-s", type=float, default=0,
-                    help="skip throughput layouts once this much time has passed")
-    ap.add_argument("--est-throughput-s", type=float, default=75,
-                    help="time one throughput layout is expected to take (for the deadline)")
+    ap.add_argument(
+        "--deadline-s",
+        type=float,
+        default=0,
+        help="skip throughput layouts once this much time has passed",
+    )
+    ap.add_argument(
+        "--est-throughput-s",
+        type=float,
+        default=75,
+        help="time one throughput layout is expected to take (for the deadline)",
+    )
     args = ap.parse_args(argv)
     names = [x for x in args.layouts.split(",") if x]
     tp_specs = [x for x in args.throughput.split(",") if x]
@@ -413,10 +529,20 @@ def main(argv=None) -> int:
     os.makedirs(workdir, exist_ok=True)
     report = LAST_REPORT
     report.clear()
-    report.update({"env": gc.environment(), "gpus": torch.cuda.device_count(), "layers": LAYERS,
-              "chunked_prefill_size": CHUNK, "common_overrides": COMMON,
-              "tolerance": {"mean_factor": tol.TOL_MEAN_FACTOR, "factor": tol.TOL_FACTOR,
-                            "eps": tol.TOL_EPS}})
+    report.update(
+        {
+            "env": gc.environment(),
+            "gpus": torch.cuda.device_count(),
+            "layers": LAYERS,
+            "chunked_prefill_size": CHUNK,
+            "common_overrides": COMMON,
+            "tolerance": {
+                "mean_factor": tol.TOL_MEAN_FACTOR,
+                "factor": tol.TOL_FACTOR,
+                "eps": tol.TOL_EPS,
+            },
+        }
+    )
 
     def save():
         report["elapsed_s"] = round(time.time() - t_start, 1)
@@ -448,29 +574,46 @@ def main(argv=None) -> int:
             # after 150 s, when a 150 s watchdog aborted it; with no prefill CUDA graphs that
             # build happens in the first batch, not at engine start)
             with gc.Watchdog(args.throughput_watchdog_s, f"throughput {spec}"):
-                tp[spec] = throughput(name, model, args.prompts, args.length, args.repeat,
-                                      chunk=chunk, layers=layers, model_extra=mextra,
-                                      port=None if args.auto_port else 30000 + 1000 * i)
+                tp[spec] = throughput(
+                    name,
+                    model,
+                    args.prompts,
+                    args.length,
+                    args.repeat,
+                    chunk=chunk,
+                    layers=layers,
+                    model_extra=mextra,
+                    port=None if args.auto_port else 30000 + 1000 * i,
+                )
         except Exception as e:
-            tp[spec] = {"error": f"{type(e).__name__}: {e}",
-                        "traceback": traceback.format_exc()[-3000:]}
+            tp[spec] = {
+                "error": f"{type(e).__name__}: {e}",
+                "traceback": traceback.format_exc()[-3000:],
+            }
         print(json.dumps(tp[spec], indent=1), flush=True)
         save()
     rows = [(k, v) for k, v in tp.items() if "tokens_per_s" in v]
     if rows:
-        print(f"\ncapture throughput ({args.throughput_model}, {args.prompts} x {args.length} "
-              f"tokens per pass, rows dropped)\n| layout | chunk | engine start s | "
-              f"passes tokens/s | median | best | best / {rows[0][0]} |\n|---|---:|---:|---|"
-              "---:|---:|---:|")
+        print(
+            f"\ncapture throughput ({args.throughput_model}, {args.prompts} x {args.length} "
+            f"tokens per pass, rows dropped)\n| layout | chunk | engine start s | "
+            f"passes tokens/s | median | best | best / {rows[0][0]} |\n|---|---:|---:|---|"
+            "---:|---:|---:|"
+        )
         for k, v in rows:
-            print(f"| {k} | {v['chunked_prefill_size']} | {v['engine_start_s']} | "
-                  f"{', '.join(f'{x:,}' for x in v['runs_tokens_per_s'])} | "
-                  f"{v['median_tokens_per_s']:,} | {v['tokens_per_s']:,} | "
-                  f"{v['tokens_per_s'] / rows[0][1]['tokens_per_s']:.3f} |")
-    ok = all(r.get("rc") == 0 and r.get("verify", {}).get("rc") == 0
-             and not r.get("vs_transformers", {}).get("tolerance_failures", ["missing"])
-             and not r.get("vs_" + reference_of(name), {}).get("tolerance_failures")
-             for name, r in report.get("layouts", {}).items())
+            print(
+                f"| {k} | {v['chunked_prefill_size']} | {v['engine_start_s']} | "
+                f"{', '.join(f'{x:,}' for x in v['runs_tokens_per_s'])} | "
+                f"{v['median_tokens_per_s']:,} | {v['tokens_per_s']:,} | "
+                f"{v['tokens_per_s'] / rows[0][1]['tokens_per_s']:.3f} |"
+            )
+    ok = all(
+        r.get("rc") == 0
+        and r.get("verify", {}).get("rc") == 0
+        and not r.get("vs_transformers", {}).get("tolerance_failures", ["missing"])
+        and not r.get("vs_" + reference_of(name), {}).get("tolerance_failures")
+        for name, r in report.get("layouts", {}).items()
+    )
     report["all_ok"] = ok
     save()
     print(f"\nall_ok={ok} elapsed {time.time() - t_start:.0f} s", flush=True)

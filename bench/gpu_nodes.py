@@ -36,20 +36,37 @@ NODE_TIMEOUT = 20
 
 
 def node_cmd(model: str, out_dir: str, rank: int, port: int, workdir: str) -> list:
-    return ([sys.executable, str(ROOT / "extract.py"), f"model.path={model}",
-             "model.name=dsv3-small", f"output.dir={out_dir}",
-             f"hydra.run.dir={workdir}/hydra-node{rank}"] + gl.COMMON
-            + gl.overrides("tp2-dpattn")
-            + ["engine.nnodes=2", f"engine.node_rank={rank}",
-               f"engine.dist_init_addr=127.0.0.1:{port}", f"engine.node_timeout={NODE_TIMEOUT}"])
+    return (
+        [
+            sys.executable,
+            str(ROOT / "extract.py"),
+            f"model.path={model}",
+            "model.name=dsv3-small",
+            f"output.dir={out_dir}",
+            f"hydra.run.dir={workdir}/hydra-node{rank}",
+        ]
+        + gl.COMMON
+        + gl.overrides("tp2-dpattn")
+        + [
+            "engine.nnodes=2",
+            f"engine.node_rank={rank}",
+            f"engine.dist_init_addr=127.0.0.1:{port}",
+            f"engine.node_timeout={NODE_TIMEOUT}",
+        ]
+    )
 
 
 def start(model, out_dir, rank, port, workdir, tag):
     env = dict(os.environ, CUDA_VISIBLE_DEVICES=str(rank), PYTHONUNBUFFERED="1")
     log = open(os.path.join(workdir, f"{tag}-node{rank}.log"), "w")
-    return subprocess.Popen(node_cmd(model, out_dir, rank, port, workdir), cwd=str(ROOT),
-                            stdout=log, stderr=subprocess.STDOUT, env=env,
-                            start_new_session=True), log.name
+    return subprocess.Popen(
+        node_cmd(model, out_dir, rank, port, workdir),
+        cwd=str(ROOT),
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        env=env,
+        start_new_session=True,
+    ), log.name
 
 
 def wait(proc, timeout):
@@ -85,9 +102,14 @@ def two_nodes(model, out_dir, port, workdir, tag, timeout=420):
     p0, log0 = start(model, out_dir, 0, port, workdir, tag)
     p1, log1 = start(model, out_dir, 1, port, workdir, tag)
     rc0, rc1 = wait(p0, timeout), wait(p1, 120)
-    return {"rc0": rc0, "rc1": rc1, "log0": log0, "log1": log1,
-            "tail0": Path(log0).read_text(errors="replace")[-2500:],
-            "tail1": Path(log1).read_text(errors="replace")[-1500:]}
+    return {
+        "rc0": rc0,
+        "rc1": rc1,
+        "log0": log0,
+        "log1": log1,
+        "tail0": Path(log0).read_text(errors="replace")[-2500:],
+        "tail1": Path(log1).read_text(errors="replace")[-1500:],
+    }
 
 
 def main(argv=None) -> int:
@@ -125,9 +147,14 @@ def main(argv=None) -> int:
     worst = max((v["max"] for v in cmp.get("summary", {}).values()), default=None)
     run["worst_vs_tp1"] = worst
     report["checks"]["two_nodes"] = ok = (
-        run["rc0"] == 0 and run["rc1"] == 0 and run["verify"]["rc"] == 0
-        and sorted(recs) == ids and worst is not None and worst < NODES_VS_TP1_MAX
-        and "node1" in sources)
+        run["rc0"] == 0
+        and run["rc1"] == 0
+        and run["verify"]["rc"] == 0
+        and sorted(recs) == ids
+        and worst is not None
+        and worst < NODES_VS_TP1_MAX
+        and "node1" in sources
+    )
     report["two_nodes"] = run
     print("two nodes:", ok, worst, sources, flush=True)
     save()
@@ -140,13 +167,22 @@ def main(argv=None) -> int:
     rc0 = wait(p0, NODE_TIMEOUT + 180)
     text0 = Path(log0).read_text(errors="replace")
     again = two_nodes(model, out2, 29900, workdir, "resume")
-    report["kill_node1"] = {"engine_up": up, "rc0": rc0, "node0_s": round(time.time() - t, 1),
-                            "names_node1": "node 1" in text0, "tail0": text0[-2000:],
-                            "resume": {k: again[k] for k in ("rc0", "rc1")},
-                            "resume_verify": gl.verify(out2)}
-    report["checks"]["kill_node1"] = (up and rc0 not in (0, "timeout") and "node 1" in text0
-                                      and again["rc0"] == 0
-                                      and report["kill_node1"]["resume_verify"]["rc"] == 0)
+    report["kill_node1"] = {
+        "engine_up": up,
+        "rc0": rc0,
+        "node0_s": round(time.time() - t, 1),
+        "names_node1": "node 1" in text0,
+        "tail0": text0[-2000:],
+        "resume": {k: again[k] for k in ("rc0", "rc1")},
+        "resume_verify": gl.verify(out2),
+    }
+    report["checks"]["kill_node1"] = (
+        up
+        and rc0 not in (0, "timeout")
+        and "node 1" in text0
+        and again["rc0"] == 0
+        and report["kill_node1"]["resume_verify"]["rc"] == 0
+    )
     print("kill node 1:", report["checks"]["kill_node1"], flush=True)
     save()
 
@@ -154,8 +190,12 @@ def main(argv=None) -> int:
     out3 = os.path.join(workdir, "ds-kill0")
     p1, log1, up, t = kill_one(model, out3, 30100, workdir, "kill0", victim=0)
     rc1 = wait(p1, NODE_TIMEOUT + 60)
-    report["kill_node0"] = {"engine_up": up, "rc1": rc1, "node1_s": round(time.time() - t, 1),
-                            "tail1": Path(log1).read_text(errors="replace")[-2000:]}
+    report["kill_node0"] = {
+        "engine_up": up,
+        "rc1": rc1,
+        "node1_s": round(time.time() - t, 1),
+        "tail1": Path(log1).read_text(errors="replace")[-2000:],
+    }
     report["checks"]["kill_node0"] = up and rc1 not in (0, "timeout")
     print("kill node 0:", report["checks"]["kill_node0"], flush=True)
     save()

@@ -36,7 +36,6 @@ for p in (ROOT, ROOT / "tests", ROOT / "bench"):
         sys.path.insert(0, str(p))
 
 import torch  # noqa: E402
-
 from families import hf_hidden_states  # noqa: E402
 from families_probe import compare  # noqa: E402
 from gpu_check import environment  # noqa: E402
@@ -44,18 +43,39 @@ from kimi_checkpoint import build, reference_dir, write_kimi_tokenizer  # noqa: 
 from tolerance import tolerance_failures  # noqa: E402
 
 
-def run(int4: bool, workdir: Path, tp: int = 1, dp_attention: bool = False,
-        samples: int = 50, device: str = "gpu", num_layers: int = 61) -> dict:
+def run(
+    int4: bool,
+    workdir: Path,
+    tp: int = 1,
+    dp_attention: bool = False,
+    samples: int = 50,
+    device: str = "gpu",
+    num_layers: int = 61,
+) -> dict:
     ckpt = workdir / ("kimi-int4" if int4 else "kimi-bf16")
     t0 = time.time()
     if not (ckpt / "config.json").exists():
         build(ckpt, write_kimi_tokenizer, int4=int4, num_layers=num_layers)
-    res = {"int4": int4, "tp": tp, "dp_attention": dp_attention, "checkpoint": str(ckpt),
-           "build_s": round(time.time() - t0, 1)}
+    res = {
+        "int4": int4,
+        "tp": tp,
+        "dp_attention": dp_attention,
+        "checkpoint": str(ckpt),
+        "build_s": round(time.time() - t0, 1),
+    }
     out = workdir / f"ds-{ckpt.name}-tp{tp}{'-dpa' if dp_attention else ''}"
-    cmd = [sys.executable, str(ROOT / "extract.py"), "model=kimi_k25", f"engine={device}",
-           f"model.tp_size={tp}", f"model.path={ckpt}", f"dataset.max_samples={samples}",
-           f"output.dir={out}", "output.overwrite=true", "progress=false"]
+    cmd = [
+        sys.executable,
+        str(ROOT / "extract.py"),
+        "model=kimi_k25",
+        f"engine={device}",
+        f"model.tp_size={tp}",
+        f"model.path={ckpt}",
+        f"dataset.max_samples={samples}",
+        f"output.dir={out}",
+        "output.overwrite=true",
+        "progress=false",
+    ]
     if dp_attention:
         cmd += [f"+engine.extra.dp_size={tp}", "+engine.extra.enable_dp_attention=true"]
     res["cmd"] = " ".join(cmd[1:])
@@ -65,11 +85,15 @@ def run(int4: bool, workdir: Path, tp: int = 1, dp_attention: bool = False,
     if proc.returncode != 0:
         res.update(status="failed: extract", log_tail=(proc.stdout + proc.stderr)[-4000:])
         return res
-    v = subprocess.run([sys.executable, "-m", "hsdump", "verify", str(out)], cwd=ROOT,
-                       capture_output=True, text=True)
+    v = subprocess.run(
+        [sys.executable, "-m", "hsdump", "verify", str(out)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+    )
     res.update(verify_rc=v.returncode, verify=(v.stdout + v.stderr)[-600:])
 
-    from hsdump.reader import HsdumpDataset
+    from hsdump.store.reader import HsdumpDataset
 
     ds = HsdumpDataset(str(out))
     layers = list(ds.layers)
@@ -79,22 +103,34 @@ def run(int4: bool, workdir: Path, tp: int = 1, dp_attention: bool = False,
     prompts = [records[s]["input_ids"].tolist() for s in sids]
     dev = "cuda" if torch.cuda.is_available() else "cpu"
     ref = reference_dir(ckpt)
-    r32 = dict(zip(sids, hf_hidden_states(ref, "DeepseekV3ForCausalLM", prompts,
-                                          torch.float32, dev)))
-    r16 = dict(zip(sids, hf_hidden_states(ref, "DeepseekV3ForCausalLM", prompts,
-                                          torch.bfloat16, dev)))
+    r32 = dict(
+        zip(sids, hf_hidden_states(ref, "DeepseekV3ForCausalLM", prompts, torch.float32, dev))
+    )
+    r16 = dict(
+        zip(sids, hf_hidden_states(ref, "DeepseekV3ForCausalLM", prompts, torch.bfloat16, dev))
+    )
     cmp = compare(records, layers, r32, r16)
-    moe = {"sglang_vs_hf_fp32": {k: d["err"] for k, d in cmp["raw"].items()},
-           "hf_bf16_vs_hf_fp32": {k: d["bf16"] for k, d in cmp["raw"].items()},
-           "prompt_lens": [len(p) for p in prompts], "problems": cmp["problems"]}
+    moe = {
+        "sglang_vs_hf_fp32": {k: d["err"] for k, d in cmp["raw"].items()},
+        "hf_bf16_vs_hf_fp32": {k: d["bf16"] for k, d in cmp["raw"].items()},
+        "prompt_lens": [len(p) for p in prompts],
+        "problems": cmp["problems"],
+    }
     failures = tolerance_failures(moe)
     best = sorted({b for d in cmp["raw"].values() for b, _ in d["best"]})
     status = "ok" if not failures and best == sorted(layers) else "wrong"
-    res.update(status=status if v.returncode == 0 else "verify failed",
-               failures=failures[:6], per_layer=cmp["per_layer"],
-               mean={k: [sum(d["err"]) / len(d["err"]), sum(d["bf16"]) / len(d["bf16"])]
-                     for k, d in cmp["raw"].items()},
-               layers=layers, samples=len(records), tokens=sum(map(len, prompts)))
+    res.update(
+        status=status if v.returncode == 0 else "verify failed",
+        failures=failures[:6],
+        per_layer=cmp["per_layer"],
+        mean={
+            k: [sum(d["err"]) / len(d["err"]), sum(d["bf16"]) / len(d["bf16"])]
+            for k, d in cmp["raw"].items()
+        },
+        layers=layers,
+        samples=len(records),
+        tokens=sum(map(len, prompts)),
+    )
     return res
 
 
@@ -110,11 +146,10 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     workdir = Path(args.workdir or tempfile.mkdtemp(prefix="hsdump-kimi-"))
     report = {"env": environment(), "runs": []}
-    for int4 in ([False, True] if args.both else [args.int4]):
+    for int4 in [False, True] if args.both else [args.int4]:
         r = run(int4, workdir, args.tp, args.dp_attention, args.samples)
         report["runs"].append(r)
-        print(json.dumps({k: v for k, v in r.items() if k != "log_tail"}, default=str),
-              flush=True)
+        print(json.dumps({k: v for k, v in r.items() if k != "log_tail"}, default=str), flush=True)
         if "log_tail" in r:
             print(r["log_tail"], flush=True)
         if args.out:

@@ -26,7 +26,7 @@ made are invisible to it; and CaptureEngine._drive's `done`/`task` locals keep t
 sample's finished task, so its rows outlive the writer (one more sample) until the next
 sample completes. The variants measure fixes for both, and glibc's share.
 
-Those three fixes landed in hsdump in c7e2081 (BENCHMARKS.md section 13): on today's code
+Those three fixes landed in hsdump in c7e2081 (docs/performance.md, "Host memory"): on today's code
 "as-is" already has them, and the fix-* variants patch nothing (`_patched` finds the fix in
 place); run them on an older checkout to see the difference.
 """
@@ -90,11 +90,17 @@ class Sampler(threading.Thread):
         # the Tracker's stages (install_tracker): chunks popped by take, its stitched copy,
         # a sample between take and add, written rows still referenced, bare frames
         c = self.tracker.counts() if self.tracker is not None else {}
-        return {"t": time.time(), "rss": rss, "tree": sum(rss.values()), "receiver": recv,
-                "writer": w.host_bytes if w is not None else 0,
-                "tracked": {"chunks_in_take": max(c.get("chunk", 0) - recv, 0),
-                            **{k: c.get(k, 0) for k in ("stitch", "in_hand", "written",
-                                                         "frames_no_tensor")}}}
+        return {
+            "t": time.time(),
+            "rss": rss,
+            "tree": sum(rss.values()),
+            "receiver": recv,
+            "writer": w.host_bytes if w is not None else 0,
+            "tracked": {
+                "chunks_in_take": max(c.get("chunk", 0) - recv, 0),
+                **{k: c.get(k, 0) for k in ("stitch", "in_hand", "written", "frames_no_tensor")},
+            },
+        }
 
     def run(self):
         while not self.stop_evt.is_set():
@@ -112,15 +118,19 @@ def itemise(idle: dict, samples: List[dict], expected_staging: int) -> dict:
     tracked = peak.get("tracked", {})
     caller_known = peak["receiver"] + peak["writer"] + sum(tracked.values())
     return {
-        "idle_rss": idle["rss"], "peak_rss": peak["rss"], "peak_tree": peak["tree"],
-        "growth": grow, "at_peak": {"receiver": peak["receiver"], "writer": peak["writer"],
-                                    **tracked},
+        "idle_rss": idle["rss"],
+        "peak_rss": peak["rss"],
+        "peak_tree": peak["tree"],
+        "growth": grow,
+        "at_peak": {"receiver": peak["receiver"], "writer": peak["writer"], **tracked},
         "caller_unaccounted": grow.get("caller", 0) - caller_known,
-        "max": {"receiver": max(s["receiver"] for s in samples),
-                "writer": max(s["writer"] for s in samples),
-                "tree": peak["tree"],
-                **{k: max(s.get("tracked", {}).get(k, 0) for s in samples) for k in tracked},
-                **{f"rss_{k}": max(s["rss"].get(k, 0) for s in samples) for k in peak["rss"]}},
+        "max": {
+            "receiver": max(s["receiver"] for s in samples),
+            "writer": max(s["writer"] for s in samples),
+            "tree": peak["tree"],
+            **{k: max(s.get("tracked", {}).get(k, 0) for s in samples) for k in tracked},
+            **{f"rss_{k}": max(s["rss"].get(k, 0) for s in samples) for k in peak["rss"]},
+        },
         "scheduler_expected_staging": expected_staging,
     }
 
@@ -129,9 +139,11 @@ def writer_only(a) -> int:
     """The writer's share alone, with no engine (runs on any machine): samples of rows at the
     model's width (constant values, so making them costs a memset) fed to a DatasetWriter as
     fast as it takes them; its host_bytes and this process's RSS sampled every 0.05 s."""
-    from hsdump.writer import FORMAT, FORMAT_VERSION, DatasetWriter
+    from hsdump.store.layout import FORMAT
+    from hsdump.store.layout import VERSION as FORMAT_VERSION
+    from hsdump.store.writer import DatasetWriter
 
-    if a.writer_module:  # another version of hsdump/writer.py, e.g. from `git show`
+    if a.writer_module:  # another version of hsdump/store/writer.py, e.g. from `git show`
         import importlib.util
 
         spec = importlib.util.spec_from_file_location("hsdump.writer_other", a.writer_module)
@@ -145,11 +157,21 @@ def writer_only(a) -> int:
         threads, shard_mib = (int(x) for x in spec.split("x"))
         for seq, n in [tuple(int(x) for x in item.split(":")) for item in a.seqs.split(",")]:
             ds = tempfile.mkdtemp(prefix="hsdump-memw-", dir=a.out_dir)
-            manifest = {"format": FORMAT, "format_version": FORMAT_VERSION, "layers": [1, 2, 3],
-                        "storage_dtype": "bfloat16"}
-            w = DatasetWriter(os.path.join(ds, "d"), manifest, {"bench": True},
-                              layers=[1, 2, 3], hidden_size=hidden,
-                              shard_bytes=shard_mib << 20, threads=threads)
+            manifest = {
+                "format": FORMAT,
+                "format_version": FORMAT_VERSION,
+                "layers": [1, 2, 3],
+                "storage_dtype": "bfloat16",
+            }
+            w = DatasetWriter(
+                os.path.join(ds, "d"),
+                manifest,
+                {"bench": True},
+                layers=[1, 2, 3],
+                hidden_size=hidden,
+                shard_bytes=shard_mib << 20,
+                threads=threads,
+            )
             idle = me.memory_info().rss
             peak = {"rss": idle, "writer": 0}
             stop = threading.Event()
@@ -164,41 +186,53 @@ def writer_only(a) -> int:
             th.start()
             t = time.time()
             for i in range(n):
-                rows = [torch.full((seq, hidden), float(i % 7 + j), dtype=torch.bfloat16)
-                        for j in range(slots)]
+                rows = [
+                    torch.full((seq, hidden), float(i % 7 + j), dtype=torch.bfloat16)
+                    for j in range(slots)
+                ]
                 w.add(i, [1] * seq, [1] * seq, rows, nonfinite=[])
                 del rows
             w.close()
             stop.set()
             th.join()
             sample_bytes = seq * (slots * hidden * 2 + 16)
-            r = {"threads": threads, "shard_mib": shard_mib, "seq": seq, "samples": n,
-                 "sample_bytes": sample_bytes, "wall_s": time.time() - t,
-                 "writer_module": a.writer_module,
-                 "writer_peak_host_bytes": getattr(w, "peak_host_bytes", None),
-                 "rss_idle": idle,
-                 "rss_growth_peak": peak["rss"] - idle,
-                 "bound": (threads + 2) * max(shard_mib << 20, sample_bytes),
-                 "shards": w.shards_written}
+            r = {
+                "threads": threads,
+                "shard_mib": shard_mib,
+                "seq": seq,
+                "samples": n,
+                "sample_bytes": sample_bytes,
+                "wall_s": time.time() - t,
+                "writer_module": a.writer_module,
+                "writer_peak_host_bytes": getattr(w, "peak_host_bytes", None),
+                "rss_idle": idle,
+                "rss_growth_peak": peak["rss"] - idle,
+                "bound": (threads + 2) * max(shard_mib << 20, sample_bytes),
+                "shards": w.shards_written,
+            }
             report["runs"].append(r)
             print(json.dumps(r), flush=True)
             shutil.rmtree(ds, ignore_errors=True)
     if a.json:
         Path(a.json).write_text(json.dumps(report, indent=1))
-    print("| writer | length | sample MB | shards | writer peak held GB | bound GB | RSS growth "
-          "peak GB |\n|---|---:|---:|---:|---:|---:|---:|")
+    print(
+        "| writer | length | sample MB | shards | writer peak held GB | bound GB | RSS growth "
+        "peak GB |\n|---|---:|---:|---:|---:|---:|---:|"
+    )
     for r in report["runs"]:
-        print(f"| {r['threads']} x {r['shard_mib']} MiB | {r['seq']:,} | "
-              f"{r['sample_bytes'] / 1e6:,.0f} | {r['shards']} | "
-              f"{(r['writer_peak_host_bytes'] or 0) / 1e9:.2f} | {r['bound'] / 1e9:.2f} | "
-              f"{r['rss_growth_peak'] / 1e9:.2f} |")
+        print(
+            f"| {r['threads']} x {r['shard_mib']} MiB | {r['seq']:,} | "
+            f"{r['sample_bytes'] / 1e6:,.0f} | {r['shards']} | "
+            f"{(r['writer_peak_host_bytes'] or 0) / 1e9:.2f} | {r['bound'] / 1e9:.2f} | "
+            f"{r['rss_growth_peak'] / 1e9:.2f} |"
+        )
     return 0
 
 
 # --------------------------------------------------------------------------- --caller-only
 # The caller's share at 32K, itemised on any machine (no SGLang, no GPU): a child process
 # stands in for the scheduler and runs hsdump's own scheduler-side code (rows.pack_rows on the
-# CPU, engine._emit_rows -> rows.Sender) on 16,384-token chunked-prefill batches; the caller
+# CPU, patch._emit_rows -> rows.Sender) on 16,384-token chunked-prefill batches; the caller
 # runs the real CaptureEngine.run (its _drive/_one over a stand-in sglang.Engine whose
 # async_generate returns once the child has sent a request's last chunk), the real
 # rows.Receiver and a real DatasetWriter (the defaults: 6 threads x 256 MiB). Every `period`
@@ -209,13 +243,12 @@ CALLER_VARIANTS = {
     "as-is": "hsdump as it is",
     "trim": "as-is + glibc malloc_trim(0) after every sink and before each idle baseline",
     "mmap-4m": "as-is + GLIBC_TUNABLES=glibc.malloc.mmap_threshold=4194304 (fixed: no dynamic "
-               "raise, every allocation >= 4 MiB is its own mmap, returned on free)",
+    "raise, every allocation >= 4 MiB is its own mmap, returned on free)",
     "fix-drive": "CaptureEngine._drive drops its finished tasks (done = task = None) after "
-                 "the sink",
+    "the sink",
     "fix-drive-rx": "fix-drive + Receiver.run drops the last message's frames "
-                    "(head = frames = None) after _add",
-    "fix-all": "fix-drive-rx + Receiver.take frees each slot's chunks once that slot is "
-               "stitched",
+    "(head = frames = None) after _add",
+    "fix-all": "fix-drive-rx + Receiver.take frees each slot's chunks once that slot is stitched",
 }
 
 
@@ -246,9 +279,12 @@ class Tracker:
         if k in self.t and self.t[k][0]() is x:
             self.t[k][2] = state
             return
-        self.t[k] = [self._weakref.ref(x, lambda r, k=k, t=self.t: t.get(k, [r])[0] is r
-                                       and t.pop(k, None)),
-                     x.numel() * x.element_size(), state, frame]
+        self.t[k] = [
+            self._weakref.ref(x, lambda r, k=k, t=self.t: t.get(k, [r])[0] is r and t.pop(k, None)),
+            x.numel() * x.element_size(),
+            state,
+            frame,
+        ]
 
     def mark(self, xs, state: str) -> None:
         for x in xs:
@@ -257,8 +293,12 @@ class Tracker:
 
     def add_frame(self, fr) -> None:
         k = id(fr)
-        self.f[k] = [self._weakref.ref(fr, lambda r, k=k, f=self.f: f.get(k, [r])[0] is r
-                                       and f.pop(k, None)), len(fr)]
+        self.f[k] = [
+            self._weakref.ref(
+                fr, lambda r, k=k, f=self.f: f.get(k, [r])[0] is r and f.pop(k, None)
+            ),
+            len(fr),
+        ]
 
     def counts(self) -> Dict[str, int]:
         out = {s: 0 for s in self.STATES}
@@ -278,8 +318,8 @@ def install_tracker(tr: "Tracker") -> Dict[str, int]:
     received frames and their tensors ("chunk"), rows.py's concatenations ("stitch"), what
     Receiver.take returns ("in_hand"), what the writer has written ("written"). Returns the
     live counts of calls inside take and add. Install before the engine starts."""
-    from hsdump import rows as rowsmod
-    from hsdump import writer as writermod
+    from hsdump.capture import rows as rowsmod
+    from hsdump.store import writer as writermod
 
     orig_frame_tensor = rowsmod.frame_tensor
 
@@ -326,19 +366,20 @@ def install_tracker(tr: "Tracker") -> Dict[str, int]:
     return busy
 
 
-def _fake_scheduler(endpoint: str, req_q, ack_q, hidden: int, slots: int, chunk: int,
-                    forward_s: float) -> None:
+def _fake_scheduler(
+    endpoint: str, req_q, ack_q, hidden: int, slots: int, chunk: int, forward_s: float
+) -> None:
     """Child process: SGLang's scheduler as the caller sees it. Requests are prefilled FIFO in
     batches of at most `chunk` tokens (chunked prefill: a request that does not fit is split,
     its next part starts the next batch); each batch's rows are packed by rows.pack_rows (the
-    device-side hook, here on the CPU) and sent per request by engine._emit_rows (the
+    device-side hook, here on the CPU) and sent per request by patch._emit_rows (the
     scheduler-side code itself, over a real rows.Sender); a request is acknowledged (its
     async_generate returns) once its last chunk is sent. `forward_s`: seconds a full
     `chunk`-token forward takes (pro rata), the GPU's pace."""
     from types import SimpleNamespace as NS
 
-    from hsdump.engine import _emit_rows
-    from hsdump.rows import Sender, pack_rows
+    from hsdump.capture.patch import _emit_rows
+    from hsdump.capture.rows import Sender, pack_rows
 
     sender = Sender(endpoint, f"fake-scheduler-pid{os.getpid()}")
     aux = torch.full((chunk, slots * hidden), 0.5, dtype=torch.bfloat16)  # the model's rows
@@ -370,10 +411,12 @@ def _fake_scheduler(endpoint: str, req_q, ack_q, hidden: int, slots: int, chunk:
         t = sum(lens)
         buf = pack_rows([aux[:t]], t, hidden)  # a fresh host buffer per forward, as hs.to("cpu")
         time.sleep(max(0.0, forward_s * t / chunk - (time.time() - t0)))
-        result = NS(copy_done=None, logits_output=NS(hidden_states=buf),
-                    extend_input_len_per_req=lens)
-        _emit_rows(sender, NS(reqs=reqs, prefix_lens=starts, extend_lens=lens), result,
-                   slots, hidden)
+        result = NS(
+            copy_done=None, logits_output=NS(hidden_states=buf), extend_input_len_per_req=lens
+        )
+        _emit_rows(
+            sender, NS(reqs=reqs, prefix_lens=starts, extend_lens=lens), result, slots, hidden
+        )
         del buf, result
         for p in [p for p in pending if p[2] == p[1]]:
             ack_q.put(p[0])
@@ -390,15 +433,21 @@ def _patched(func, old: str, new: str):
     import textwrap
 
     src = inspect.getsource(func)
-    fix = next(line.strip().split("  #")[0] for line in new.splitlines()
-               if line.strip() and line not in old.splitlines())
+    fix = next(
+        line.strip().split("  #")[0]
+        for line in new.splitlines()
+        if line.strip() and line not in old.splitlines()
+    )
     if fix in src:
         return func  # hsdump has this fix already (c7e2081)
     if src.count(old) != 1:
         raise RuntimeError(f"{func.__qualname__}: the text to patch is not found once")
     ns: dict = {}
-    exec(compile(textwrap.dedent(src.replace(old, new)), f"<patched {func.__qualname__}>",
-                 "exec"), func.__globals__, ns)
+    exec(
+        compile(textwrap.dedent(src.replace(old, new)), f"<patched {func.__qualname__}>", "exec"),
+        func.__globals__,
+        ns,
+    )
     return ns[func.__name__]
 
 
@@ -420,11 +469,11 @@ def caller_run(a) -> int:
     import multiprocessing as mp
     from types import SimpleNamespace as NS
 
-    from hsdump import engine as engmod
-    from hsdump import rows as rowsmod
-    from hsdump import writer as writermod
+    from hsdump.capture import engine as engmod
+    from hsdump.capture import rows as rowsmod
     from hsdump.config import OutputConfig
     from hsdump.pipeline import rows_in_flight
+    from hsdump.store import writer as writermod
 
     variant = a.caller_run
     hidden, slots, chunk = a.hidden, 3, a.chunk
@@ -434,10 +483,13 @@ def caller_run(a) -> int:
 
     Receiver = rowsmod.Receiver
     if variant in ("fix-drive-rx", "fix-all"):
-        Receiver.run = _patched(Receiver.run, "                self.cond.notify_all()\n",
-                                "                self.cond.notify_all()\n"
-                                "            head = frames = None  # the frames' memory goes "
-                                "with their tensors\n")
+        Receiver.run = _patched(
+            Receiver.run,
+            "                self.cond.notify_all()\n",
+            "                self.cond.notify_all()\n"
+            "            head = frames = None  # the frames' memory goes "
+            "with their tensors\n",
+        )
     if variant == "fix-all":
         Receiver.take = _patched(
             Receiver.take,
@@ -448,14 +500,18 @@ def caller_run(a) -> int:
             "            out.append(torch.cat([p[1][s] for p in parts]))\n"
             "            for p in parts:\n"
             "                p[1][s] = None  # this slot's chunks are freed once stitched\n"
-            "        return out, bad\n")
+            "        return out, bad\n",
+        )
     busy = install_tracker(tr)  # counters on the real code path
     drive = engmod.CaptureEngine._drive
     if variant.startswith("fix-"):
-        drive = _patched(drive, "                    sink(*task.result())\n",
-                         "                    sink(*task.result())\n"
-                         "                done = task = None  # a finished task holds its "
-                         "sample's rows\n")
+        drive = _patched(
+            drive,
+            "                    sink(*task.result())\n",
+            "                    sink(*task.result())\n"
+            "                done = task = None  # a finished task holds its "
+            "sample's rows\n",
+        )
 
     # ---- the stand-in for sglang.Engine and the scheduler process
     ctx = mp.get_context("spawn")
@@ -464,8 +520,12 @@ def caller_run(a) -> int:
     endpoint = f"ipc://{ipc}/rows"
     rx = Receiver(endpoint)
     rx.start()
-    child = ctx.Process(target=_fake_scheduler, name="fake-scheduler", daemon=True,
-                        args=(endpoint, req_q, ack_q, hidden, slots, chunk, a.forward_s))
+    child = ctx.Process(
+        target=_fake_scheduler,
+        name="fake-scheduler",
+        daemon=True,
+        args=(endpoint, req_q, ack_q, hidden, slots, chunk, a.forward_s),
+    )
     child.start()
     loop = asyncio.new_event_loop()
     waiting: Dict[str, asyncio.Future] = {}
@@ -495,12 +555,22 @@ def caller_run(a) -> int:
         _drive = drive
 
     eng = object.__new__(Engine)  # CaptureEngine's state as __init__ leaves it, minus SGLang
-    eng.__dict__.update(_engine=FakeSGLang(), _rx=rx, _slot=list(range(slots)), final=[],
-                        hidden=hidden, cfg=NS(inflight_tokens=a.inflight_tokens), _died=None,
-                        _stop_requested=False, _aborted=False, _loop=None, _wake=None)
+    eng.__dict__.update(
+        _engine=FakeSGLang(),
+        _rx=rx,
+        _slot=list(range(slots)),
+        final=[],
+        hidden=hidden,
+        cfg=NS(inflight_tokens=a.inflight_tokens),
+        _died=None,
+        _stop_requested=False,
+        _aborted=False,
+        _loop=None,
+        _wake=None,
+    )
 
     # ---- the sampler
-    me, kid = psutil.Process(), psutil.Process(child.pid)
+    kid = psutil.Process(child.pid)
     state = {"writer": None}
     log: List[dict] = []
     stop = threading.Event()
@@ -516,10 +586,19 @@ def caller_run(a) -> int:
             child_rss = kid.memory_info().rss
         except psutil.Error:
             child_rss = 0
-        return {"t": time.time(), "rss": st["VmRSS"], "anon": st["RssAnon"],
-                "file": st["RssFile"], "shmem": st["RssShmem"], "child_rss": child_rss,
-                "receiver": recv, "writer": w.host_bytes if w is not None else 0,
-                **c, "in_take": busy["take"], "in_add": busy["add"]}
+        return {
+            "t": time.time(),
+            "rss": st["VmRSS"],
+            "anon": st["RssAnon"],
+            "file": st["RssFile"],
+            "shmem": st["RssShmem"],
+            "child_rss": child_rss,
+            "receiver": recv,
+            "writer": w.host_bytes if w is not None else 0,
+            **c,
+            "in_take": busy["take"],
+            "in_add": busy["add"],
+        }
 
     def sampler():
         while not stop.is_set():
@@ -529,9 +608,14 @@ def caller_run(a) -> int:
     out = OutputConfig(dir="x")
     seqs = [tuple(int(x) for x in item.split(":")) for item in a.seqs.split(",")]
     base = 0
-    report = {"variant": variant, "about": CALLER_VARIANTS[variant],
-              "env": {k: os.environ[k] for k in ("GLIBC_TUNABLES", "MALLOC_ARENA_MAX")
-                      if k in os.environ}, "runs": {}}
+    report = {
+        "variant": variant,
+        "about": CALLER_VARIANTS[variant],
+        "env": {
+            k: os.environ[k] for k in ("GLIBC_TUNABLES", "MALLOC_ARENA_MAX") if k in os.environ
+        },
+        "runs": {},
+    }
     ids = lambda n, i: [100 + (i + j) % 30000 for j in range(n)]  # noqa: E731
     out_dir = a.out_dir or tempfile.gettempdir()
     try:
@@ -548,9 +632,14 @@ def caller_run(a) -> int:
             start = len(log)
             ds = tempfile.mkdtemp(prefix="hsdump-memc-ds-", dir=out_dir)
             w = writermod.DatasetWriter(
-                os.path.join(ds, "d"), {"layers": [2, 16, 29], "storage_dtype": "bfloat16"},
-                {"bench": True}, layers=[2, 16, 29], hidden_size=hidden,
-                shard_bytes=out.shard_bytes, threads=out.writer_threads)
+                os.path.join(ds, "d"),
+                {"layers": [2, 16, 29], "storage_dtype": "bfloat16"},
+                {"bench": True},
+                layers=[2, 16, 29],
+                hidden_size=hidden,
+                shard_bytes=out.shard_bytes,
+                threads=out.writer_threads,
+            )
             state["writer"] = w
 
             def sink(sid, input_ids, hs, bad):  # as the pipeline's and mem_bench's sinks
@@ -574,17 +663,42 @@ def caller_run(a) -> int:
             base += n
             shutil.rmtree(ds, ignore_errors=True)
             r = caller_itemise(idle, got, end)
-            r.update(seq=seq, samples=n, sample_bytes=seq * row_bytes, inflight_tokens=inflight,
-                     wall_s=wall, sampler_reads=len(got), forward_s=a.forward_s)
+            r.update(
+                seq=seq,
+                samples=n,
+                sample_bytes=seq * row_bytes,
+                inflight_tokens=inflight,
+                wall_s=wall,
+                sampler_reads=len(got),
+                forward_s=a.forward_s,
+            )
             if a.trace:  # the reads themselves: bytes in MB, RSS as growth over idle
-                r["trace"] = [{k: round(v - got[0]["t"], 3) if k == "t" else v if k in (
-                    "in_take", "in_add") else round((v - idle[k] if k in ("rss", "anon")
-                                                     else v) / 1e6) for k, v in s.items()}
-                              for s in got]
+                r["trace"] = [
+                    {
+                        k: round(v - got[0]["t"], 3)
+                        if k == "t"
+                        else v
+                        if k in ("in_take", "in_add")
+                        else round((v - idle[k] if k in ("rss", "anon") else v) / 1e6)
+                        for k, v in s.items()
+                    }
+                    for s in got
+                ]
             report["runs"][str(seq)] = r
-            print(json.dumps({"variant": variant, "seq": seq,
-                              **{k: round(v / 1e9, 3) for k, v in r["at_peak"].items()
-                                 if k not in ("in_take", "in_add")}}), flush=True)
+            print(
+                json.dumps(
+                    {
+                        "variant": variant,
+                        "seq": seq,
+                        **{
+                            k: round(v / 1e9, 3)
+                            for k, v in r["at_peak"].items()
+                            if k not in ("in_take", "in_add")
+                        },
+                    }
+                ),
+                flush=True,
+            )
     finally:
         stop.set()
         req_q.put(None)
@@ -609,11 +723,19 @@ CALLER_ITEMS = (
 
 def caller_itemise(idle: dict, got: List[dict], end: dict) -> dict:
     def items(s: dict) -> dict:
-        d = {"rss_growth": s["rss"] - idle["rss"], "anon_growth": s["anon"] - idle["anon"],
-             "file_growth": s["file"] - idle["file"], "shmem_growth": s["shmem"] - idle["shmem"],
-             "receiver": s["receiver"], "chunks_in_take": s["chunk"] - s["receiver"],
-             "stitch": s["stitch"], "in_hand": s["in_hand"], "writer": s["writer"],
-             "written": s["written"], "frames_no_tensor": s["frames_no_tensor"]}
+        d = {
+            "rss_growth": s["rss"] - idle["rss"],
+            "anon_growth": s["anon"] - idle["anon"],
+            "file_growth": s["file"] - idle["file"],
+            "shmem_growth": s["shmem"] - idle["shmem"],
+            "receiver": s["receiver"],
+            "chunks_in_take": s["chunk"] - s["receiver"],
+            "stitch": s["stitch"],
+            "in_hand": s["in_hand"],
+            "writer": s["writer"],
+            "written": s["written"],
+            "frames_no_tensor": s["frames_no_tensor"],
+        }
         d["residual"] = d["rss_growth"] - sum(d[k] for k, _ in CALLER_ITEMS)
         d["gpu_sampler_unaccounted"] = d["rss_growth"] - d["receiver"] - d["writer"]
         d["in_take"], d["in_add"] = s["in_take"], s["in_add"]
@@ -621,12 +743,14 @@ def caller_itemise(idle: dict, got: List[dict], end: dict) -> dict:
 
     peak = max(got, key=lambda s: s["rss"])
     rows = [items(s) for s in got]
-    return {"idle": {k: idle[k] for k in ("rss", "anon", "file", "shmem", "child_rss")},
-            "at_peak": items(peak),
-            "max": {k: max(r[k] for r in rows) for k in rows[0]},
-            "mean": {k: sum(r[k] for r in rows) / len(rows) for k in rows[0]},
-            "after_close": items(end),
-            "child_rss_max": max(s["child_rss"] for s in got)}
+    return {
+        "idle": {k: idle[k] for k in ("rss", "anon", "file", "shmem", "child_rss")},
+        "at_peak": items(peak),
+        "max": {k: max(r[k] for r in rows) for k in rows[0]},
+        "mean": {k: sum(r[k] for r in rows) / len(rows) for k in rows[0]},
+        "after_close": items(end),
+        "child_rss_max": max(s["child_rss"] for s in got),
+    }
 
 
 def caller_only(a) -> int:
@@ -635,22 +759,49 @@ def caller_only(a) -> int:
     import subprocess
 
     variants = a.variants.split(",")
-    report = {"what": "the caller's RSS at 2K and 32K with no SGLang engine (mem_bench "
-                      "--caller-only): hsdump's scheduler-side code in a child process, the "
-                      "real CaptureEngine.run / Receiver / DatasetWriter in the caller",
-              "hidden": a.hidden, "slots": 3, "chunk": a.chunk, "seqs": a.seqs,
-              "forward_s": a.forward_s, "period_s": a.period, "items": dict(CALLER_ITEMS),
-              "cpu": os.cpu_count(), "variants": {}}
+    report = {
+        "what": "the caller's RSS at 2K and 32K with no SGLang engine (mem_bench "
+        "--caller-only): hsdump's scheduler-side code in a child process, the "
+        "real CaptureEngine.run / Receiver / DatasetWriter in the caller",
+        "hidden": a.hidden,
+        "slots": 3,
+        "chunk": a.chunk,
+        "seqs": a.seqs,
+        "forward_s": a.forward_s,
+        "period_s": a.period,
+        "items": dict(CALLER_ITEMS),
+        "cpu": os.cpu_count(),
+        "variants": {},
+    }
     for v in variants:
         env = dict(os.environ)
         if v == "mmap-4m":
             env["GLIBC_TUNABLES"] = "glibc.malloc.mmap_threshold=4194304"
         part = tempfile.mktemp(prefix=f"memc-{v}-", suffix=".json")
-        cmd = [sys.executable, __file__, "--caller-run", v, "--seqs", a.seqs, "--json", part,
-               "--hidden", str(a.hidden), "--chunk", str(a.chunk), "--forward-s",
-               str(a.forward_s), "--period", str(a.period), "--inflight-tokens",
-               str(a.inflight_tokens)] + (["--out-dir", a.out_dir] if a.out_dir else []) + (
-                   ["--trace"] if a.trace else [])
+        cmd = (
+            [
+                sys.executable,
+                __file__,
+                "--caller-run",
+                v,
+                "--seqs",
+                a.seqs,
+                "--json",
+                part,
+                "--hidden",
+                str(a.hidden),
+                "--chunk",
+                str(a.chunk),
+                "--forward-s",
+                str(a.forward_s),
+                "--period",
+                str(a.period),
+                "--inflight-tokens",
+                str(a.inflight_tokens),
+            ]
+            + (["--out-dir", a.out_dir] if a.out_dir else [])
+            + (["--trace"] if a.trace else [])
+        )
         subprocess.run(cmd, env=env, check=True)
         report["variants"][v] = json.loads(Path(part).read_text())
         os.unlink(part)
@@ -679,24 +830,30 @@ def caller_summary(report: dict) -> dict:
                 "mean_written": round(r["mean"]["written"] / 1e9, 3),
                 "mean_frames_no_tensor": round(r["mean"]["frames_no_tensor"] / 1e9, 3),
                 "max_residual": round(r["max"]["residual"] / 1e9, 3),
-                "left_after_close": round(r["after_close"]["rss_growth"] / 1e9, 3)}
+                "left_after_close": round(r["after_close"]["rss_growth"] / 1e9, 3),
+            }
     return out
 
 
 def caller_table(report: dict) -> str:
     gb = lambda x: f"{x / 1e9:.2f}"  # noqa: E731
     keys = [k for k, _ in CALLER_ITEMS]
-    rows = ["| variant | length x n | caller idle | RSS growth at peak (anon) | "
-            + " | ".join(keys) + " | residual | GPU-sampler unaccounted | after close |",
-            "|---|---|---:|---:|" + "---:|" * (len(keys) + 3)]
+    rows = [
+        "| variant | length x n | caller idle | RSS growth at peak (anon) | "
+        + " | ".join(keys)
+        + " | residual | GPU-sampler unaccounted | after close |",
+        "|---|---|---:|---:|" + "---:|" * (len(keys) + 3),
+    ]
     for v, rep in report["variants"].items():
         for seq, r in rep["runs"].items():
             p = r["at_peak"]
-            rows.append(f"| {v} | {seq} x {r['samples']} | {gb(r['idle']['rss'])} | "
-                        f"+{gb(p['rss_growth'])} ({gb(p['anon_growth'])}) | "
-                        + " | ".join(gb(p[k]) for k in keys)
-                        + f" | {gb(p['residual'])} | {gb(p['gpu_sampler_unaccounted'])} | "
-                          f"+{gb(r['after_close']['rss_growth'])} |")
+            rows.append(
+                f"| {v} | {seq} x {r['samples']} | {gb(r['idle']['rss'])} | "
+                f"+{gb(p['rss_growth'])} ({gb(p['anon_growth'])}) | "
+                + " | ".join(gb(p[k]) for k in keys)
+                + f" | {gb(p['residual'])} | {gb(p['gpu_sampler_unaccounted'])} | "
+                f"+{gb(r['after_close']['rss_growth'])} |"
+            )
     return "\n".join(rows)
 
 
@@ -709,27 +866,48 @@ def main(argv=None) -> int:
     ap.add_argument("--seqs", default="2048:256,32768:16", help="length:samples,...")
     ap.add_argument("--out-dir", default=None)
     ap.add_argument("--json", default=None)
-    ap.add_argument("--writer-only", action="store_true",
-                    help="no engine: the DatasetWriter's share alone (see writer_only)")
+    ap.add_argument(
+        "--writer-only",
+        action="store_true",
+        help="no engine: the DatasetWriter's share alone (see writer_only)",
+    )
     ap.add_argument("--hidden", type=int, default=4096, help="--writer-only: row width")
-    ap.add_argument("--writer-module", default=None,
-                    help="--writer-only: measure this writer.py instead (an older version)")
-    ap.add_argument("--writer-configs", default="6x256,3x1024",
-                    help="--writer-only: threads x shard MiB, ...")
-    ap.add_argument("--caller-only", action="store_true",
-                    help="no engine: the caller's share, itemised (see caller_run)")
-    ap.add_argument("--variants", default=",".join(CALLER_VARIANTS),
-                    help="--caller-only: " + "; ".join(f"{k}: {v}" for k, v in
-                                                        CALLER_VARIANTS.items()))
-    ap.add_argument("--caller-run", default=None, choices=tuple(CALLER_VARIANTS),
-                    help=argparse.SUPPRESS)  # one variant, in this process
+    ap.add_argument(
+        "--writer-module",
+        default=None,
+        help="--writer-only: measure this writer.py instead (an older version)",
+    )
+    ap.add_argument(
+        "--writer-configs", default="6x256,3x1024", help="--writer-only: threads x shard MiB, ..."
+    )
+    ap.add_argument(
+        "--caller-only",
+        action="store_true",
+        help="no engine: the caller's share, itemised (see caller_run)",
+    )
+    ap.add_argument(
+        "--variants",
+        default=",".join(CALLER_VARIANTS),
+        help="--caller-only: " + "; ".join(f"{k}: {v}" for k, v in CALLER_VARIANTS.items()),
+    )
+    ap.add_argument(
+        "--caller-run", default=None, choices=tuple(CALLER_VARIANTS), help=argparse.SUPPRESS
+    )  # one variant, in this process
     ap.add_argument("--chunk", type=int, default=16384, help="--caller-only: prefill chunk")
-    ap.add_argument("--forward-s", type=float, default=2.5,
-                    help="--caller-only: seconds per full-chunk forward. 2.5 is slower than "
-                         "the H200 but puts this 2-core machine's writer ahead of the capture, "
-                         "the GPU run's regime (its writer never held two 32K samples)")
-    ap.add_argument("--inflight-tokens", type=int, default=131072,
-                    help="--caller-only: engine.inflight_tokens (gpu_check's GPU preset)")
+    ap.add_argument(
+        "--forward-s",
+        type=float,
+        default=2.5,
+        help="--caller-only: seconds per full-chunk forward. 2.5 is slower than "
+        "the H200 but puts this 2-core machine's writer ahead of the capture, "
+        "the GPU run's regime (its writer never held two 32K samples)",
+    )
+    ap.add_argument(
+        "--inflight-tokens",
+        type=int,
+        default=131072,
+        help="--caller-only: engine.inflight_tokens (gpu_check's GPU preset)",
+    )
     ap.add_argument("--period", type=float, default=0.02, help="--caller-only: sampler period")
     ap.add_argument("--trace", action="store_true", help="--caller-only: keep every read")
     a = ap.parse_args(argv)
@@ -741,13 +919,15 @@ def main(argv=None) -> int:
         return caller_only(a)
 
     import bench
+    from hsdump.capture.layers import CONVENTION, read_model_info, resolve_layers
     from hsdump.config import ModelConfig, OutputConfig
-    from hsdump.layers import CONVENTION, read_model_info, resolve_layers
     from hsdump.pipeline import rows_in_flight
-    from hsdump.writer import FORMAT, FORMAT_VERSION, DatasetWriter
+    from hsdump.store.layout import FORMAT
+    from hsdump.store.layout import VERSION as FORMAT_VERSION
+    from hsdump.store.writer import DatasetWriter
 
     bench._prepare(a.device)
-    from hsdump.engine import CaptureEngine
+    from hsdump.capture.engine import CaptureEngine
 
     model = a.model if a.device == "cuda" else "tiny-llama"
     path = bench.build_model(model, f"{a.models_dir}/{model}", a.weights)
@@ -764,10 +944,15 @@ def main(argv=None) -> int:
     install_tracker(tracker)  # before the engine's receiver starts
     t = time.time()
     eng = CaptureEngine(path, ModelConfig(path=path), ec, layers, info)
-    report = {"model": model, "layers": layers, "row_bytes_per_token": row_bytes,
-              "engine_start_s": time.time() - t, "writer": {"threads": out.writer_threads,
-                                                            "shard_bytes": out.shard_bytes},
-              "max_host_bytes": out.max_host_bytes, "runs": {}}
+    report = {
+        "model": model,
+        "layers": layers,
+        "row_bytes_per_token": row_bytes,
+        "engine_start_s": time.time() - t,
+        "writer": {"threads": out.writer_threads, "shard_bytes": out.shard_bytes},
+        "max_host_bytes": out.max_host_bytes,
+        "runs": {},
+    }
     g = torch.Generator().manual_seed(0)
     hi = min(info.vocab_size, 30000)
     sampler = Sampler(eng, tracker=tracker)
@@ -776,8 +961,13 @@ def main(argv=None) -> int:
     base = 0
     try:
         # warm-up (JIT), then the idle baseline: engine up, nothing in flight
-        eng.run([(base + i, torch.randint(100, hi, (min(seqs)[0],), generator=g).tolist())
-                 for i in range(2)], lambda *x: None)
+        eng.run(
+            [
+                (base + i, torch.randint(100, hi, (min(seqs)[0],), generator=g).tolist())
+                for i in range(2)
+            ],
+            lambda *x: None,
+        )
         base += 2
         for seq, n in seqs:
             inflight = rows_in_flight(out, ec.inflight_tokens, seq, row_bytes)
@@ -788,13 +978,27 @@ def main(argv=None) -> int:
             idle = sampler.snapshot()
             ds = os.path.join(out_dir, f"ds-{seq}")
             shutil.rmtree(ds, ignore_errors=True)
-            manifest = {"format": FORMAT, "format_version": FORMAT_VERSION, "layers": layers,
-                        "convention": CONVENTION, "storage_dtype": "bfloat16",
-                        "model": {"path": path, "hidden_size": info.hidden_size,
-                                  "num_hidden_layers": info.num_hidden_layers}}
-            w = DatasetWriter(ds, manifest, {"bench": True}, layers=layers,
-                              hidden_size=info.hidden_size, shard_bytes=out.shard_bytes,
-                              threads=out.writer_threads)
+            manifest = {
+                "format": FORMAT,
+                "format_version": FORMAT_VERSION,
+                "layers": layers,
+                "convention": CONVENTION,
+                "storage_dtype": "bfloat16",
+                "model": {
+                    "path": path,
+                    "hidden_size": info.hidden_size,
+                    "num_hidden_layers": info.num_hidden_layers,
+                },
+            }
+            w = DatasetWriter(
+                ds,
+                manifest,
+                {"bench": True},
+                layers=layers,
+                hidden_size=info.hidden_size,
+                shard_bytes=out.shard_bytes,
+                threads=out.writer_threads,
+            )
             sampler.writer = w
 
             def sink(sid, ids, hs, bad):
@@ -810,18 +1014,31 @@ def main(argv=None) -> int:
             got = sampler.take()
             staging = min(chunk, seq * n) * (len(layers) * info.hidden_size + len(layers)) * 2
             r = itemise(idle, got, staging)
-            r.update(seq=seq, samples=n, tokens=seq * n, wall_s=wall, inflight_tokens=inflight,
-                     sample_bytes=seq * row_bytes, writer_peak_host_bytes=w.peak_host_bytes,
-                     writer_bound=(out.writer_threads + 2) * max(out.shard_bytes,
-                                                                 seq * row_bytes),
-                     rows_in_flight_bound=inflight * row_bytes)
+            r.update(
+                seq=seq,
+                samples=n,
+                tokens=seq * n,
+                wall_s=wall,
+                inflight_tokens=inflight,
+                sample_bytes=seq * row_bytes,
+                writer_peak_host_bytes=w.peak_host_bytes,
+                writer_bound=(out.writer_threads + 2) * max(out.shard_bytes, seq * row_bytes),
+                rows_in_flight_bound=inflight * row_bytes,
+            )
             report["runs"][str(seq)] = r
             shutil.rmtree(ds, ignore_errors=True)
-            print(json.dumps({"seq": seq, "peak_tree_gb": r["peak_tree"] / 1e9,
-                              "growth_gb": {k: v / 1e9 for k, v in r["growth"].items()},
-                              "at_peak_gb": {k: v / 1e9 for k, v in r["at_peak"].items()},
-                              "caller_unaccounted_gb": r["caller_unaccounted"] / 1e9}),
-                  flush=True)
+            print(
+                json.dumps(
+                    {
+                        "seq": seq,
+                        "peak_tree_gb": r["peak_tree"] / 1e9,
+                        "growth_gb": {k: v / 1e9 for k, v in r["growth"].items()},
+                        "at_peak_gb": {k: v / 1e9 for k, v in r["at_peak"].items()},
+                        "caller_unaccounted_gb": r["caller_unaccounted"] / 1e9,
+                    }
+                ),
+                flush=True,
+            )
             if a.json:
                 Path(a.json).write_text(json.dumps(report, indent=1))
     finally:
@@ -833,11 +1050,13 @@ def main(argv=None) -> int:
 
 def table(report: dict) -> str:
     gb = lambda x: f"{x / 1e9:.2f}"  # noqa: E731
-    rows = ["| length x samples | peak tree RSS | caller idle -> growth | receiver rows (at peak / max) "
-            "| writer held (at peak / max; bound) | in take / in hand / written / bare frames "
-            "(at peak) | caller unaccounted | scheduler idle -> growth "
-            "(expected staging) | detokenizer growth | rows in flight bound |",
-            "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    rows = [
+        "| length x samples | peak tree RSS | caller idle -> growth | receiver rows (at peak / max) "
+        "| writer held (at peak / max; bound) | in take / in hand / written / bare frames "
+        "(at peak) | caller unaccounted | scheduler idle -> growth "
+        "(expected staging) | detokenizer growth | rows in flight bound |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
     for seq, r in report["runs"].items():
         g, idle, ap, mx = r["growth"], r["idle_rss"], r["at_peak"], r["max"]
         rows.append(
@@ -849,7 +1068,8 @@ def table(report: dict) -> str:
             f"{gb(ap.get('frames_no_tensor', 0))} | "
             f"{gb(r['caller_unaccounted'])} | {gb(idle.get('scheduler', 0))} -> "
             f"+{gb(g.get('scheduler', 0))} ({gb(r['scheduler_expected_staging'])}) | "
-            f"+{gb(g.get('detokenizer', 0))} | {gb(r['rows_in_flight_bound'])} |")
+            f"+{gb(g.get('detokenizer', 0))} | {gb(r['rows_in_flight_bound'])} |"
+        )
     return "\n".join(rows)
 
 

@@ -36,9 +36,9 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from hsdump import fp8  # noqa: E402
-from hsdump.reader import HsdumpDataset, PadCollator, read_safetensors_header  # noqa: E402
-from hsdump.writer import DatasetWriter  # noqa: E402
+from hsdump.store import fp8  # noqa: E402
+from hsdump.store.reader import HsdumpDataset, PadCollator, read_safetensors_header  # noqa: E402
+from hsdump.store.writer import DatasetWriter  # noqa: E402
 
 
 def make(path: Path, samples: int, seq: int, hidden: int, k: int) -> None:
@@ -48,37 +48,53 @@ def make(path: Path, samples: int, seq: int, hidden: int, k: int) -> None:
             return
         raise SystemExit(f"{path} holds another dataset; remove it or use another --dir")
     layers = list(range(2, 2 + k))
-    manifest = {"format": "hsdump/speculators-v1", "layers": layers,
-                "storage_dtype": "bfloat16",
-                "model": {"path": "bench", "hidden_size": hidden, "dtype": "bfloat16"}}
-    w = DatasetWriter(str(path), manifest, {"bench": [samples, seq, hidden, k]},
-                      layers=layers, hidden_size=hidden, shard_bytes=1 << 30)
+    manifest = {
+        "format": "hsdump/speculators-v1",
+        "layers": layers,
+        "storage_dtype": "bfloat16",
+        "model": {"path": "bench", "hidden_size": hidden, "dtype": "bfloat16"},
+    }
+    w = DatasetWriter(
+        str(path),
+        manifest,
+        {"bench": [samples, seq, hidden, k]},
+        layers=layers,
+        hidden_size=hidden,
+        shard_bytes=1 << 30,
+    )
     g = torch.Generator().manual_seed(0)
     t0 = time.time()
     for sid in range(samples):
         hs = [torch.randn(seq, hidden, generator=g, dtype=torch.bfloat16) for _ in range(k)]
-        w.add(sid, torch.randint(0, 128000, (seq,), generator=g).tolist(),
-              [0] * (seq // 4) + [1] * (seq - seq // 4), hs)
+        w.add(
+            sid,
+            torch.randint(0, 128000, (seq,), generator=g).tolist(),
+            [0] * (seq // 4) + [1] * (seq - seq // 4),
+            hs,
+        )
     w.close()
-    print(f"made {path}: {samples} samples, {w.bytes_written / 1e9:.2f} GB in "
-          f"{time.time() - t0:.0f} s", flush=True)
+    print(
+        f"made {path}: {samples} samples, {w.bytes_written / 1e9:.2f} GB in "
+        f"{time.time() - t0:.0f} s",
+        flush=True,
+    )
 
 
 def shard_paths(path: Path):
     """The dataset's committed shard files (format version 2 keeps them in subfolders)."""
-    from hsdump import commits
+    from hsdump.store import commits
 
     return [path / name for name in sorted(commits.load(path).names)]
 
 
 def make_fp8(src: Path, dst: Path) -> None:
-    """An fp8 copy of `src`: the same shards with hidden states encoded by hsdump.fp8."""
+    """An fp8 copy of `src`: the same shards with hidden states encoded by hsdump.store.fp8."""
     if (dst / "index.json").exists():
         return
     from safetensors import safe_open
     from safetensors.torch import save_file
 
-    from hsdump import commits
+    from hsdump.store import commits
 
     dst.mkdir(parents=True, exist_ok=True)
     c = commits.load(src)
@@ -139,13 +155,15 @@ def pass_get(ds, order, touch: bool):
 
 
 def pass_loader(ds, workers: int):
-    loader = torch.utils.data.DataLoader(ds, batch_size=4, collate_fn=PadCollator(),
-                                         num_workers=workers)
+    loader = torch.utils.data.DataLoader(
+        ds, batch_size=4, collate_fn=PadCollator(), num_workers=workers
+    )
     n, nbytes, t0 = 0, 0, time.perf_counter()
     for b in loader:
         n += len(b["ids"])
-        nbytes += b["input_ids"].numel() * 16 + sum(h.numel() * h.element_size()
-                                                    for h in b["hidden_states"])
+        nbytes += b["input_ids"].numel() * 16 + sum(
+            h.numel() * h.element_size() for h in b["hidden_states"]
+        )
     return n, nbytes, time.perf_counter() - t0
 
 
@@ -154,7 +172,7 @@ def pass_raw(path: Path):
     buf = bytearray(64 << 20)
     for p in shard_paths(path):
         with open(p, "rb", buffering=0) as f:
-            while (r := f.readinto(buf)):
+            while r := f.readinto(buf):
                 nbytes += r
     return 0, nbytes, time.perf_counter() - t0
 
@@ -167,15 +185,16 @@ def rss():
     return out
 
 
-def measure(path: Path, label: str, results: list, workers=(0, 2), only=None,
-            **ds_kw) -> None:
+def measure(path: Path, label: str, results: list, workers=(0, 2), only=None, **ds_kw) -> None:
     ds = HsdumpDataset(str(path), **ds_kw)
     ids = list(ds.ids)
     shuffled = ids[:]
     random.Random(0).shuffle(shuffled)
-    passes = [("get", lambda: pass_get(ds, ids, False)),
-              ("get+copy", lambda: pass_get(ds, ids, True)),
-              ("shuffled get+copy", lambda: pass_get(ds, shuffled, True))]
+    passes = [
+        ("get", lambda: pass_get(ds, ids, False)),
+        ("get+copy", lambda: pass_get(ds, ids, True)),
+        ("shuffled get+copy", lambda: pass_get(ds, shuffled, True)),
+    ]
     passes += [(f"loader w{w}", (lambda w=w: pass_loader(ds, w))) for w in workers]
     passes += [("raw read", lambda: pass_raw(path))]
     if only:
@@ -190,13 +209,23 @@ def measure(path: Path, label: str, results: list, workers=(0, 2), only=None,
             else:
                 how = drop_caches(path)
             n, nbytes, dt = fn()
-            r = {"dataset": label, "cache": cache, "how": how, "pass": name, "samples": n,
-                 "seconds": round(dt, 3), "samples_per_s": round(n / dt, 1) if n else None,
-                 "GB_per_s": round(nbytes / dt / 1e9, 3)}
+            r = {
+                "dataset": label,
+                "cache": cache,
+                "how": how,
+                "pass": name,
+                "samples": n,
+                "seconds": round(dt, 3),
+                "samples_per_s": round(n / dt, 1) if n else None,
+                "GB_per_s": round(nbytes / dt / 1e9, 3),
+            }
             results.append(r)
-            print(f"{label:5s} {cache:4s} {name:18s} "
-                  + (f"{r['samples_per_s']:9.1f} samples/s " if n else " " * 20)
-                  + f"{r['GB_per_s']:7.3f} GB/s  ({dt:.2f} s, {how})", flush=True)
+            print(
+                f"{label:5s} {cache:4s} {name:18s} "
+                + (f"{r['samples_per_s']:9.1f} samples/s " if n else " " * 20)
+                + f"{r['GB_per_s']:7.3f} GB/s  ({dt:.2f} s, {how})",
+                flush=True,
+            )
 
 
 def lazy_check(path: Path) -> dict:
@@ -215,9 +244,14 @@ def lazy_check(path: Path) -> dict:
     after = rss()
     held = sum(sample_bytes(r) for r in recs) / 2**20
     ds.close()
-    return {"records_held_MiB": round(held), "get_all_seconds": round(dt, 2),
-            "page_cache_growth_on_get_MiB": c1 - c0, "rss_before_MiB": before,
-            "rss_after_get_all_MiB": mid, "rss_after_touching_4_tensors_MiB": after}
+    return {
+        "records_held_MiB": round(held),
+        "get_all_seconds": round(dt, 2),
+        "page_cache_growth_on_get_MiB": c1 - c0,
+        "rss_before_MiB": before,
+        "rss_after_get_all_MiB": mid,
+        "rss_after_touching_4_tensors_MiB": after,
+    }
 
 
 def page_cache_mib() -> int:
@@ -241,8 +275,11 @@ def main() -> int:
     bf16 = base / "bf16"
     make(bf16, a.samples, a.seq, a.hidden, a.layers)
     first = read_safetensors_header(shard_paths(bf16)[0])
-    print(f"{os.cpu_count()} CPUs, torch threads {torch.get_num_threads()}, "
-          f"load average {os.getloadavg()}", flush=True)
+    print(
+        f"{os.cpu_count()} CPUs, torch threads {torch.get_num_threads()}, "
+        f"load average {os.getloadavg()}",
+        flush=True,
+    )
     results: list = []
     lazy = lazy_check(bf16)
     print("lazy:", lazy, flush=True)
@@ -254,9 +291,17 @@ def main() -> int:
         # dequantized to bf16 on the CPU by the reader (the default)
         measure(base / "fp8", "fp8", results, only=("get+copy",))
     if a.json:
-        Path(a.json).write_text(json.dumps({"lazy": lazy, "results": results,
-                                            "shape": [a.samples, a.seq, a.layers, a.hidden],
-                                            "metadata": first.get("__metadata__")}, indent=1))
+        Path(a.json).write_text(
+            json.dumps(
+                {
+                    "lazy": lazy,
+                    "results": results,
+                    "shape": [a.samples, a.seq, a.layers, a.hidden],
+                    "metadata": first.get("__metadata__"),
+                },
+                indent=1,
+            )
+        )
     return 0
 
 

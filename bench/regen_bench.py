@@ -17,7 +17,6 @@ twice: a second engine for the capture step).
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import sys
 import time
@@ -37,8 +36,9 @@ def engine_config(device: str, extra: dict):
 
     from hsdump.config import EngineConfig
 
-    raw = OmegaConf.to_container(OmegaConf.load(ROOT / "conf" / "engine" /
-                                                ("gpu.yaml" if device == "cuda" else "cpu.yaml")))
+    raw = OmegaConf.to_container(
+        OmegaConf.load(ROOT / "conf" / "engine" / ("gpu.yaml" if device == "cuda" else "cpu.yaml"))
+    )
     raw.pop("defaults", None)
     raw["extra"] = {**(raw.get("extra") or {}), **extra}
     return EngineConfig(**raw)
@@ -57,9 +57,9 @@ def main(argv=None) -> int:
     a = ap.parse_args(argv)
 
     import bench
+    from hsdump.capture.engine import CaptureEngine
+    from hsdump.capture.layers import read_model_info, resolve_layers
     from hsdump.config import ModelConfig
-    from hsdump.engine import CaptureEngine
-    from hsdump.layers import read_model_info, resolve_layers
 
     path = bench.build_model(a.model, f"{a.models_dir}/{a.model}", a.weights)
     info = read_model_info(path)
@@ -67,14 +67,20 @@ def main(argv=None) -> int:
     extra = {"load_format": "dummy"} if a.weights == "dummy" else {}
     ec = engine_config(a.device, extra)
     g = torch.Generator().manual_seed(0)
-    prompts = [torch.randint(100, min(info.vocab_size, 30000), (a.prompt_len,),
-                             generator=g).tolist() for _ in range(a.samples)]
+    prompts = [
+        torch.randint(100, min(info.vocab_size, 30000), (a.prompt_len,), generator=g).tolist()
+        for _ in range(a.samples)
+    ]
     sp = {"max_new_tokens": a.max_new_tokens, "temperature": 0.0, "ignore_eos": True}
-    res = {"device": a.device, "model": a.model, "samples": a.samples,
-           "prompt_len": a.prompt_len, "max_new_tokens": a.max_new_tokens}
+    res = {
+        "device": a.device,
+        "model": a.model,
+        "samples": a.samples,
+        "prompt_len": a.prompt_len,
+        "max_new_tokens": a.max_new_tokens,
+    }
     t = time.perf_counter()
-    eng = CaptureEngine(path, ModelConfig(path=path, tp_size=1), ec, layers, info,
-                        generates=True)
+    eng = CaptureEngine(path, ModelConfig(path=path, tp_size=1), ec, layers, info, generates=True)
     res["engine_start_s"] = time.perf_counter() - t
     try:
         eng.generate([(i, p, sp) for i, p in enumerate(prompts[:8])])  # warm-up, both paths
@@ -98,8 +104,11 @@ def main(argv=None) -> int:
         t = time.perf_counter()
         eng.run(full, lambda *x: None)
         dt = time.perf_counter() - t
-        res["c"] = {"s": dt, "tokens": sum(len(x[1]) for x in full),
-                    "tok_per_s": sum(len(x[1]) for x in full) / dt}
+        res["c"] = {
+            "s": dt,
+            "tokens": sum(len(x[1]) for x in full),
+            "tok_per_s": sum(len(x[1]) for x in full) / dt,
+        }
     finally:
         eng.close()
     s = min(res["s"]["s"], res["s2"]["s"])
@@ -107,13 +116,15 @@ def main(argv=None) -> int:
     res["h_over_s_tok_per_s"] = s / h  # best of two each, same tokens
     res["one_run_s"] = res["engine_start_s"] + h + res["c"]["s"]
     res["two_steps_s"] = 2 * res["engine_start_s"] + s + res["c"]["s"]
-    print(f"| s (SGLang generate) tok/s | h (hsdump generate) tok/s | h/s | c (capture) tok/s | "
-          f"engine start s | one run s | two steps s |\n|---:|---:|---:|---:|---:|---:|---:|\n"
-          f"| {res['s']['tok_per_s']:,.0f} / {res['s2']['tok_per_s']:,.0f} | "
-          f"{res['h']['tok_per_s']:,.0f} / {res['h2']['tok_per_s']:,.0f} | "
-          f"{res['h_over_s_tok_per_s']:.3f} | "
-          f"{res['c']['tok_per_s']:,.0f} | {res['engine_start_s']:.1f} | {res['one_run_s']:.1f} | "
-          f"{res['two_steps_s']:.1f} |")
+    print(
+        f"| s (SGLang generate) tok/s | h (hsdump generate) tok/s | h/s | c (capture) tok/s | "
+        f"engine start s | one run s | two steps s |\n|---:|---:|---:|---:|---:|---:|---:|\n"
+        f"| {res['s']['tok_per_s']:,.0f} / {res['s2']['tok_per_s']:,.0f} | "
+        f"{res['h']['tok_per_s']:,.0f} / {res['h2']['tok_per_s']:,.0f} | "
+        f"{res['h_over_s_tok_per_s']:.3f} | "
+        f"{res['c']['tok_per_s']:,.0f} | {res['engine_start_s']:.1f} | {res['one_run_s']:.1f} | "
+        f"{res['two_steps_s']:.1f} |"
+    )
     if a.json:
         Path(a.json).write_text(json.dumps(res, indent=1))
     return 0

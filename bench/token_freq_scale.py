@@ -18,8 +18,8 @@ import time
 
 import torch
 
-from hsdump.stats import uncommitted, write_committed_token_freq
-from hsdump.writer import DatasetWriter
+from hsdump.store.stats import uncommitted, write_committed_token_freq
+from hsdump.store.writer import DatasetWriter
 
 
 def main(argv=None) -> int:
@@ -30,8 +30,14 @@ def main(argv=None) -> int:
     n = args.samples
     d = tempfile.mkdtemp(prefix="hsdump-tf-")
     try:
-        w = DatasetWriter(d, {"format": "hsdump/speculators-v1", "layers": [1]}, {"k": 1},
-                          layers=[1], hidden_size=4, shard_bytes=30000)
+        w = DatasetWriter(
+            d,
+            {"format": "hsdump/speculators-v1", "layers": [1]},
+            {"k": 1},
+            layers=[1],
+            hidden_size=4,
+            shard_bytes=30000,
+        )
         g = torch.Generator().manual_seed(0)
         t = time.time()
         for sid in range(n):
@@ -50,13 +56,19 @@ def main(argv=None) -> int:
         shutil.rmtree(d, ignore_errors=True)
     per = 1e6 / n
     print(f"{n:,} samples written in {write_s:.1f} s\n")
-    print("| step | per job end | us per sample | at 1M samples | "
-          f"{args.jobs} jobs x 1M, all counting | {args.jobs} jobs x 1M, last counts |")
+    print(
+        "| step | per job end | us per sample | at 1M samples | "
+        f"{args.jobs} jobs x 1M, all counting | {args.jobs} jobs x 1M, last counts |"
+    )
     print("|---|---:|---:|---:|---:|---:|")
-    print(f"| completeness check (every job) | {check_s:.2f} s | {check_s / n * 1e6:.1f} | "
-          f"{check_s * per:.1f} s | - | {args.jobs * check_s * per:.0f} s |")
-    print(f"| recount (the completing job) | {count_s:.2f} s | {count_s / n * 1e6:.1f} | "
-          f"{count_s * per:.1f} s | {args.jobs * count_s * per:.0f} s | {count_s * per:.0f} s |")
+    print(
+        f"| completeness check (every job) | {check_s:.2f} s | {check_s / n * 1e6:.1f} | "
+        f"{check_s * per:.1f} s | - | {args.jobs * check_s * per:.0f} s |"
+    )
+    print(
+        f"| recount (the completing job) | {count_s:.2f} s | {count_s / n * 1e6:.1f} | "
+        f"{count_s * per:.1f} s | {args.jobs * count_s * per:.0f} s | {count_s * per:.0f} s |"
+    )
     return 0
 
 

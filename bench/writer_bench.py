@@ -23,7 +23,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from hsdump.writer import DatasetWriter  # noqa: E402
+from hsdump.store.writer import DatasetWriter  # noqa: E402
 
 
 def disk_ceiling(d: Path, nbytes: int) -> float:
@@ -41,6 +41,7 @@ def previous(d: Path, samples, shard_bytes: int) -> float:
     from safetensors.torch import save
 
     t, total, pending, size, n = time.time(), 0, {}, 0, 0
+
     def flush():
         nonlocal pending, size, total, n
         data = save(pending, metadata={"format": "x"})
@@ -48,7 +49,10 @@ def previous(d: Path, samples, shard_bytes: int) -> float:
         with open(d / f"s{n}.safetensors", "wb") as f:
             f.write(data)
             os.fsync(f.fileno())
-        total += len(data); n += 1; pending, size = {}, 0
+        total += len(data)
+        n += 1
+        pending, size = {}, 0
+
     for sid, (ids, hs) in enumerate(samples):
         for j, h in enumerate(hs):
             pending[f"{sid}/hidden_states/{j}"] = h.clone()  # it copied each strided view
@@ -62,9 +66,15 @@ def previous(d: Path, samples, shard_bytes: int) -> float:
 
 
 def writer(d: Path, samples, shard_bytes: int, threads: int, k: int, h: int) -> float:
-    w = DatasetWriter(str(d), {"layers": list(range(1, k + 1))}, {"k": 1},
-                      layers=list(range(1, k + 1)), hidden_size=h, shard_bytes=shard_bytes,
-                      threads=threads)
+    w = DatasetWriter(
+        str(d),
+        {"layers": list(range(1, k + 1))},
+        {"k": 1},
+        layers=list(range(1, k + 1)),
+        hidden_size=h,
+        shard_bytes=shard_bytes,
+        threads=threads,
+    )
     t = time.time()
     for sid, (ids, hs) in enumerate(samples):
         w.add(sid, ids.tolist(), [1] * len(ids), hs)
@@ -81,35 +91,49 @@ def main() -> None:
     ap.add_argument("--layers", type=int, default=3)
     ap.add_argument("--shard-mb", type=int, default=256)
     ap.add_argument("--json", default=None)
-    ap.add_argument("--variants", default="1:256,3:256,3:1024,6:256",
-                    help="DatasetWriter runs as THREADS:SHARD_MIB, comma separated")
+    ap.add_argument(
+        "--variants",
+        default="1:256,3:256,3:1024,6:256",
+        help="DatasetWriter runs as THREADS:SHARD_MIB, comma separated",
+    )
     a = ap.parse_args()
     root = Path(a.dir or tempfile.mkdtemp(prefix="hsdump-wb-"))
     root.mkdir(parents=True, exist_ok=True)
     g = torch.Generator().manual_seed(0)
-    rows = [torch.randn(a.seq, a.layers * a.hidden, generator=g).to(torch.bfloat16)
-            for _ in range(4)]
+    rows = [
+        torch.randn(a.seq, a.layers * a.hidden, generator=g).to(torch.bfloat16) for _ in range(4)
+    ]
     # engine-shaped: CaptureEngine hands on one contiguous [seq, H] tensor per layer
-    layered = [[r.view(a.seq, a.layers, a.hidden)[:, j, :].contiguous() for j in range(a.layers)]
-               for r in rows]
+    layered = [
+        [r.view(a.seq, a.layers, a.hidden)[:, j, :].contiguous() for j in range(a.layers)]
+        for r in rows
+    ]
+
     def samples():
         for i in range(a.samples):
             yield torch.arange(a.seq), layered[i % 4]
+
     total = a.samples * a.seq * a.layers * a.hidden * 2
     shard = a.shard_mb << 20
     res = {"disk": disk_ceiling(root, min(total, 2 << 30))}
     runs = [("previous", lambda d: previous(d, samples(), shard))]
     for v in a.variants.split(","):
         th, mb = (int(x) for x in v.split(":"))
-        runs.append((f"writer-{th}t-{mb}M", lambda d, th=th, mb=mb:
-                     writer(d, samples(), mb << 20, th, a.layers, a.hidden)))
+        runs.append(
+            (
+                f"writer-{th}t-{mb}M",
+                lambda d, th=th, mb=mb: writer(d, samples(), mb << 20, th, a.layers, a.hidden),
+            )
+        )
     for name, fn in runs:
         d = root / name
         d.mkdir()
         res[name] = fn(d)
         shutil.rmtree(d)
-    print(f"{a.samples} samples x {a.seq} tokens x {a.layers} layers x {a.hidden} (bf16), "
-          f"{total / 1e9:.2f} GB, shards of {a.shard_mb} MiB, cpus={os.cpu_count()}")
+    print(
+        f"{a.samples} samples x {a.seq} tokens x {a.layers} layers x {a.hidden} (bf16), "
+        f"{total / 1e9:.2f} GB, shards of {a.shard_mb} MiB, cpus={os.cpu_count()}"
+    )
     print(f"{'mode':16s} {'MB/s':>8s} {'of disk':>8s}")
     for k, v in res.items():
         print(f"{k:16s} {v / 1e6:8.0f} {v / res['disk']:8.2f}")

@@ -6,7 +6,7 @@ Hydra app of extract.py.
 
 import sys
 
-from .cli import COMMANDS, main, usage  # noqa: F401  (COMMANDS, usage: the former names here)
+from hsdump.cli import main
 
 if __name__ == "__main__":
     sys.exit(main())

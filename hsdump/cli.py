@@ -17,54 +17,47 @@ so `hsdump --help` is quick, and SGLang's spawned processes, which re-import the
 from __future__ import annotations
 
 import importlib
+import json
 import logging
 import os
 import sys
 from pathlib import Path
 from typing import List, Optional
 
-from . import __version__
+from hsdump import __version__
+from hsdump.command import SUMMARY_ENV, config_dir, prog
 
 log = logging.getLogger("hsdump")
 
+
 COMMANDS = {
     "extract": ("", "capture hidden states into a dataset (Hydra overrides, -m for sweeps)"),
-    "verify": ("hsdump.verify", "check a dataset's index, checksums and every sample"),
-    "compact": ("hsdump.commits", "rewrite a dataset's index.json from its commit logs"),
-    "inspect": ("hsdump.inspect", "print a dataset's facts and plot its length histograms"),
-    "export": ("hsdump.export", "convert a dataset to a peer trainer's layout"),
-    "vocab": ("hsdump.vocab", "write the EAGLE-3 draft vocabulary mapping (d2t, t2d)"),
-    "preview": ("hsdump.preview", "show rendered samples with the loss-masked tokens marked"),
-    "ray": ("hsdump.ray_launch", "run N extraction jobs as Ray tasks, one dataset"),
+    "verify": ("hsdump.tools.verify", "check a dataset's index, checksums and every sample"),
+    "compact": ("hsdump.store.commits", "rewrite a dataset's index.json from its commit logs"),
+    "inspect": ("hsdump.tools.inspect", "print a dataset's facts and plot its length histograms"),
+    "export": ("hsdump.tools.export", "convert a dataset to a peer trainer's layout"),
+    "vocab": ("hsdump.tools.vocab", "write the EAGLE-3 draft vocabulary mapping (d2t, t2d)"),
+    "preview": ("hsdump.tools.preview", "show rendered samples with the loss-masked tokens marked"),
+    "ray": ("hsdump.launch.ray", "run N extraction jobs as Ray tasks, one dataset"),
 }
 
 
-def config_dir() -> Path:
-    """The folder holding hsdump's Hydra configs (config.yaml and the groups)."""
-    here = Path(__file__).resolve().parent
-    for d in (here / "conf", here.parent / "conf"):
-        if (d / "config.yaml").is_file():
-            return d
-    raise FileNotFoundError(f"hsdump's configs are missing: neither {here / 'conf'} (an "
-                            f"installed wheel) nor {here.parent / 'conf'} (a checkout) holds "
-                            "config.yaml; reinstall hsdump")
-
-
-def prog(command: str = "") -> str:
-    """How this process was called, for usage lines: `hsdump [COMMAND]` from the console
-    script, `python -m hsdump [COMMAND]` from `python -m`."""
-    name = os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0] else "hsdump"
-    base = "python -m hsdump" if name in ("__main__.py", "-c", "") else "hsdump"
-    return f"{base} {command}" if command else base
-
-
 def usage() -> str:
-    lines = [f"usage: {prog()} COMMAND [args]   ({prog()} COMMAND --help for each)", "",
-             "commands:"]
+    lines = [
+        f"usage: {prog()} COMMAND [args]   ({prog()} COMMAND --help for each)",
+        "",
+        "commands:",
+    ]
     lines += [f"  {name:8s} {doc}" for name, (_, doc) in COMMANDS.items()]
-    lines += ["", "options:", "  --version  print hsdump's version", "  -h, --help show this",
-              "", f"e.g. {prog()} extract dataset.max_samples=6 output.dir=out/tiny",
-              f"     {prog()} verify out/tiny"]
+    lines += [
+        "",
+        "options:",
+        "  --version  print hsdump's version",
+        "  -h, --help show this",
+        "",
+        f"e.g. {prog()} extract dataset.max_samples=6 output.dir=out/tiny",
+        f"     {prog()} verify out/tiny",
+    ]
     return "\n".join(lines)
 
 
@@ -74,9 +67,9 @@ def extract_job(cfg) -> None:
     (extract.py and `hsdump extract`). Module-level, so launchers can pickle it."""
     from omegaconf import OmegaConf
 
-    from .config import to_config
-    from .pipeline import Interrupted, output_error, run
-    from .writer import WriteError
+    from hsdump.config import to_config
+    from hsdump.pipeline import Interrupted, output_error, run
+    from hsdump.store.writer import WriteError
 
     resolved = OmegaConf.to_container(cfg, resolve=True)
     try:
@@ -92,6 +85,8 @@ def extract_job(cfg) -> None:
         sys.exit(2)
     for line in summary.lines():
         print(line)
+    if os.environ.get(SUMMARY_ENV):  # a launcher's machine-readable copy (hsdump.launch.ray)
+        Path(os.environ[SUMMARY_ENV]).write_text(json.dumps(summary.to_dict()) + "\n")
 
 
 def _record(mode, run_dir, value):
@@ -117,7 +112,7 @@ def extract(argv: List[str]) -> int:
     """`hsdump extract OVERRIDES...`: Hydra parses them from sys.argv, as for extract.py."""
     import hydra
 
-    from .config import register_configs
+    from hsdump.config import register_configs
 
     register_configs()
     register_resolvers()
@@ -128,8 +123,9 @@ def extract(argv: List[str]) -> int:
     saved = sys.argv
     sys.argv = [f"{prog()} extract", *argv]
     try:
-        hydra.main(config_path=str(config_dir()), config_name="config",
-                   version_base="1.3")(extract_job)()
+        hydra.main(config_path=str(config_dir()), config_name="config", version_base="1.3")(
+            extract_job
+        )()
     finally:
         sys.argv = saved
     return 0

@@ -10,10 +10,12 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional
 
+from hsdump.store.layout import FINAL_KINDS, ROW_DTYPES, SHARD_BYTES, STORAGE, WRITER_THREADS
+
 MISSING = "???"  # omegaconf's marker for a value the user must give; no import needed here
 
-DTYPES = ("bfloat16", "float16", "float32")
-STORAGE_DTYPES = DTYPES + ("fp8",)
+DTYPES = ROW_DTYPES
+STORAGE_DTYPES = tuple(STORAGE)
 ON_BAD = ("raise", "skip")
 ROW_FORMATS = ("sharegpt", "messages", "text")
 
@@ -27,7 +29,7 @@ class ModelConfig:
     tokenizer: Optional[str] = None
     """Tokenizer folder or hub id; defaults to `path`."""
     chat_template: Optional[str] = None
-    """A Jinja file (a path, or a name shipped in hsdump/templates: llama3.jinja, qwen3.jinja,
+    """A Jinja file (a path, or a name shipped in hsdump/corpus/templates: llama3.jinja, qwen3.jinja,
     qwen3_nothink.jinja, deepseek_v3.jinja, kimi_k25.jinja) that replaces the tokenizer's own
     chat template. Unset: the tokenizer's own."""
     dtype: str = "bfloat16"
@@ -45,8 +47,10 @@ class ModelConfig:
         if self.tp_size < 1:
             raise ValueError(f"model.tp_size={self.tp_size}: must be >= 1")
         if self.chat_template is not None and not str(self.chat_template).strip():
-            raise ValueError("model.chat_template='': name a .jinja file, or set it to null for "
-                             "the tokenizer's own template")
+            raise ValueError(
+                "model.chat_template='': name a .jinja file, or set it to null for "
+                "the tokenizer's own template"
+            )
 
 
 @dataclass
@@ -93,19 +97,21 @@ class DatasetConfig:
         if self.max_seq_len < 2:
             raise ValueError(f"dataset.max_seq_len={self.max_seq_len}: must be >= 2")
         if self.format is not None and self.format not in ROW_FORMATS:
-            raise ValueError(f"dataset.format={self.format!r}: use one of {ROW_FORMATS}, or "
-                             "leave it unset to detect it")
+            raise ValueError(
+                f"dataset.format={self.format!r}: use one of {ROW_FORMATS}, or "
+                "leave it unset to detect it"
+            )
         if self.min_seq_len < 0 or self.min_seq_len > self.max_seq_len:
-            raise ValueError(f"dataset.min_seq_len={self.min_seq_len}: must be between 0 and "
-                             f"dataset.max_seq_len={self.max_seq_len}")
+            raise ValueError(
+                f"dataset.min_seq_len={self.min_seq_len}: must be between 0 and "
+                f"dataset.max_seq_len={self.max_seq_len}"
+            )
         if self.num_proc < 1:
             raise ValueError(f"dataset.num_proc={self.num_proc}: must be >= 1")
         if self.max_samples is not None and self.max_samples < 1:
-            raise ValueError(f"dataset.max_samples={self.max_samples}: must be >= 1, or unset "
-                             "for all rows")
-
-
-FINAL_KINDS = ("pre_norm", "post_norm")
+            raise ValueError(
+                f"dataset.max_samples={self.max_samples}: must be >= 1, or unset for all rows"
+            )
 
 
 @dataclass
@@ -118,13 +124,15 @@ class CaptureConfig:
     speculators' verifier state) and/or `post_norm` (after it, SpecForge's `hidden_state`)."""
     allow_unverified: bool = False
     """Capture a model class whose rows hsdump has not checked against transformers
-    (hsdump.families); recorded in the manifest."""
+    (hsdump.capture.families); recorded in the manifest."""
 
     def __post_init__(self) -> None:
         bad = [k for k in self.final if k not in FINAL_KINDS]
         if bad or len(set(self.final)) != len(self.final):
-            raise ValueError(f"capture.final={list(self.final)}: use a subset of {FINAL_KINDS}, "
-                             "each once, e.g. capture.final=[pre_norm]")
+            raise ValueError(
+                f"capture.final={list(self.final)}: use a subset of {FINAL_KINDS}, "
+                "each once, e.g. capture.final=[pre_norm]"
+            )
 
 
 REGENERATE_TURNS = ("none", "last", "all")
@@ -133,6 +141,7 @@ REGENERATE_TURNS = ("none", "last", "all")
 @dataclass
 class RegenerateConfig:
     """Regenerate the conversations' answers with the target model before capturing them."""
+
     turns: str = "none"
     """`none`: capture the source answers. `last`: regenerate the last assistant turn (turns
     after it are dropped). `all`: regenerate every assistant turn in order, each on the history
@@ -188,18 +197,18 @@ class EngineConfig:
     decode_cuda_graph: Optional[bool] = None
     """Capture SGLang's decode CUDA graphs. null: only when the run generates
     (regenerate.turns != none): a capture-only run never decodes, and capturing them costs
-    engine start time (BENCHMARKS.md section 12)."""
+    engine start time (docs/performance.md, "Engine start")."""
     prefill_cuda_graph_max_tokens: Optional[int] = None
     """Largest prefill forward (in tokens) that gets a prefill CUDA graph; 0 turns prefill
     graphs off, null keeps SGLang's sizes (up to the chunk size: 74 graphs at 16,384)."""
     flashinfer_allreduce_fusion: bool = False
     """Let SGLang fuse all-reduce with the norm through FlashInfer (GPU, TP > 1). Off: on an H200
     at TP 2 SGLang 0.5.17 spent about 3 minutes JIT-building those kernels at engine start,
-    and the fusion serves small decode batches, not hsdump's prefill (BENCHMARKS.md sec. 9)."""
+    and the fusion serves small decode batches, not hsdump's prefill (docs/running.md, "Engine start on a GPU")."""
     watchdog_timeout: Optional[float] = None
     """SGLang's limit in seconds on one forward batch (null: SGLang's 300). Without CUDA graphs
     a fresh machine JIT-compiles kernels inside the first forward (64 s for an 8B Llama,
-    more than 150 s for an MLA model at TP 2: BENCHMARKS.md sections 9 and 12), so the GPU
+    more than 150 s for an MLA model at TP 2: docs/running.md, "Engine start on a GPU"), so the GPU
     preset allows 1,800 s."""
     chunked_prefill_size: int = -1
     """Tokens per prefill chunk; -1 disables chunking. hsdump stitches every chunk's rows."""
@@ -210,7 +219,7 @@ class EngineConfig:
     log_level: str = "warning"
     nnodes: Optional[int] = None
     """Nodes one engine spans (SGLang's nnodes). null: 1, or the SLURM step's node count when
-    run under `srun --ntasks-per-node=1` (hsdump.nodes.find_layout). The same command line
+    run under `srun --ntasks-per-node=1` (hsdump.capture.nodes.find_layout). The same command line
     runs on every node: node 0 runs the pipeline, the others SGLang's schedulers only."""
     node_rank: Optional[int] = None
     """This node's rank in the engine. null: 0, or SLURM_NODEID under SLURM."""
@@ -228,18 +237,15 @@ class EngineConfig:
             raise ValueError("engine.inflight_tokens must be >= 1")
         for key in ("nnodes", "node_rank", "dist_init_addr"):
             if key in self.extra:
-                raise ValueError(f"engine.extra.{key}: set engine.{key} instead (hsdump starts "
-                                 "the other nodes' side and their row transport from it)")
+                raise ValueError(
+                    f"engine.extra.{key}: set engine.{key} instead (hsdump starts "
+                    "the other nodes' side and their row transport from it)"
+                )
         if (self.prefill_cuda_graph_max_tokens or 0) < 0:
-            raise ValueError("engine.prefill_cuda_graph_max_tokens must be >= 0 (0: no prefill "
-                             "CUDA graphs) or null (SGLang's own sizes)")
-
-
-# Writer defaults, measured on the H200 host (BENCHMARKS.md section 7): 6 threads x 256 MiB
-# shards wrote at 0.90 of the disk's synced bandwidth where 3 x 1 GiB reached 0.66, and the
-# flush of the shards open after the last sample (a fixed cost per run) took 0.60 s, not 3.18 s.
-SHARD_BYTES = 256 << 20
-WRITER_THREADS = 6
+            raise ValueError(
+                "engine.prefill_cuda_graph_max_tokens must be >= 0 (0: no prefill "
+                "CUDA graphs) or null (SGLang's own sizes)"
+            )
 
 
 @dataclass
@@ -266,6 +272,12 @@ class OutputConfig:
     writer_threads: int = WRITER_THREADS
     """Shards written at once; their hashing and writing overlap (the writer's ceiling)."""
 
+    def held_bytes(self, sample_bytes: int = 0) -> int:
+        """The most shard bytes the writer holds at once: writer_threads + 2 shards (one
+        filling, one queued, the rest being written), each of up to max(shard_bytes, one
+        sample) (a sample larger than a shard is a shard of its own)."""
+        return (self.writer_threads + 2) * max(self.shard_bytes, sample_bytes)
+
     def __post_init__(self) -> None:
         if self.dtype not in STORAGE_DTYPES:
             raise ValueError(f"output.dtype={self.dtype!r}: use one of {STORAGE_DTYPES}")
@@ -277,12 +289,13 @@ class OutputConfig:
             raise ValueError(f"output.space_check={self.space_check!r}: use raise, warn or off")
         if self.writer_threads < 1:
             raise ValueError(f"output.writer_threads={self.writer_threads}: must be >= 1")
-        held = (self.writer_threads + 2) * self.shard_bytes
-        if held >= self.max_host_bytes:
-            raise ValueError(f"output.shard_bytes={self.shard_bytes} leaves no room for rows in "
-                             f"flight under output.max_host_bytes={self.max_host_bytes}: "
-                             f"writer_threads + 2 = {self.writer_threads + 2} shards are held at "
-                             "once; lower shard_bytes or writer_threads, or raise max_host_bytes")
+        if self.held_bytes() >= self.max_host_bytes:
+            raise ValueError(
+                f"output.shard_bytes={self.shard_bytes} leaves no room for rows in "
+                f"flight under output.max_host_bytes={self.max_host_bytes}: "
+                f"writer_threads + 2 = {self.writer_threads + 2} shards are held at "
+                "once; lower shard_bytes or writer_threads, or raise max_host_bytes"
+            )
 
 
 @dataclass
@@ -293,10 +306,10 @@ class DistConfig:
     """This job's index, 0 <= job_index < num_jobs. It owns sample ids with id % num_jobs == job_index."""
     nodes_per_engine: int = 1
     """Nodes each job's one engine spans (a model too big for one node: +dist=slurm_multinode
-    runs every job on this many nodes, the same command on each; hsdump.nodes)."""
+    runs every job on this many nodes, the same command on each; hsdump.capture.nodes)."""
 
     def __post_init__(self) -> None:
-        from .dist import check
+        from hsdump.dist import check
 
         check(self.num_jobs, self.job_index)
         if self.nodes_per_engine < 1:

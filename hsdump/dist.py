@@ -18,8 +18,10 @@ def check(num_jobs: int, job_index: int) -> None:
     if int(num_jobs) != num_jobs or int(job_index) != job_index:
         raise ValueError(f"dist.num_jobs={num_jobs!r}, dist.job_index={job_index!r}: integers")
     if num_jobs < 1 or not 0 <= job_index < num_jobs:
-        raise ValueError(f"dist.job_index={job_index} with dist.num_jobs={num_jobs}: need "
-                         "num_jobs >= 1 and 0 <= job_index < num_jobs")
+        raise ValueError(
+            f"dist.job_index={job_index} with dist.num_jobs={num_jobs}: need "
+            "num_jobs >= 1 and 0 <= job_index < num_jobs"
+        )
 
 
 def owner(sample_id: int, num_jobs: int) -> int:

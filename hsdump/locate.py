@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Optional
 from urllib.parse import urlparse
 
-from .config import ModelConfig
+from hsdump.config import ModelConfig
 
 TOKENIZER_FILES = ("tokenizer.json", "vocab.json", "vocab.txt", "merges.txt")
 """A folder holds a tokenizer when it has one of these, or a *.model / *.tiktoken file
@@ -24,20 +24,37 @@ TOKENIZER_SUFFIXES = (".model", ".tiktoken")
 
 def looks_like_path(value: str) -> bool:
     """True for what can only be a file-system path (a hub id is `name` or `org/name`)."""
-    return (os.path.isabs(value) or value.startswith((".", "~")) or "\\" in value
-            or value.endswith("/") or value.count("/") > 1)
+    return (
+        os.path.isabs(value)
+        or value.startswith((".", "~"))
+        or "\\" in value
+        or value.endswith("/")
+        or value.count("/") > 1
+    )
 
 
 def has_tokenizer_files(folder: Path) -> bool:
-    return any(p.name in TOKENIZER_FILES or p.suffix in TOKENIZER_SUFFIXES
-               for p in folder.iterdir() if p.is_file())
+    return any(
+        p.name in TOKENIZER_FILES or p.suffix in TOKENIZER_SUFFIXES
+        for p in folder.iterdir()
+        if p.is_file()
+    )
 
 
 def _hub_unreachable(endpoint: str, timeout: float = 5.0) -> Optional[str]:
     """Why `endpoint` cannot be reached (DNS, refused, timeout), or None if it can be, or if a
     proxy is configured (then the hub client's own request decides)."""
-    if any(os.environ.get(k) for k in ("HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy",
-                                       "ALL_PROXY", "all_proxy")):
+    if any(
+        os.environ.get(k)
+        for k in (
+            "HTTPS_PROXY",
+            "https_proxy",
+            "HTTP_PROXY",
+            "http_proxy",
+            "ALL_PROXY",
+            "all_proxy",
+        )
+    ):
         return None
     url = urlparse(endpoint)
     port = url.port or (443 if url.scheme == "https" else 80)
@@ -51,41 +68,57 @@ def _hub_unreachable(endpoint: str, timeout: float = 5.0) -> Optional[str]:
 def check_hub(repo_id: str, key: str, filename: str) -> None:
     """The hub repo `repo_id` is reachable (or cached) and exists; raises naming `key`."""
     from huggingface_hub import constants, hf_hub_download
-    from huggingface_hub.errors import (EntryNotFoundError, GatedRepoError, HFValidationError,
-                                        LocalEntryNotFoundError, RepositoryNotFoundError)
+    from huggingface_hub.errors import (
+        EntryNotFoundError,
+        GatedRepoError,
+        HFValidationError,
+        LocalEntryNotFoundError,
+        RepositoryNotFoundError,
+    )
 
-    fix = (f"download it where there is network (`hf download {repo_id} --local-dir DIR`) "
-           f"and set {key}=DIR")
+    fix = (
+        f"download it where there is network (`hf download {repo_id} --local-dir DIR`) "
+        f"and set {key}=DIR"
+    )
     try:
         hf_hub_download(repo_id, filename, local_files_only=True)
         return  # in the local cache: nothing to ask the hub
     except HFValidationError as e:
-        raise FileNotFoundError(f"{key}={repo_id!r} is neither an existing folder nor a valid "
-                                f"hub id ({e})") from None
+        raise FileNotFoundError(
+            f"{key}={repo_id!r} is neither an existing folder nor a valid hub id ({e})"
+        ) from None
     except (LocalEntryNotFoundError, EntryNotFoundError, OSError):
         pass
     if constants.HF_HUB_OFFLINE:
         raise FileNotFoundError(
             f"{key}={repo_id!r} is not a local folder and not in the Hugging Face cache, and "
-            f"HF_HUB_OFFLINE is set, so it cannot be downloaded; unset HF_HUB_OFFLINE, or {fix}")
+            f"HF_HUB_OFFLINE is set, so it cannot be downloaded; unset HF_HUB_OFFLINE, or {fix}"
+        )
     reason = _hub_unreachable(constants.ENDPOINT)
     if reason:
         raise FileNotFoundError(
             f"{key}={repo_id!r} is not a local folder, and the Hugging Face hub "
             f"({constants.ENDPOINT}) cannot be reached from this machine ({reason}); {fix}. "
-            "If you meant a local folder, it does not exist: check the path")
+            "If you meant a local folder, it does not exist: check the path"
+        )
     try:
         hf_hub_download(repo_id, filename)
     except GatedRepoError:
-        raise FileNotFoundError(f"{key}={repo_id!r} is a gated hub repository: accept its terms "
-                                "on huggingface.co and set HF_TOKEN") from None
+        raise FileNotFoundError(
+            f"{key}={repo_id!r} is a gated hub repository: accept its terms "
+            "on huggingface.co and set HF_TOKEN"
+        ) from None
     except RepositoryNotFoundError:
-        raise FileNotFoundError(f"{key}={repo_id!r}: no such local folder, and no such model on "
-                                "the hub (a private one needs HF_TOKEN)") from None
+        raise FileNotFoundError(
+            f"{key}={repo_id!r}: no such local folder, and no such model on "
+            "the hub (a private one needs HF_TOKEN)"
+        ) from None
     except EntryNotFoundError as e:
         if isinstance(e, LocalEntryNotFoundError):
-            raise FileNotFoundError(f"{key}={repo_id!r} is not a local folder and the Hugging "
-                                    f"Face hub did not answer ({e}); {fix}") from None
+            raise FileNotFoundError(
+                f"{key}={repo_id!r} is not a local folder and the Hugging "
+                f"Face hub did not answer ({e}); {fix}"
+            ) from None
         # the repo exists without this file: what is missing is reported by the next step
 
 
@@ -96,16 +129,20 @@ def check_model_path(value: str, resolved: str) -> None:
     p = Path(resolved).expanduser()
     if p.exists():
         if not p.is_dir():
-            raise FileNotFoundError(f"model.path={value!r} is a file; give the model's folder "
-                                    "(config.json, weights, tokenizer files)")
+            raise FileNotFoundError(
+                f"model.path={value!r} is a file; give the model's folder "
+                "(config.json, weights, tokenizer files)"
+            )
         if not (p / "config.json").is_file():
-            raise FileNotFoundError(f"model.path={value!r} has no config.json: not a Hugging "
-                                    "Face model folder")
+            raise FileNotFoundError(
+                f"model.path={value!r} has no config.json: not a Hugging Face model folder"
+            )
         return
     if looks_like_path(value):
         raise FileNotFoundError(
             f"model.path={value!r}: no such folder. Give a Hugging Face model folder (config.json, "
-            "weights, tokenizer files), a hub id such as Qwen/Qwen3-8B, or tiny:llama")
+            "weights, tokenizer files), a hub id such as Qwen/Qwen3-8B, or tiny:llama"
+        )
     check_hub(value, "model.path", "config.json")
 
 
@@ -119,16 +156,24 @@ def check_tokenizer_source(model: ModelConfig, model_path: str) -> None:
         if has_tokenizer_files(p):
             return
         found = ", ".join(sorted(x.name for x in p.iterdir())[:8]) or "nothing"
-        where = (f"model.tokenizer={model.tokenizer!r}" if model.tokenizer else
-                 f"the model folder {source} (model.path={model.path!r})")
+        where = (
+            f"model.tokenizer={model.tokenizer!r}"
+            if model.tokenizer
+            else f"the model folder {source} (model.path={model.path!r})"
+        )
         raise FileNotFoundError(
             f"{where} has no tokenizer files: none of {', '.join(TOKENIZER_FILES)}, *.model or "
             f"*.tiktoken (it holds {found}). Set model.tokenizer=FOLDER_OR_HUB_ID to the tokenizer "
-            "the model was trained with (e.g. the original checkpoint this folder was made from)")
+            "the model was trained with (e.g. the original checkpoint this folder was made from)"
+        )
     if p.exists():
-        raise FileNotFoundError(f"{key}={source!r} is a file; a tokenizer is given as a folder "
-                                "(tokenizer.json, tokenizer_config.json, ...) or a hub id")
+        raise FileNotFoundError(
+            f"{key}={source!r} is a file; a tokenizer is given as a folder "
+            "(tokenizer.json, tokenizer_config.json, ...) or a hub id"
+        )
     if looks_like_path(source):
-        raise FileNotFoundError(f"{key}={source!r}: no such folder; set model.tokenizer to a "
-                                "folder with tokenizer files or to a hub id")
+        raise FileNotFoundError(
+            f"{key}={source!r}: no such folder; set model.tokenizer to a "
+            "folder with tokenizer files or to a hub id"
+        )
     check_hub(source, key, "tokenizer_config.json")

@@ -24,26 +24,25 @@ import warnings
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional
 
-from . import __version__
-from .chat import template_sha256
-from .config import Config, OutputConfig
-from .dist import owns, writer_tag
-from .families import Family, check_verified
-from .nodes import NodeLayout, find_layout
-from .layers import CONVENTION, ModelInfo, read_model_info, resolve_layers
-from .locate import check_model_path
-from .sources import dataset_fingerprint, load_rows
-from .stats import count_if_complete, write_token_freq
-from .tiny import resolve_model_path
-from .tokenization import Tokenized, tokenize_dataset
-from .tokenizer import load_tokenizer
-from .files import fault, size_text
-from .formats import detect_format
-from .writer import FORMAT, FORMAT_VERSION, DatasetWriter
+from hsdump import __version__
+from hsdump.capture.families import Family, check_verified
+from hsdump.capture.layers import CONVENTION, ModelInfo, read_model_info, resolve_layers
+from hsdump.capture.nodes import NodeLayout, find_layout
+from hsdump.config import Config, OutputConfig
+from hsdump.corpus.chat import template_sha256
+from hsdump.corpus.formats import detect_format
+from hsdump.corpus.sources import dataset_fingerprint, load_rows
+from hsdump.corpus.tokenization import Tokenized, tokenize_dataset
+from hsdump.corpus.tokenizer import load_tokenizer
+from hsdump.dist import owns, writer_tag
+from hsdump.locate import check_model_path
+from hsdump.store.files import fault, size_text
+from hsdump.store.layout import FORMAT, STORAGE_BYTES, VERSION
+from hsdump.store.stats import count_if_complete, write_token_freq
+from hsdump.store.writer import DatasetWriter
+from hsdump.tiny import resolve_model_path
 
 log = logging.getLogger(__name__)
-
-STORAGE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4, "fp8": 1}
 
 
 class Interrupted(RuntimeError):
@@ -57,10 +56,14 @@ def _existing_parent(path: str) -> str:
     return probe
 
 
-_WHY = {errno.EROFS: "it is on a read-only file system", errno.EACCES: "permission denied",
-        errno.EPERM: "permission denied", errno.ENOSPC: "its disk is full",
-        errno.EDQUOT: "its disk quota is used up",
-        errno.ENOENT: "no folder can be created there"}
+_WHY = {
+    errno.EROFS: "it is on a read-only file system",
+    errno.EACCES: "permission denied",
+    errno.EPERM: "permission denied",
+    errno.ENOSPC: "its disk is full",
+    errno.EDQUOT: "its disk quota is used up",
+    errno.ENOENT: "no folder can be created there",
+}
 
 
 def check_output_dir(out_dir: str) -> None:
@@ -69,24 +72,27 @@ def check_output_dir(out_dir: str) -> None:
     Nothing is left behind (the probe is a temporary folder, removed)."""
     fix = "choose another output.dir"
     if os.path.lexists(out_dir) and not os.path.isdir(out_dir):
-        raise ValueError(f"output.dir={out_dir} is a file, not a folder; {fix} (or move the "
-                         "file away)")
+        raise ValueError(
+            f"output.dir={out_dir} is a file, not a folder; {fix} (or move the file away)"
+        )
     parent = _existing_parent(out_dir)
     if not os.path.isdir(parent):
-        raise ValueError(f"output.dir={out_dir} cannot be created: {parent} is a file, not a "
-                         f"folder; {fix}")
+        raise ValueError(
+            f"output.dir={out_dir} cannot be created: {parent} is a file, not a folder; {fix}"
+        )
     try:
         os.rmdir(tempfile.mkdtemp(prefix=".hsdump-probe-", dir=parent))
     except OSError as e:
         why = _WHY.get(e.errno, e.strerror or str(e))
         where = "" if parent == os.path.abspath(out_dir) else f" (in {parent})"
-        raise ValueError(f"output.dir={out_dir} cannot be written{where}: {why}; {fix} on a "
-                         "writable disk") from None
+        raise ValueError(
+            f"output.dir={out_dir} cannot be written{where}: {why}; {fix} on a writable disk"
+        ) from None
 
 
 def output_error(e: BaseException, out_dir: str) -> str:
     """A write error of the run as one line that names output.dir; committed samples stay."""
-    from .writer import WriteError
+    from hsdump.store.writer import WriteError
 
     if isinstance(e, WriteError):
         return str(e)
@@ -94,18 +100,22 @@ def output_error(e: BaseException, out_dir: str) -> str:
     if os.path.commonpath([name, os.path.abspath(out_dir)]) != os.path.abspath(out_dir):
         return str(e)  # not the output's: as it is
     why = _WHY.get(getattr(e, "errno", None), str(e))
-    return (f"writing to output.dir={out_dir} failed: {why} ({e}). Samples committed before "
-            "are intact; fix the cause (free disk space, or choose another output.dir) and "
-            "run the same command again to resume.")
+    return (
+        f"writing to output.dir={out_dir} failed: {why} ({e}). Samples committed before "
+        "are intact; fix the cause (free disk space, or choose another output.dir) and "
+        "run the same command again to resume."
+    )
 
 
 def check_space(out_dir: str, need: int, policy: str) -> None:
     free = shutil.disk_usage(_existing_parent(out_dir)).free
     if need <= free or policy == "off":
         return
-    msg = (f"the run will write about {size_text(need)} to output.dir={out_dir} but only "
-           f"{size_text(free)} are free; free space, use another output.dir, or set "
-           "output.space_check=warn")
+    msg = (
+        f"the run will write about {size_text(need)} to output.dir={out_dir} but only "
+        f"{size_text(free)} are free; free space, use another output.dir, or set "
+        "output.space_check=warn"
+    )
     if policy == "raise":
         raise ValueError(msg)
     log.warning(msg)
@@ -125,12 +135,21 @@ class Summary:
     generated_tokens: int = 0
     generate_s: float = 0.0
 
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
     def lines(self) -> List[str]:
         rate = self.tokens / self.wall_s if self.wall_s else 0.0
         skipped = ", ".join(f"{k}={v}" for k, v in sorted(self.skipped.items())) or "none"
-        regen = ([f"regenerated: {self.generated_tokens:,} tokens generated in "
-                  f"{self.generate_s:.1f} s ({self.generated_tokens / self.generate_s:,.0f} "
-                  "tokens/s)"] if self.generate_s else [])
+        regen = (
+            [
+                f"regenerated: {self.generated_tokens:,} tokens generated in "
+                f"{self.generate_s:.1f} s ({self.generated_tokens / self.generate_s:,.0f} "
+                "tokens/s)"
+            ]
+            if self.generate_s
+            else []
+        )
         return regen + [
             f"dataset: {self.out_dir} (layers {self.layers})",
             f"samples written: {self.written}, already committed before this run: "
@@ -140,7 +159,7 @@ class Summary:
             f"bytes written: {self.bytes:,} ({self.bytes / max(self.written, 1):,.0f} per sample)",
             f"wall time: {self.wall_s:.1f} s (engine start {self.engine_start_s:.1f} s)",
             f"check it: {hsdump_command()} verify {shlex.quote(self.out_dir)}",
-            "load it:  from hsdump.reader import HsdumpDataset; "
+            "load it:  from hsdump.store.reader import HsdumpDataset; "
             f"ds = HsdumpDataset({json.dumps(self.out_dir)}); rec = ds[0]",
         ]
 
@@ -169,8 +188,9 @@ def _versions() -> Dict[str, str]:
     return out
 
 
-def rows_in_flight(out: OutputConfig, inflight_tokens: int, max_seq_len: int,
-                   row_bytes: int) -> int:
+def rows_in_flight(
+    out: OutputConfig, inflight_tokens: int, max_seq_len: int, row_bytes: int
+) -> int:
     """Tokens of captured rows the engine may have in flight under `out.max_host_bytes`.
 
     The budget holds writer_threads + 2 shards (one filling, one queued, the rest being
@@ -180,7 +200,7 @@ def rows_in_flight(out: OutputConfig, inflight_tokens: int, max_seq_len: int,
     before its chunks are freed (rows.Receiver.take). Raises when that leaves less than one
     sample."""
     sample = max_seq_len * row_bytes
-    held = (out.writer_threads + 2) * max(out.shard_bytes, sample) + sample
+    held = out.held_bytes(sample) + sample
     inflight = min(inflight_tokens, max(0, out.max_host_bytes - held) // row_bytes)
     if inflight < max_seq_len:
         raise ValueError(
@@ -188,7 +208,8 @@ def rows_in_flight(out: OutputConfig, inflight_tokens: int, max_seq_len: int,
             f"of {max(out.shard_bytes, sample)} bytes, one stitched sample and only {inflight} "
             f"tokens of rows in flight ({row_bytes} bytes per token), less than one sample of "
             f"dataset.max_seq_len={max_seq_len}; raise output.max_host_bytes, or lower "
-            "output.shard_bytes or output.writer_threads")
+            "output.shard_bytes or output.writer_threads"
+        )
     return inflight
 
 
@@ -197,15 +218,19 @@ def sglang_verbose(engine_log_level: str) -> bool:
     """SGLang's own output is shown at engine.log_level=info or debug, or when Hydra's verbose
     flag names it (`hydra.verbose=true`, or `hydra.verbose=[sglang]`)."""
     named = logging.getLogger("sglang").level
-    return (engine_log_level.lower() in ("info", "debug")
-            or logging.getLogger().level == logging.DEBUG
-            or logging.NOTSET < named <= logging.DEBUG)
+    return (
+        engine_log_level.lower() in ("info", "debug")
+        or logging.getLogger().level == logging.DEBUG
+        or logging.NOTSET < named <= logging.DEBUG
+    )
 
 
 def _sigquit_notice(record: logging.LogRecord) -> bool:
     # SGLang logs at ERROR level that a custom SIGQUIT handler (hsdump's) is installed
-    return not (logging.getLogger("sglang").level >= logging.ERROR
-                and str(record.msg).startswith("Using custom SIGQUIT handler"))
+    return not (
+        logging.getLogger("sglang").level >= logging.ERROR
+        and str(record.msg).startswith("Using custom SIGQUIT handler")
+    )
 
 
 @contextlib.contextmanager
@@ -220,7 +245,7 @@ def sglang_output(verbose: bool):
     handlers, level = list(root.handlers), root.level
     env = os.environ.get("PYTHONWARNINGS")
     with warnings.catch_warnings():
-        quiet = {"sglang": logging.ERROR, "hsdump.engine": logging.WARNING}
+        quiet = {"sglang": logging.ERROR, "hsdump.capture.engine": logging.WARNING}
         for name, lvl in quiet.items():  # set for the rest of the process, reset when verbose
             logger = logging.getLogger(name)
             if not verbose:
@@ -245,42 +270,64 @@ def sglang_output(verbose: bool):
 
 
 # --------------------------------------------------------------------------- the run's steps
+# Each step returns what it makes; `run` hands it on to the steps that need it.
+@dataclass(frozen=True)
+class Model:
+    """check_model's result: the model's folder, its config.json facts, its verified family
+    (None when the user allowed an unverified class) and the layers to capture."""
+
+    path: str
+    info: ModelInfo
+    family: Optional[Family]
+    layers: List[int]
+
+
+@dataclass(frozen=True)
+class Corpus:
+    """tokenize's result: the tokenizer, the dataset's rows and their samples."""
+
+    tok: Any
+    rows: Any
+    data: Tokenized
+
+
 @dataclass
-class Run:
-    """What the steps of one run hand on to each other."""
-    cfg: Config
-    t0: float = field(default_factory=time.time)
-    model_path: str = ""
-    info: Optional[ModelInfo] = None
-    family: Optional[Family] = None
-    layers: List[int] = field(default_factory=list)
-    tok: Any = None
-    rows: Any = None
-    data: Optional[Tokenized] = None
-    writer: Optional[DatasetWriter] = None
-    inflight: int = 0
-    todo: List[int] = field(default_factory=list)
-    todo_tokens: int = 0
-    summary: Optional[Summary] = None
+class Job:
+    """open_dataset's result: the open writer, this job's samples left to do (indices into the
+    corpus), the rows the engine may keep in flight, and the summary filled as the run goes."""
+
+    writer: DatasetWriter
+    todo: List[int]
+    todo_tokens: int
+    inflight: int
+    summary: Summary
+    t0: float
 
 
 def run(cfg: Config, resolved_config: Optional[dict] = None) -> Summary:
-    r = Run(cfg)
+    t0 = time.time()
     check_output_dir(cfg.output.dir)
-    check_model(r)
+    model = check_model(cfg)
     layout = node_layout(cfg)
     if layout.multi:  # the engine takes the layout as resolved here, SLURM's included
-        cfg = r.cfg = dataclasses.replace(cfg, engine=dataclasses.replace(
-            cfg.engine, nnodes=layout.nnodes, node_rank=layout.node_rank,
-            dist_init_addr=layout.dist_init_addr))
+        cfg = dataclasses.replace(
+            cfg,
+            engine=dataclasses.replace(
+                cfg.engine,
+                nnodes=layout.nnodes,
+                node_rank=layout.node_rank,
+                dist_init_addr=layout.dist_init_addr,
+            ),
+        )
     if not layout.is_head:
-        return follow_node(r, layout)
-    tokenize(r)
-    compat, manifest = dataset_keys(r, resolved_config)
-    if not open_dataset(r, compat, manifest):
-        return r.summary
-    engine = start_engine(r)
-    return finish(r, *capture(r, engine))
+        return follow_node(cfg, model, layout, t0)
+    corpus = tokenize(cfg, model)
+    compat, manifest = dataset_keys(cfg, model, corpus, resolved_config)
+    job = open_dataset(cfg, model, corpus, compat, manifest, t0)
+    if not job.todo:
+        return job.summary
+    engine = start_engine(cfg, model, job)
+    return finish(cfg, model, corpus, job, *capture(cfg, model, corpus, job, engine))
 
 
 def node_layout(cfg: Config) -> NodeLayout:
@@ -296,98 +343,153 @@ def node_layout(cfg: Config) -> NodeLayout:
             f"dist.nodes_per_engine={want}, but this process's engine spans {layout.nnodes} "
             f"node(s) ({layout.origin}): run it on {want} nodes, one process each "
             "(+dist=slurm_multinode, or srun --nodes=N --ntasks-per-node=1), or set "
-            "engine.nnodes/node_rank/dist_init_addr on every node")
+            "engine.nnodes/node_rank/dist_init_addr on every node"
+        )
     return layout
 
 
-def follow_node(r: Run, layout) -> Summary:
+def follow_node(cfg: Config, model: Model, layout, t0: float) -> Summary:
     """A node after node 0 of an engine over several nodes: its SGLang schedulers only, until
     node 0 is done (node 0 tokenizes, captures and writes)."""
-    cfg = r.cfg
-    log.info("node %d of %d (%s): running this node's share of the engine for node 0 at %s",
-             layout.node_rank, layout.nnodes, layout.origin, layout.dist_init_addr)
+    log.info(
+        "node %d of %d (%s): running this node's share of the engine for node 0 at %s",
+        layout.node_rank,
+        layout.nnodes,
+        layout.origin,
+        layout.dist_init_addr,
+    )
     with sglang_output(sglang_verbose(cfg.engine.log_level)):
-        from .engine import follow  # the sglang import happens only now
+        from hsdump.capture.engine import follow  # the sglang import happens only now
 
-        follow(r.model_path, cfg.model, cfg.engine, r.layers, r.info, cfg.capture.final,
-               run_dir=cfg.output.dir, job_tag=writer_tag(cfg.dist.num_jobs, cfg.dist.job_index),
-               on_ready=log.info)
+        follow(
+            model.path,
+            cfg.model,
+            cfg.engine,
+            model.layers,
+            model.info,
+            cfg.capture.final,
+            run_dir=cfg.output.dir,
+            job_tag=writer_tag(cfg.dist.num_jobs, cfg.dist.job_index),
+            on_ready=log.info,
+        )
     log.info("node %d: node 0 is done", layout.node_rank)
-    return Summary(out_dir=cfg.output.dir, layers=r.layers, wall_s=time.time() - r.t0)
+    return Summary(out_dir=cfg.output.dir, layers=model.layers, wall_s=time.time() - t0)
 
 
-def check_model(r: Run) -> None:
+def check_model(cfg: Config) -> Model:
     """Refusals that need only the config and the model's config.json; the capture layers."""
-    cfg = r.cfg
     if cfg.dist.num_jobs > 1 and cfg.output.overwrite:
         raise ValueError(
             f"output.overwrite=true with dist.num_jobs={cfg.dist.num_jobs}: each job would delete "
             "the shards the others already wrote. Empty output.dir once, then launch the jobs "
-            "without output.overwrite")
-    r.model_path = resolve_model_path(cfg.model.path)
-    check_model_path(cfg.model.path, r.model_path)
-    r.info = info = read_model_info(r.model_path, cfg.model.trust_remote_code)
-    r.family = check_verified(info.architecture, cfg.capture.allow_unverified)
-    r.layers = resolve_layers(cfg.capture.layers, cfg.model.default_layers, info.num_hidden_layers)
+            "without output.overwrite"
+        )
+    path = resolve_model_path(cfg.model.path)
+    check_model_path(cfg.model.path, path)
+    info = read_model_info(path, cfg.model.trust_remote_code)
+    family = check_verified(info.architecture, cfg.capture.allow_unverified)
+    layers = resolve_layers(cfg.capture.layers, cfg.model.default_layers, info.num_hidden_layers)
     if info.max_position_embeddings and cfg.dataset.max_seq_len > info.max_position_embeddings:
-        raise ValueError(f"dataset.max_seq_len={cfg.dataset.max_seq_len} exceeds the model's "
-                         f"max_position_embeddings={info.max_position_embeddings}; lower it")
-    log.info("model: %s (%s, %d layers, hidden %d), capturing layers %s%s -> %s",
-             r.model_path, info.architecture, info.num_hidden_layers, info.hidden_size, r.layers,
-             "".join(f" + {k}" for k in cfg.capture.final), cfg.output.dir)
+        raise ValueError(
+            f"dataset.max_seq_len={cfg.dataset.max_seq_len} exceeds the model's "
+            f"max_position_embeddings={info.max_position_embeddings}; lower it"
+        )
+    log.info(
+        "model: %s (%s, %d layers, hidden %d), capturing layers %s%s -> %s",
+        path,
+        info.architecture,
+        info.num_hidden_layers,
+        info.hidden_size,
+        layers,
+        "".join(f" + {k}" for k in cfg.capture.final),
+        cfg.output.dir,
+    )
+    return Model(path, info, family, layers)
 
 
-def tokenize(r: Run) -> None:
+def tokenize(cfg: Config, model: Model) -> Corpus:
     """The tokenizer (checked), the dataset's rows, and every row to a sample or a skip."""
-    cfg = r.cfg
-    r.tok = load_tokenizer(cfg.model, r.model_path)
-    r.rows = load_rows(cfg.dataset)
+    tok = load_tokenizer(cfg.model, model.path)
+    rows = load_rows(cfg.dataset)
     # refused from the columns, before the whole dataset is tokenized
-    if cfg.regenerate.enabled and detect_format(r.rows, cfg.dataset)[0] == "text":
-        raise ValueError(f"regenerate.turns={cfg.regenerate.turns} needs conversations; "
-                         f"{cfg.dataset.path} is read as plain text (dataset.format=text). Use a "
-                         "chat dataset, or regenerate.turns=none")
-    r.data = tokenize_dataset(r.rows, r.tok, cfg.dataset, progress=cfg.progress)
-    if not r.data.ids:
-        raise ValueError(f"no usable sample in {cfg.dataset.path} (skipped: {r.data.skipped})")
+    if cfg.regenerate.enabled and detect_format(rows, cfg.dataset)[0] == "text":
+        raise ValueError(
+            f"regenerate.turns={cfg.regenerate.turns} needs conversations; "
+            f"{cfg.dataset.path} is read as plain text (dataset.format=text). Use a "
+            "chat dataset, or regenerate.turns=none"
+        )
+    data = tokenize_dataset(rows, tok, cfg.dataset, progress=cfg.progress)
+    if not data.ids:
+        raise ValueError(f"no usable sample in {cfg.dataset.path} (skipped: {data.skipped})")
+    return Corpus(tok, rows, data)
 
 
-def dataset_keys(r: Run, resolved_config: Optional[dict]):
+def dataset_keys(cfg: Config, model: Model, corpus: Corpus, resolved_config: Optional[dict]):
     """(compat, manifest): what a resumed run must agree on, and the run-level facts."""
-    cfg, info, data, layers = r.cfg, r.info, r.data, r.layers
+    info, data, layers, family = model.info, corpus.data, model.layers, model.family
     compat = {
-        "model": cfg.model.path, "architecture": info.architecture,
-        "hidden_size": info.hidden_size, "num_hidden_layers": info.num_hidden_layers,
-        "layers": layers, "final": list(cfg.capture.final),
-        "storage_dtype": cfg.output.dtype, "model_dtype": cfg.model.dtype,
+        "model": cfg.model.path,
+        "architecture": info.architecture,
+        "hidden_size": info.hidden_size,
+        "num_hidden_layers": info.num_hidden_layers,
+        "layers": layers,
+        "final": list(cfg.capture.final),
+        "storage_dtype": cfg.output.dtype,
+        "model_dtype": cfg.model.dtype,
         "tokenizer": cfg.model.tokenizer or cfg.model.path,
-        "chat_template_sha256": template_sha256(r.tok),
-        "dataset": [cfg.dataset.path, cfg.dataset.name, cfg.dataset.split, cfg.dataset.revision,
-                    cfg.dataset.column],
-        "max_seq_len": cfg.dataset.max_seq_len, "truncation": cfg.dataset.truncation,
-        "min_seq_len": cfg.dataset.min_seq_len, "format": data.format,
+        "chat_template_sha256": template_sha256(corpus.tok),
+        "dataset": [
+            cfg.dataset.path,
+            cfg.dataset.name,
+            cfg.dataset.split,
+            cfg.dataset.revision,
+            cfg.dataset.column,
+        ],
+        "max_seq_len": cfg.dataset.max_seq_len,
+        "truncation": cfg.dataset.truncation,
+        "min_seq_len": cfg.dataset.min_seq_len,
+        "format": data.format,
     }
     if cfg.regenerate.enabled:  # absent when off: older datasets still resume
         compat["regenerate"] = cfg.regenerate.key()
     manifest = {
-        "format": FORMAT, "format_version": FORMAT_VERSION, "versions": _versions(),
-        "hsdump_version": __version__, "sglang_version": _versions()["sglang"],
-        "model": {"path": cfg.model.path, "resolved_path": r.model_path,
-                  "architecture": info.architecture, "hidden_size": info.hidden_size,
-                  "num_hidden_layers": info.num_hidden_layers, "dtype": cfg.model.dtype,
-                  "tp_size": cfg.model.tp_size,
-                  "family": r.family.name if r.family else None,
-                  "verified": r.family.verified if r.family else None},
-        "layers": layers, "convention": CONVENTION, "storage_dtype": cfg.output.dtype,
+        "format": FORMAT,
+        "format_version": VERSION,
+        "versions": _versions(),
+        "hsdump_version": __version__,
+        "sglang_version": _versions()["sglang"],
+        "model": {
+            "path": cfg.model.path,
+            "resolved_path": model.path,
+            "architecture": info.architecture,
+            "hidden_size": info.hidden_size,
+            "num_hidden_layers": info.num_hidden_layers,
+            "dtype": cfg.model.dtype,
+            "tp_size": cfg.model.tp_size,
+            "family": family.name if family else None,
+            "verified": family.verified if family else None,
+        },
+        "layers": layers,
+        "convention": CONVENTION,
+        "storage_dtype": cfg.output.dtype,
         "final": list(cfg.capture.final),
         "final_names": {k: "{i}/final/" + k for k in cfg.capture.final},
-        "tokenizer": {"path": cfg.model.tokenizer or r.model_path,
-                      "chat_template_sha256": template_sha256(r.tok)},
-        "dataset": {"path": cfg.dataset.path, "name": cfg.dataset.name,
-                    "split": cfg.dataset.split, "revision": cfg.dataset.revision,
-                    "fingerprint": dataset_fingerprint(r.rows), "rows": data.rows,
-                    "column": cfg.dataset.column, "skipped_rows": data.skipped},
-        "max_seq_len": cfg.dataset.max_seq_len, "truncation": cfg.dataset.truncation,
+        "tokenizer": {
+            "path": cfg.model.tokenizer or model.path,
+            "chat_template_sha256": template_sha256(corpus.tok),
+        },
+        "dataset": {
+            "path": cfg.dataset.path,
+            "name": cfg.dataset.name,
+            "split": cfg.dataset.split,
+            "revision": cfg.dataset.revision,
+            "fingerprint": dataset_fingerprint(corpus.rows),
+            "rows": data.rows,
+            "column": cfg.dataset.column,
+            "skipped_rows": data.skipped,
+        },
+        "max_seq_len": cfg.dataset.max_seq_len,
+        "truncation": cfg.dataset.truncation,
         "tokenized": data.summary(),
         "regenerate": cfg.regenerate.key(),
         "config": resolved_config if resolved_config is not None else dataclasses.asdict(cfg),
@@ -399,81 +501,112 @@ def _slots(cfg: Config, layers: List[int]) -> int:
     return len(layers) + len(cfg.capture.final)
 
 
-def open_dataset(r: Run, compat: dict, manifest: dict) -> bool:
+def open_dataset(
+    cfg: Config, model: Model, corpus: Corpus, compat: dict, manifest: dict, t0: float
+) -> Job:
     """The writer (resuming what is committed), this job's samples left to do, and the disk
-    space check. False when nothing is left to do (the writer is then closed)."""
-    cfg, d, data, info = r.cfg, r.cfg.dist, r.data, r.info
+    space check. When nothing is left to do, `todo` is empty and the writer closed."""
+    d, data, info = cfg.dist, corpus.data, model.info
     # rows in flight are held once (bf16/fp16/fp32 as the engine runs) until written
-    slots = _slots(cfg, r.layers)
+    slots = _slots(cfg, model.layers)
     row_bytes = slots * info.hidden_size * STORAGE_BYTES[cfg.model.dtype]
-    r.inflight = rows_in_flight(cfg.output, cfg.engine.inflight_tokens, cfg.dataset.max_seq_len,
-                                row_bytes)
-    r.writer = writer = DatasetWriter(
-        cfg.output.dir, manifest, compat, layers=r.layers, hidden_size=info.hidden_size,
-        dtype=cfg.output.dtype, shard_bytes=cfg.output.shard_bytes,
-        overwrite=cfg.output.overwrite, on_nonfinite=cfg.output.on_nonfinite,
-        writer_tag=writer_tag(d.num_jobs, d.job_index), final=cfg.capture.final,
-        threads=cfg.output.writer_threads)
+    inflight = rows_in_flight(
+        cfg.output, cfg.engine.inflight_tokens, cfg.dataset.max_seq_len, row_bytes
+    )
+    writer = DatasetWriter(
+        cfg.output.dir,
+        manifest,
+        compat,
+        layers=model.layers,
+        hidden_size=info.hidden_size,
+        dtype=cfg.output.dtype,
+        shard_bytes=cfg.output.shard_bytes,
+        overwrite=cfg.output.overwrite,
+        on_nonfinite=cfg.output.on_nonfinite,
+        writer_tag=writer_tag(d.num_jobs, d.job_index),
+        final=cfg.capture.final,
+        threads=cfg.output.writer_threads,
+    )
     if not cfg.regenerate.enabled:  # regenerated answers are counted when the job ends
         write_token_freq(data, cfg.output.dir, target_vocab_size=info.vocab_size)
     done = writer.done_ids()
     mine = [i for i, sid in enumerate(data.ids) if owns(sid, d.num_jobs, d.job_index)]
-    r.todo = [i for i in mine if data.ids[i] not in done]
-    r.summary = Summary(out_dir=cfg.output.dir, layers=r.layers, skipped=dict(data.skipped),
-                        already_done=len(mine) - len(r.todo))
-    r.todo_tokens = sum(data.lengths[i] for i in r.todo)
-    need = r.todo_tokens * (slots * (info.hidden_size * STORAGE_BYTES[cfg.output.dtype] + 4) + 16)
+    todo = [i for i in mine if data.ids[i] not in done]
+    summary = Summary(
+        out_dir=cfg.output.dir,
+        layers=model.layers,
+        skipped=dict(data.skipped),
+        already_done=len(mine) - len(todo),
+    )
+    job = Job(writer, todo, sum(data.lengths[i] for i in todo), inflight, summary, t0)
+    need = job.todo_tokens * (slots * (info.hidden_size * STORAGE_BYTES[cfg.output.dtype] + 4) + 16)
     try:
         check_space(cfg.output.dir, need + (need >> 6), cfg.output.space_check)
     except BaseException:
         writer.close(commit=False)
         raise
-    if not r.todo:
+    if not todo:
         writer.close()
         log.info("nothing to do: all %d samples are committed", len(data.ids))
-        r.summary.wall_s = time.time() - r.t0
-        return False
-    return True
+        summary.wall_s = time.time() - t0
+    return job
 
 
-def start_engine(r: Run):
+def start_engine(cfg: Config, model: Model, job: Job):
     """SGLang's engine with the capture patch; its own output hidden unless asked for."""
-    cfg = r.cfg
     verbose = sglang_verbose(cfg.engine.log_level)
-    engine_cfg = dataclasses.replace(cfg.engine, inflight_tokens=r.inflight,
-                                     log_level=cfg.engine.log_level if verbose else "error")
-    log.info("engine: starting SGLang %s on %s, tp_size %d%s", _versions()["sglang"],
-             cfg.engine.device, cfg.model.tp_size,
-             "" if verbose else " (its own log: engine.log_level=info)")
+    engine_cfg = dataclasses.replace(
+        cfg.engine,
+        inflight_tokens=job.inflight,
+        log_level=cfg.engine.log_level if verbose else "error",
+    )
+    log.info(
+        "engine: starting SGLang %s on %s, tp_size %d%s",
+        _versions()["sglang"],
+        cfg.engine.device,
+        cfg.model.tp_size,
+        "" if verbose else " (its own log: engine.log_level=info)",
+    )
     t = time.time()
     try:
         with sglang_output(verbose):
-            from .engine import CaptureEngine  # the sglang import happens only now
+            from hsdump.capture.engine import CaptureEngine  # the sglang import happens only now
 
-            engine = CaptureEngine(r.model_path, cfg.model, engine_cfg, r.layers, r.info,
-                                   final=cfg.capture.final,
-                                   generates=cfg.regenerate.enabled, run_dir=cfg.output.dir,
-                                   job_tag=writer_tag(cfg.dist.num_jobs, cfg.dist.job_index))
+            engine = CaptureEngine(
+                model.path,
+                cfg.model,
+                engine_cfg,
+                model.layers,
+                model.info,
+                final=cfg.capture.final,
+                generates=cfg.regenerate.enabled,
+                run_dir=cfg.output.dir,
+                job_tag=writer_tag(cfg.dist.num_jobs, cfg.dist.job_index),
+            )
     except BaseException:
-        r.writer.close(commit=False)
+        job.writer.close(commit=False)
         raise
-    r.summary.engine_start_s = time.time() - t
+    job.summary.engine_start_s = time.time() - t
     return engine
 
 
-def capture(r: Run, engine):
+def capture(cfg: Config, model: Model, corpus: Corpus, job: Job, engine):
     """Every sample left to do through the engine into the writer, with a progress bar.
     Returns (completed, stop signal name or None, EngineDied or None)."""
     from tqdm import tqdm
 
-    from .engine import EngineDied
+    from hsdump.capture.engine import EngineDied
 
-    cfg, data, writer, summary, layers = r.cfg, r.data, r.writer, r.summary, r.layers
-    log.info("capture: %d samples (%s tokens) to go, %d already committed; engine started in "
-             "%.1f s", len(r.todo), f"{r.todo_tokens:,}",
-             summary.already_done, summary.engine_start_s)
-    bar = tqdm(total=len(r.todo), unit="sample", disable=not cfg.progress, dynamic_ncols=True)
-    pos = {data.ids[i]: i for i in r.todo}
+    data, writer, summary, layers = corpus.data, job.writer, job.summary, model.layers
+    log.info(
+        "capture: %d samples (%s tokens) to go, %d already committed; engine started in %.1f s",
+        len(job.todo),
+        f"{job.todo_tokens:,}",
+        summary.already_done,
+        summary.engine_start_s,
+    )
+    bar = tqdm(total=len(job.todo), unit="sample", disable=not cfg.progress, dynamic_ncols=True)
+    pos = {data.ids[i]: i for i in job.todo}
     t_run = time.time()
 
     masks: Dict[int, List[int]] = {}  # regenerated samples: their own masks and messages
@@ -487,13 +620,22 @@ def capture(r: Run, engine):
         # the engine checked NaN/Inf on the device: the writer does not scan the rows again
         # (final states: engine order -> the writer's order, that of capture.final)
         bad = [j if j < k else k + writer.final.index(engine.final[j - k]) for j in nonfinite]
-        if writer.add(sid, input_ids, mask, hidden_states[:k], final, nonfinite=bad,
-                      conversation=convs.pop(sid, None)):
+        if writer.add(
+            sid,
+            input_ids,
+            mask,
+            hidden_states[:k],
+            final,
+            nonfinite=bad,
+            conversation=convs.pop(sid, None),
+        ):
             summary.tokens += len(input_ids)
         bar.update(1)
         el = max(time.time() - t_run, 1e-9)
-        bar.set_postfix_str(f"{summary.tokens / el:,.0f} tok/s, "
-                            f"{writer.bytes_written / 2**20:,.0f} MiB written", refresh=False)
+        bar.set_postfix_str(
+            f"{summary.tokens / el:,.0f} tok/s, {writer.bytes_written / 2**20:,.0f} MiB written",
+            refresh=False,
+        )
 
     signals: Dict[str, str] = {}
 
@@ -503,17 +645,21 @@ def capture(r: Run, engine):
             engine.abort()
             return
         signals["seen"] = name
-        log.warning("%s: finishing the samples in flight, then committing and stopping "
-                    "(send it again to stop at once)", name)
+        log.warning(
+            "%s: finishing the samples in flight, then committing and stopping "
+            "(send it again to stop at once)",
+            name,
+        )
         engine.request_stop()
 
     ok, died = False, None
     try:
         if not cfg.regenerate.enabled:
-            ok = engine.run(((data.ids[i], data.input_ids[i]) for i in r.todo), sink,
-                            on_signal)
+            ok = engine.run(((data.ids[i], data.input_ids[i]) for i in job.todo), sink, on_signal)
         else:
-            ok = regenerate_and_capture(r, engine, sink, on_signal, masks, convs, bar)
+            ok = regenerate_and_capture(
+                cfg, corpus, job, engine, sink, on_signal, masks, convs, bar
+            )
     except EngineDied as e:
         died = e
     except KeyboardInterrupt:
@@ -525,23 +671,29 @@ def capture(r: Run, engine):
         finally:
             t = time.time()
             writer.close(commit=True)
-            log.info("commit: %d samples, %s bytes in %s (final flush %.1f s)",
-                     writer.samples_written, f"{writer.bytes_written:,}", cfg.output.dir,
-                     time.time() - t)
+            log.info(
+                "commit: %d samples, %s bytes in %s (final flush %.1f s)",
+                writer.samples_written,
+                f"{writer.bytes_written:,}",
+                cfg.output.dir,
+                time.time() - t,
+            )
     return ok, signals.get("seen"), died
 
 
-def regenerate_and_capture(r: Run, engine, sink, on_signal, masks, convs, bar) -> bool:
+def regenerate_and_capture(
+    cfg: Config, corpus: Corpus, job: Job, engine, sink, on_signal, masks, convs, bar
+) -> bool:
     """`regenerate.window` samples at a time: the target model rewrites their answers
-    (hsdump.regenerate), each rewritten conversation becomes a sample under the dataset's length
+    (hsdump.corpus.regenerate), each rewritten conversation becomes a sample under the dataset's length
     policy, and those are captured and committed with their conversations. False if stopped."""
-    from .chat import chat_template_of
-    from .formats import BadRow, _record, row_to_sample
-    from .regenerate import regenerate, to_sample
-    from .tokenization import Skip
+    from hsdump.corpus.chat import chat_template_of
+    from hsdump.corpus.formats import BadRow, dataset_record, row_to_sample
+    from hsdump.corpus.regenerate import regenerate, to_sample
+    from hsdump.corpus.tokenization import Skip
 
-    cfg, data, summary = r.cfg, r.data, r.summary
-    template = chat_template_of(r.tok)
+    data, summary, tok = corpus.data, job.summary, corpus.tok
+    template = chat_template_of(tok)
 
     def generate(reqs):
         t = time.time()
@@ -551,22 +703,24 @@ def regenerate_and_capture(r: Run, engine, sink, on_signal, masks, convs, bar) -
         return out
 
     step = cfg.regenerate.window
-    for k in range(0, len(r.todo), step):
-        window = [data.ids[i] for i in r.todo[k:k + step]]
+    for k in range(0, len(job.todo), step):
+        window = [data.ids[i] for i in job.todo[k : k + step]]
         items = []
         for sid in window:
-            messages, tools = row_to_sample(_record(r.rows[sid]), data.format, data.column)
+            messages, tools = row_to_sample(
+                dataset_record(corpus.rows[sid]), data.format, data.column
+            )
             items.append((sid, messages, tools))
-        new = regenerate(items, r.tok, template, cfg.regenerate, generate)
+        new = regenerate(items, tok, template, cfg.regenerate, generate)
         if engine.stop_requested:
             return False
         batch = []
         for sid, _, tools in items:
             try:
-                ids, mask = to_sample(r.tok, template, new[sid], tools, cfg.dataset)
+                ids, mask = to_sample(tok, template, new[sid], tools, cfg.dataset)
             except (Skip, BadRow) as e:  # recorded: a resumed run does not generate it again
                 reason = f"{e.reason} after regeneration"
-                r.writer.skip(sid, reason)  # counted in writer.skipped, summed by finish()
+                job.writer.skip(sid, reason)  # counted in writer.skipped, summed by finish()
                 bar.update(1)
                 continue
             masks[sid], convs[sid] = mask, new[sid]
@@ -576,30 +730,40 @@ def regenerate_and_capture(r: Run, engine, sink, on_signal, masks, convs, bar) -
     return True
 
 
-def finish(r: Run, ok: bool, stopped_by: Optional[str], died) -> Summary:
+def finish(
+    cfg: Config, model: Model, corpus: Corpus, job: Job, ok: bool, stopped_by: Optional[str], died
+) -> Summary:
     """The summary; an engine that died or a stop signal raise Interrupted (committed is safe)."""
-    writer, summary = r.writer, r.summary
+    writer, summary = job.writer, job.summary
     summary.written = writer.samples_written
     summary.bytes = writer.bytes_written
     for k, v in writer.skipped.items():
         summary.skipped[k] = summary.skipped.get(k, 0) + v
-    summary.wall_s = time.time() - r.t0
-    resume = (f"{writer.samples_written} samples were committed in this run and are safe; "
-              "run the same command again to resume.")
-    if r.cfg.regenerate.enabled and writer.samples_written + summary.already_done:
+    summary.wall_s = time.time() - job.t0
+    resume = (
+        f"{writer.samples_written} samples were committed in this run and are safe; "
+        "run the same command again to resume."
+    )
+    if cfg.regenerate.enabled and writer.samples_written + summary.already_done:
         # the stored answers are the model's, not the source's: count what was committed,
         # once, by the job whose end completes the dataset
         t = time.time()
-        path, left = count_if_complete(r.cfg.output.dir, r.data.ids,
-                                       target_vocab_size=r.info.vocab_size)
+        path, left = count_if_complete(
+            cfg.output.dir, corpus.data.ids, target_vocab_size=model.info.vocab_size
+        )
         if path is not None:
-            log.info("token_freq.json: counted over the committed samples in %.1f s",
-                     time.time() - t)
+            log.info(
+                "token_freq.json: counted over the committed samples in %.1f s", time.time() - t
+            )
         else:
-            log.info("token_freq.json: not counted yet: %d of the dataset's %d samples are "
-                     "not committed (other jobs', or this run's if it stopped); the job that "
-                     "completes the dataset counts them, and `hsdump vocab` counts what is "
-                     "committed if it runs before that", left, len(r.data.ids))
+            log.info(
+                "token_freq.json: not counted yet: %d of the dataset's %d samples are "
+                "not committed (other jobs', or this run's if it stopped); the job that "
+                "completes the dataset counts them, and `hsdump vocab` counts what is "
+                "committed if it runs before that",
+                left,
+                len(corpus.data.ids),
+            )
     if died is not None:
         raise Interrupted(f"the SGLang engine died: {died}. {resume}") from died
     if not ok:

@@ -24,11 +24,21 @@ def cache_dir() -> Path:
 def tiny_config(arch: str, vocab_size: int, num_layers: int = 8, hidden: int = 64):
     from transformers import LlamaConfig, Qwen3Config
 
-    common = dict(vocab_size=vocab_size, hidden_size=hidden, intermediate_size=2 * hidden,
-                  num_hidden_layers=num_layers, num_attention_heads=4, num_key_value_heads=2,
-                  head_dim=hidden // 4, max_position_embeddings=8192, rope_theta=10000.0,
-                  tie_word_embeddings=False, bos_token_id=0, eos_token_id=1,
-                  torch_dtype="bfloat16")
+    common = dict(
+        vocab_size=vocab_size,
+        hidden_size=hidden,
+        intermediate_size=2 * hidden,
+        num_hidden_layers=num_layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=hidden // 4,
+        max_position_embeddings=8192,
+        rope_theta=10000.0,
+        tie_word_embeddings=False,
+        bos_token_id=0,
+        eos_token_id=1,
+        torch_dtype="bfloat16",
+    )
     if arch == "llama":
         return LlamaConfig(**common)
     if arch == "qwen3":
@@ -72,8 +82,10 @@ def resolve_model_path(path: str) -> str:
         return path
     arch = path.split(":", 1)[1]
     if arch not in ARCHS:
-        raise ValueError(f"model.path={path!r}: unknown tiny architecture; use one of "
-                         + ", ".join(f"tiny:{a}" for a in ARCHS))
+        raise ValueError(
+            f"model.path={path!r}: unknown tiny architecture; use one of "
+            + ", ".join(f"tiny:{a}" for a in ARCHS)
+        )
     dest = cache_dir() / "models" / f"tiny-{arch}"
     if not (dest / "config.json").exists():
         build_tiny(arch, dest)

@@ -1,7 +1,6 @@
 import sys
 
 import pytest
-
 from factories import ROOT
 
 sys.path.insert(0, str(ROOT))

@@ -21,8 +21,14 @@ COMPAT = {"model": "m", "layers": LAYERS, "storage_dtype": "bfloat16"}
 # extract.py / `hsdump ray` overrides of the multi-job tests (test_launch.py, test_ray.py); one
 # writer thread: shards reach the fault points in order, so "killed at its 2nd shard" means
 # exactly one listed shard (with several threads the kill may land before the 1st's index)
-JOB_ARGS = ["dataset.max_samples=20", "dataset.max_seq_len=64", "output.shard_bytes=40000",
-            "progress=false", "dataset.on_bad_row=skip", "output.writer_threads=1"]
+JOB_ARGS = [
+    "dataset.max_samples=20",
+    "dataset.max_seq_len=64",
+    "output.shard_bytes=40000",
+    "progress=false",
+    "dataset.on_bad_row=skip",
+    "output.writer_threads=1",
+]
 
 
 # --------------------------------------------------------------------------- samples
@@ -46,23 +52,29 @@ def sample(sid, n):
     return ids.tolist(), mask.tolist(), hs
 
 
-def make_dataset(path, samples, *, storage="bfloat16", per_shard=3, skipped=None,
-                 skipped_rows=None, model="m"):
+def make_dataset(
+    path, samples, *, storage="bfloat16", per_shard=3, skipped=None, skipped_rows=None, model="m"
+):
     """Write a dataset the way hsdump's writer lays it out (format.md), plus the two format
     extensions read here: fp8 hidden states (`.../scale` companions) and final-layer states
     (`{i}/final/{pre_norm,post_norm}`). `samples`: {sid: stored_sample(...)}."""
     import torch
     from safetensors.torch import save
 
-    from hsdump import fp8
+    from hsdump.store import fp8
 
     path.mkdir(parents=True, exist_ok=True)
-    index = {"format": "hsdump/speculators-v1", "format_version": 1, "samples": {},
-             "shards": {}, "skipped": skipped or {}}
+    index = {
+        "format": "hsdump/speculators-v1",
+        "format_version": 1,
+        "samples": {},
+        "shards": {},
+        "skipped": skipped or {},
+    }
     sids = sorted(samples)
     for s in range(0, len(sids), per_shard):
         tensors = {}
-        for sid in sids[s:s + per_shard]:
+        for sid in sids[s : s + per_shard]:
             ids, mask, hs, fin = samples[sid]
             tensors[f"{sid}/input_ids"] = torch.as_tensor(ids, dtype=torch.int64)
             tensors[f"{sid}/loss_mask"] = torch.as_tensor(mask, dtype=torch.int64)
@@ -73,22 +85,31 @@ def make_dataset(path, samples, *, storage="bfloat16", per_shard=3, skipped=None
                     tensors.update(fp8.encode(name, h))
                 else:
                     tensors[name] = h.to(torch.bfloat16).contiguous()
-        meta = {"format": "hsdump/speculators-v1", "format_version": "1",
-                "layers": json.dumps(LAYERS)}
+        meta = {
+            "format": "hsdump/speculators-v1",
+            "format_version": "1",
+            "layers": json.dumps(LAYERS),
+        }
         if storage == "fp8":
             meta.update(fp8.shard_metadata())
         data = save(tensors, metadata=meta)
         name = f"shard-{s // per_shard:05d}.safetensors"
         (path / name).write_bytes(data)
-        index["shards"][name] = {"bytes": len(data), "samples": len(sids[s:s + per_shard]),
-                                 "sha256": hashlib.sha256(data).hexdigest()}
-        for sid in sids[s:s + per_shard]:
+        index["shards"][name] = {
+            "bytes": len(data),
+            "samples": len(sids[s : s + per_shard]),
+            "sha256": hashlib.sha256(data).hexdigest(),
+        }
+        for sid in sids[s : s + per_shard]:
             index["samples"][str(sid)] = name
-    manifest = {"format": "hsdump/speculators-v1", "format_version": 1, "layers": LAYERS,
-                "storage_dtype": "float8_e4m3fn" if storage == "fp8" else storage,
-                "model": {"path": model, "hidden_size": H, "num_hidden_layers": 6,
-                          "dtype": "bfloat16"},
-                "dataset": {"path": "d", "rows": 20, "skipped_rows": skipped_rows or {}}}
+    manifest = {
+        "format": "hsdump/speculators-v1",
+        "format_version": 1,
+        "layers": LAYERS,
+        "storage_dtype": "float8_e4m3fn" if storage == "fp8" else storage,
+        "model": {"path": model, "hidden_size": H, "num_hidden_layers": 6, "dtype": "bfloat16"},
+        "dataset": {"path": "d", "rows": 20, "skipped_rows": skipped_rows or {}},
+    }
     (path / "manifest.json").write_text(json.dumps(manifest))
     (path / "index.json").write_text(json.dumps(index))
     return path
@@ -133,7 +154,7 @@ def compose_config(*overrides, hydra=False):
 # --------------------------------------------------------------------------- commit records
 def committed(path) -> dict:
     """{sample id: shard name} as the dataset's commit records say ({} before the first)."""
-    from hsdump import commits
+    from hsdump.store import commits
 
     try:
         return commits.load(path).samples
@@ -142,14 +163,14 @@ def committed(path) -> dict:
 
 
 def skipped(path) -> dict:
-    from hsdump import commits
+    from hsdump.store import commits
 
     return commits.load(path).skipped
 
 
 def shards(path) -> dict:
     """{shard name: record} of the committed shards."""
-    from hsdump import commits
+    from hsdump.store import commits
 
     try:
         return commits.load(path).shards
@@ -159,8 +180,9 @@ def shards(path) -> dict:
 
 def shard_mtimes(out, names=None) -> dict:
     """{shard name: st_mtime_ns} of `names` (default: the committed shards)."""
-    return {n: (Path(out) / n).stat().st_mtime_ns
-            for n in (shards(out) if names is None else names)}
+    return {
+        n: (Path(out) / n).stat().st_mtime_ns for n in (shards(out) if names is None else names)
+    }
 
 
 # --------------------------------------------------------------------------- references

@@ -49,9 +49,9 @@ BOS, EOS = 0, 1  # the DeepSeek tokenizer's <｜begin▁of▁sentence｜> / <｜
 
 @dataclass(frozen=True)
 class Family:
-    cls: str                        # transformers class name == architectures[0]
+    cls: str  # transformers class name == architectures[0]
     config: Callable[[int], object]  # vocab size -> transformers config
-    extras: Dict = field(default_factory=dict)       # raw keys merged into config.json
+    extras: Dict = field(default_factory=dict)  # raw keys merged into config.json
     text_extras: Dict = field(default_factory=dict)  # raw keys merged into text_config
     num_layers: int = 6
     note: str = ""
@@ -67,40 +67,83 @@ def _layers(n_sliding_then_full: int, n: int, a: str, b: str):
 
 
 # --------------------------------------------------------------------------- dense
-LLAMA31_ROPE = {"factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-                "original_max_position_embeddings": 8192, "rope_type": "llama3"}
+LLAMA31_ROPE = {
+    "factor": 8.0,
+    "low_freq_factor": 1.0,
+    "high_freq_factor": 4.0,
+    "original_max_position_embeddings": 8192,
+    "rope_type": "llama3",
+}
 
 
 def llama(vocab):
     from transformers import LlamaConfig
 
-    return LlamaConfig(vocab_size=vocab, hidden_size=256, intermediate_size=512,
-                       num_hidden_layers=6, num_attention_heads=4, num_key_value_heads=2,
-                       head_dim=64, max_position_embeddings=131072, rms_norm_eps=1e-5,
-                       rope_theta=500000.0, rope_scaling=dict(LLAMA31_ROPE),
-                       attention_bias=False, mlp_bias=False, hidden_act="silu",
-                       tie_word_embeddings=False, bos_token_id=BOS, eos_token_id=EOS)
+    return LlamaConfig(
+        vocab_size=vocab,
+        hidden_size=256,
+        intermediate_size=512,
+        num_hidden_layers=6,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=64,
+        max_position_embeddings=131072,
+        rms_norm_eps=1e-5,
+        rope_theta=500000.0,
+        rope_scaling=dict(LLAMA31_ROPE),
+        attention_bias=False,
+        mlp_bias=False,
+        hidden_act="silu",
+        tie_word_embeddings=False,
+        bos_token_id=BOS,
+        eos_token_id=EOS,
+    )
 
 
 def qwen2(vocab):
     from transformers import Qwen2Config
 
-    return Qwen2Config(vocab_size=vocab, hidden_size=256, intermediate_size=512,
-                       num_hidden_layers=6, num_attention_heads=4, num_key_value_heads=2,
-                       max_position_embeddings=32768, rms_norm_eps=1e-6, rope_theta=1000000.0,
-                       sliding_window=131072, use_sliding_window=False, max_window_layers=28,
-                       tie_word_embeddings=False, bos_token_id=BOS, eos_token_id=EOS)
+    return Qwen2Config(
+        vocab_size=vocab,
+        hidden_size=256,
+        intermediate_size=512,
+        num_hidden_layers=6,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=32768,
+        rms_norm_eps=1e-6,
+        rope_theta=1000000.0,
+        sliding_window=131072,
+        use_sliding_window=False,
+        max_window_layers=28,
+        tie_word_embeddings=False,
+        bos_token_id=BOS,
+        eos_token_id=EOS,
+    )
 
 
 def qwen3(vocab):
     from transformers import Qwen3Config
 
-    return Qwen3Config(vocab_size=vocab, hidden_size=256, intermediate_size=512,
-                       num_hidden_layers=6, num_attention_heads=4, num_key_value_heads=2,
-                       head_dim=64, max_position_embeddings=40960, rms_norm_eps=1e-6,
-                       rope_theta=1000000.0, attention_bias=False, sliding_window=None,
-                       use_sliding_window=False, max_window_layers=36,
-                       tie_word_embeddings=False, bos_token_id=BOS, eos_token_id=EOS)
+    return Qwen3Config(
+        vocab_size=vocab,
+        hidden_size=256,
+        intermediate_size=512,
+        num_hidden_layers=6,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=64,
+        max_position_embeddings=40960,
+        rms_norm_eps=1e-6,
+        rope_theta=1000000.0,
+        attention_bias=False,
+        sliding_window=None,
+        use_sliding_window=False,
+        max_window_layers=36,
+        tie_word_embeddings=False,
+        bos_token_id=BOS,
+        eos_token_id=EOS,
+    )
 
 
 def phi3(vocab):
@@ -108,23 +151,46 @@ def phi3(vocab):
 
     # Phi-3-mini-4k-instruct: MHA (kv heads == heads), fused qkv / gate_up, sliding window
     # 2047, no rope scaling, untied
-    return Phi3Config(vocab_size=vocab, hidden_size=256, intermediate_size=512,
-                      num_hidden_layers=6, num_attention_heads=4, num_key_value_heads=4,
-                      max_position_embeddings=4096, original_max_position_embeddings=4096,
-                      rms_norm_eps=1e-5, rope_theta=10000.0, rope_scaling=None,
-                      sliding_window=2047, tie_word_embeddings=False, bos_token_id=BOS,
-                      eos_token_id=EOS, pad_token_id=EOS)
+    return Phi3Config(
+        vocab_size=vocab,
+        hidden_size=256,
+        intermediate_size=512,
+        num_hidden_layers=6,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+        max_position_embeddings=4096,
+        original_max_position_embeddings=4096,
+        rms_norm_eps=1e-5,
+        rope_theta=10000.0,
+        rope_scaling=None,
+        sliding_window=2047,
+        tie_word_embeddings=False,
+        bos_token_id=BOS,
+        eos_token_id=EOS,
+        pad_token_id=EOS,
+    )
 
 
 def mistral(vocab):
     from transformers import MistralConfig
 
     # Mistral-7B-Instruct-v0.3: no sliding window (null), theta 1e6, untied
-    return MistralConfig(vocab_size=vocab, hidden_size=256, intermediate_size=512,
-                         num_hidden_layers=6, num_attention_heads=4, num_key_value_heads=2,
-                         head_dim=64, max_position_embeddings=32768, rms_norm_eps=1e-5,
-                         rope_theta=1000000.0, sliding_window=None,
-                         tie_word_embeddings=False, bos_token_id=BOS, eos_token_id=EOS)
+    return MistralConfig(
+        vocab_size=vocab,
+        hidden_size=256,
+        intermediate_size=512,
+        num_hidden_layers=6,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=64,
+        max_position_embeddings=32768,
+        rms_norm_eps=1e-5,
+        rope_theta=1000000.0,
+        sliding_window=None,
+        tie_word_embeddings=False,
+        bos_token_id=BOS,
+        eos_token_id=EOS,
+    )
 
 
 # --------------------------------------------------------------------------- MoE
@@ -133,16 +199,32 @@ def qwen3_moe(vocab):
 
     # Qwen3-30B-A3B: every layer MoE (decoder_sparse_step 1, mlp_only_layers []), no shared
     # expert, top-k renormalised; 128 experts / top-8 scaled to 8 / top-2
-    return Qwen3MoeConfig(vocab_size=vocab, hidden_size=256, intermediate_size=512,
-                          moe_intermediate_size=128, num_hidden_layers=6,
-                          num_attention_heads=4, num_key_value_heads=2, head_dim=64,
-                          num_experts=8, num_experts_per_tok=2, norm_topk_prob=True,
-                          decoder_sparse_step=1, mlp_only_layers=[],
-                          max_position_embeddings=40960, rms_norm_eps=1e-6,
-                          rope_theta=1000000.0, attention_bias=False, sliding_window=None,
-                          use_sliding_window=False, max_window_layers=48,
-                          router_aux_loss_coef=0.001, tie_word_embeddings=False,
-                          bos_token_id=BOS, eos_token_id=EOS)
+    return Qwen3MoeConfig(
+        vocab_size=vocab,
+        hidden_size=256,
+        intermediate_size=512,
+        moe_intermediate_size=128,
+        num_hidden_layers=6,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=64,
+        num_experts=8,
+        num_experts_per_tok=2,
+        norm_topk_prob=True,
+        decoder_sparse_step=1,
+        mlp_only_layers=[],
+        max_position_embeddings=40960,
+        rms_norm_eps=1e-6,
+        rope_theta=1000000.0,
+        attention_bias=False,
+        sliding_window=None,
+        use_sliding_window=False,
+        max_window_layers=48,
+        router_aux_loss_coef=0.001,
+        tie_word_embeddings=False,
+        bos_token_id=BOS,
+        eos_token_id=EOS,
+    )
 
 
 def gpt_oss(vocab):
@@ -150,25 +232,52 @@ def gpt_oss(vocab):
 
     # gpt-oss-20b: alternating sliding (128) / full attention, attention sinks, biases,
     # yarn x32, 32 experts top-4 scaled to 8 top-2, swiglu clamp 7.0
-    return GptOssConfig(vocab_size=vocab, hidden_size=256, intermediate_size=256,
-                        num_hidden_layers=6, num_attention_heads=4, num_key_value_heads=2,
-                        head_dim=64, num_local_experts=8, num_experts_per_tok=2,
-                        sliding_window=128,
-                        layer_types=_layers(2, 6, "sliding_attention", "full_attention"),
-                        max_position_embeddings=131072, rms_norm_eps=1e-5,
-                        rope_theta=150000.0,
-                        rope_scaling={"rope_type": "yarn", "factor": 32.0, "beta_fast": 32.0,
-                                      "beta_slow": 1.0, "truncate": False,
-                                      "original_max_position_embeddings": 4096},
-                        swiglu_limit=7.0, attention_bias=True, router_aux_loss_coef=0.9,
-                        tie_word_embeddings=False, bos_token_id=BOS, eos_token_id=EOS)
+    return GptOssConfig(
+        vocab_size=vocab,
+        hidden_size=256,
+        intermediate_size=256,
+        num_hidden_layers=6,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=64,
+        num_local_experts=8,
+        num_experts_per_tok=2,
+        sliding_window=128,
+        layer_types=_layers(2, 6, "sliding_attention", "full_attention"),
+        max_position_embeddings=131072,
+        rms_norm_eps=1e-5,
+        rope_theta=150000.0,
+        rope_scaling={
+            "rope_type": "yarn",
+            "factor": 32.0,
+            "beta_fast": 32.0,
+            "beta_slow": 1.0,
+            "truncate": False,
+            "original_max_position_embeddings": 4096,
+        },
+        swiglu_limit=7.0,
+        attention_bias=True,
+        router_aux_loss_coef=0.9,
+        tie_word_embeddings=False,
+        bos_token_id=BOS,
+        eos_token_id=EOS,
+    )
 
 
-GPT_OSS_EXTRAS = {"experts_per_token": 2, "initial_context_length": 4096, "swiglu_limit": 7.0,
-                  "rope_theta": 150000.0,
-                  "rope_scaling": {"beta_fast": 32.0, "beta_slow": 1.0, "factor": 32.0,
-                                   "original_max_position_embeddings": 4096,
-                                   "rope_type": "yarn", "truncate": False}}
+GPT_OSS_EXTRAS = {
+    "experts_per_token": 2,
+    "initial_context_length": 4096,
+    "swiglu_limit": 7.0,
+    "rope_theta": 150000.0,
+    "rope_scaling": {
+        "beta_fast": 32.0,
+        "beta_slow": 1.0,
+        "factor": 32.0,
+        "original_max_position_embeddings": 4096,
+        "rope_type": "yarn",
+        "truncate": False,
+    },
+}
 
 
 def glm4_moe(vocab):
@@ -176,20 +285,43 @@ def glm4_moe(vocab):
 
     # GLM-4.5-Air: partial rotary 0.5, qkv bias, first layer dense, 128 routed experts top-8
     # + 1 shared (scaled to 8 top-2 + 1), sigmoid routing with correction bias, n_group 1
-    return Glm4MoeConfig(vocab_size=vocab, hidden_size=256, intermediate_size=512,
-                         moe_intermediate_size=128, num_hidden_layers=6,
-                         num_attention_heads=4, num_key_value_heads=2, head_dim=64,
-                         partial_rotary_factor=0.5, attention_bias=True, use_qk_norm=False,
-                         n_routed_experts=8, n_shared_experts=1, num_experts_per_tok=2,
-                         first_k_dense_replace=1, routed_scaling_factor=1.0, n_group=1,
-                         topk_group=1, norm_topk_prob=True, max_position_embeddings=131072,
-                         rms_norm_eps=1e-5, rope_theta=1000000.0, tie_word_embeddings=False,
-                         bos_token_id=BOS, eos_token_id=EOS)
+    return Glm4MoeConfig(
+        vocab_size=vocab,
+        hidden_size=256,
+        intermediate_size=512,
+        moe_intermediate_size=128,
+        num_hidden_layers=6,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=64,
+        partial_rotary_factor=0.5,
+        attention_bias=True,
+        use_qk_norm=False,
+        n_routed_experts=8,
+        n_shared_experts=1,
+        num_experts_per_tok=2,
+        first_k_dense_replace=1,
+        routed_scaling_factor=1.0,
+        n_group=1,
+        topk_group=1,
+        norm_topk_prob=True,
+        max_position_embeddings=131072,
+        rms_norm_eps=1e-5,
+        rope_theta=1000000.0,
+        tie_word_embeddings=False,
+        bos_token_id=BOS,
+        eos_token_id=EOS,
+    )
 
 
-GLM4_MOE_EXTRAS = {"num_nextn_predict_layers": 1, "partial_rotary_factor": 0.5,
-                   "rope_theta": 1000000.0, "rope_scaling": None, "head_dim": 64,
-                   "use_qk_norm": False}
+GLM4_MOE_EXTRAS = {
+    "num_nextn_predict_layers": 1,
+    "partial_rotary_factor": 0.5,
+    "rope_theta": 1000000.0,
+    "rope_scaling": None,
+    "head_dim": 64,
+    "use_qk_norm": False,
+}
 
 
 def minimax_m2(vocab):
@@ -197,27 +329,57 @@ def minimax_m2(vocab):
 
     # MiniMax-M2: qk-norm over all heads (per_layer), partial rotary (rotary_dim = head/2),
     # 256 experts top-8 (scaled to 8 top-2), sigmoid scoring with routing bias, no shared
-    return MiniMaxM2Config(vocab_size=vocab, hidden_size=256, intermediate_size=128,
-                           num_hidden_layers=6, num_attention_heads=4, num_key_value_heads=2,
-                           head_dim=64, num_local_experts=8, num_experts_per_tok=2,
-                           max_position_embeddings=196608, rms_norm_eps=1e-6,
-                           rope_theta=5000000.0, rotary_dim=32, tie_word_embeddings=False,
-                           bos_token_id=BOS, eos_token_id=EOS)
+    return MiniMaxM2Config(
+        vocab_size=vocab,
+        hidden_size=256,
+        intermediate_size=128,
+        num_hidden_layers=6,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=64,
+        num_local_experts=8,
+        num_experts_per_tok=2,
+        max_position_embeddings=196608,
+        rms_norm_eps=1e-6,
+        rope_theta=5000000.0,
+        rotary_dim=32,
+        tie_word_embeddings=False,
+        bos_token_id=BOS,
+        eos_token_id=EOS,
+    )
 
 
-MINIMAX_M2_EXTRAS = {"attn_type_list": [1] * 6, "qk_norm_type": "per_layer",
-                     "use_qk_norm": True, "rotary_dim": 32, "partial_rotary_factor": 0.5,
-                     "rope_theta": 5000000.0, "scoring_func": "sigmoid",
-                     "use_routing_bias": True, "shared_intermediate_size": 0,
-                     "use_mtp": True, "num_mtp_modules": 3, "mtp_transformer_layers": 1,
-                     "layernorm_full_attention_beta": 1.0, "layernorm_mlp_beta": 1.0,
-                     "sliding_window": None}
+MINIMAX_M2_EXTRAS = {
+    "attn_type_list": [1] * 6,
+    "qk_norm_type": "per_layer",
+    "use_qk_norm": True,
+    "rotary_dim": 32,
+    "partial_rotary_factor": 0.5,
+    "rope_theta": 5000000.0,
+    "scoring_func": "sigmoid",
+    "use_routing_bias": True,
+    "shared_intermediate_size": 0,
+    "use_mtp": True,
+    "num_mtp_modules": 3,
+    "mtp_transformer_layers": 1,
+    "layernorm_full_attention_beta": 1.0,
+    "layernorm_mlp_beta": 1.0,
+    "sliding_window": None,
+}
 
 
-DSV3_ROPE = {"type": "yarn", "factor": 40.0, "original_max_position_embeddings": 4096,
-             "beta_fast": 32, "beta_slow": 1, "mscale": 1.0, "mscale_all_dim": 1.0}
-DSV3_MLA = dict(kv_lora_rank=512, q_lora_rank=1536, qk_rope_head_dim=64, qk_nope_head_dim=128,
-                v_head_dim=128)
+DSV3_ROPE = {
+    "type": "yarn",
+    "factor": 40.0,
+    "original_max_position_embeddings": 4096,
+    "beta_fast": 32,
+    "beta_slow": 1,
+    "mscale": 1.0,
+    "mscale_all_dim": 1.0,
+}
+DSV3_MLA = dict(
+    kv_lora_rank=512, q_lora_rank=1536, qk_rope_head_dim=64, qk_nope_head_dim=128, v_head_dim=128
+)
 
 
 def deepseek_v3(vocab):
@@ -225,36 +387,76 @@ def deepseek_v3(vocab):
 
     # DeepSeek-V3: MLA with the real dims, first 3 (here 1) layers dense, 256 routed experts
     # top-8 (scaled to 8 top-2) + 1 shared, sigmoid noaux_tc routing, yarn x40
-    return DeepseekV3Config(vocab_size=vocab, hidden_size=512, intermediate_size=1024,
-                            moe_intermediate_size=256, num_hidden_layers=6,
-                            num_attention_heads=4, num_key_value_heads=4, n_shared_experts=1,
-                            n_routed_experts=8, num_experts_per_tok=2, n_group=1, topk_group=1,
-                            routed_scaling_factor=2.5, norm_topk_prob=True,
-                            first_k_dense_replace=1, max_position_embeddings=163840,
-                            rope_theta=10000.0, rope_scaling=dict(DSV3_ROPE), **DSV3_MLA,
-                            tie_word_embeddings=False, bos_token_id=BOS, eos_token_id=EOS)
+    return DeepseekV3Config(
+        vocab_size=vocab,
+        hidden_size=512,
+        intermediate_size=1024,
+        moe_intermediate_size=256,
+        num_hidden_layers=6,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+        n_shared_experts=1,
+        n_routed_experts=8,
+        num_experts_per_tok=2,
+        n_group=1,
+        topk_group=1,
+        routed_scaling_factor=2.5,
+        norm_topk_prob=True,
+        first_k_dense_replace=1,
+        max_position_embeddings=163840,
+        rope_theta=10000.0,
+        rope_scaling=dict(DSV3_ROPE),
+        **DSV3_MLA,
+        tie_word_embeddings=False,
+        bos_token_id=BOS,
+        eos_token_id=EOS,
+    )
 
 
-DSV3_EXTRAS = {"moe_layer_freq": 1, "topk_method": "noaux_tc", "scoring_func": "sigmoid",
-               "ep_size": 1, "seq_aux": True, "aux_loss_alpha": 0.001,
-               "num_nextn_predict_layers": 1, "rope_theta": 10000.0,
-               "rope_scaling": dict(DSV3_ROPE)}
+DSV3_EXTRAS = {
+    "moe_layer_freq": 1,
+    "topk_method": "noaux_tc",
+    "scoring_func": "sigmoid",
+    "ep_size": 1,
+    "seq_aux": True,
+    "aux_loss_alpha": 0.001,
+    "num_nextn_predict_layers": 1,
+    "rope_theta": 10000.0,
+    "rope_scaling": dict(DSV3_ROPE),
+}
 
 
 def deepseek_v32(vocab):
     from transformers import DeepseekV32Config
 
     # DeepSeek-V3.2-Exp: V3 plus the lightning indexer (DSA); index_* as released
-    return DeepseekV32Config(vocab_size=vocab, hidden_size=512, intermediate_size=1024,
-                             moe_intermediate_size=256, num_hidden_layers=6,
-                             num_attention_heads=4, num_key_value_heads=4,
-                             n_shared_experts=1, n_routed_experts=8, num_experts_per_tok=2,
-                             n_group=1, topk_group=1, routed_scaling_factor=2.5,
-                             norm_topk_prob=True, first_k_dense_replace=1,
-                             max_position_embeddings=163840, rope_theta=10000.0,
-                             rope_scaling=dict(DSV3_ROPE), **DSV3_MLA, index_topk=2048,
-                             index_head_dim=128, index_n_heads=64,
-                             tie_word_embeddings=False, bos_token_id=BOS, eos_token_id=EOS)
+    return DeepseekV32Config(
+        vocab_size=vocab,
+        hidden_size=512,
+        intermediate_size=1024,
+        moe_intermediate_size=256,
+        num_hidden_layers=6,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+        n_shared_experts=1,
+        n_routed_experts=8,
+        num_experts_per_tok=2,
+        n_group=1,
+        topk_group=1,
+        routed_scaling_factor=2.5,
+        norm_topk_prob=True,
+        first_k_dense_replace=1,
+        max_position_embeddings=163840,
+        rope_theta=10000.0,
+        rope_scaling=dict(DSV3_ROPE),
+        **DSV3_MLA,
+        index_topk=2048,
+        index_head_dim=128,
+        index_n_heads=64,
+        tie_word_embeddings=False,
+        bos_token_id=BOS,
+        eos_token_id=EOS,
+    )
 
 
 DSV32_EXTRAS = dict(DSV3_EXTRAS, index_topk=2048, index_head_dim=128, index_n_heads=64)
@@ -266,54 +468,109 @@ def qwen3_next(vocab):
 
     # Qwen3-Next-80B-A3B: 3 Gated-DeltaNet layers then 1 gated full-attention layer, partial
     # rotary 0.25, 512 experts top-10 + shared expert (scaled to 8 top-2 + shared)
-    return Qwen3NextConfig(vocab_size=vocab, hidden_size=256, intermediate_size=512,
-                           num_hidden_layers=8, num_attention_heads=4, num_key_value_heads=2,
-                           head_dim=256, linear_conv_kernel_dim=4, linear_key_head_dim=128,
-                           linear_value_head_dim=128, linear_num_key_heads=2,
-                           linear_num_value_heads=4, decoder_sparse_step=1,
-                           moe_intermediate_size=128, shared_expert_intermediate_size=128,
-                           num_experts=8, num_experts_per_tok=2, norm_topk_prob=True,
-                           mlp_only_layers=[],
-                           layer_types=_layers(4, 8, "linear_attention", "full_attention"),
-                           max_position_embeddings=262144, rms_norm_eps=1e-6,
-                           rope_theta=5000000.0, partial_rotary_factor=0.25,
-                           tie_word_embeddings=False, bos_token_id=BOS, eos_token_id=EOS)
+    return Qwen3NextConfig(
+        vocab_size=vocab,
+        hidden_size=256,
+        intermediate_size=512,
+        num_hidden_layers=8,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=256,
+        linear_conv_kernel_dim=4,
+        linear_key_head_dim=128,
+        linear_value_head_dim=128,
+        linear_num_key_heads=2,
+        linear_num_value_heads=4,
+        decoder_sparse_step=1,
+        moe_intermediate_size=128,
+        shared_expert_intermediate_size=128,
+        num_experts=8,
+        num_experts_per_tok=2,
+        norm_topk_prob=True,
+        mlp_only_layers=[],
+        layer_types=_layers(4, 8, "linear_attention", "full_attention"),
+        max_position_embeddings=262144,
+        rms_norm_eps=1e-6,
+        rope_theta=5000000.0,
+        partial_rotary_factor=0.25,
+        tie_word_embeddings=False,
+        bos_token_id=BOS,
+        eos_token_id=EOS,
+    )
 
 
-QWEN3_NEXT_EXTRAS = {"full_attention_interval": 4, "partial_rotary_factor": 0.25,
-                     "rope_theta": 5000000.0, "rope_scaling": None,
-                     "use_sliding_window": False, "attention_bias": False}
+QWEN3_NEXT_EXTRAS = {
+    "full_attention_interval": 4,
+    "partial_rotary_factor": 0.25,
+    "rope_theta": 5000000.0,
+    "rope_scaling": None,
+    "use_sliding_window": False,
+    "attention_bias": False,
+}
 
-QWEN35_ROPE = {"mrope_interleaved": True, "mrope_section": [11, 11, 10], "rope_type": "default",
-               "rope_theta": 10000000.0, "partial_rotary_factor": 0.25}
-QWEN35_TEXT_EXTRAS = {"full_attention_interval": 4, "attn_output_gate": True,
-                      "mtp_num_hidden_layers": 1, "mtp_use_dedicated_embeddings": False}
+QWEN35_ROPE = {
+    "mrope_interleaved": True,
+    "mrope_section": [11, 11, 10],
+    "rope_type": "default",
+    "rope_theta": 10000000.0,
+    "partial_rotary_factor": 0.25,
+}
+QWEN35_TEXT_EXTRAS = {
+    "full_attention_interval": 4,
+    "attn_output_gate": True,
+    "mtp_num_hidden_layers": 1,
+    "mtp_use_dedicated_embeddings": False,
+}
 
 
 def _qwen35_text(vocab, moe: bool):
-    common = dict(vocab_size=vocab, hidden_size=256, num_hidden_layers=8,
-                  num_attention_heads=4, num_key_value_heads=2, head_dim=256,
-                  linear_conv_kernel_dim=4, linear_key_head_dim=128, linear_value_head_dim=128,
-                  linear_num_key_heads=2, linear_num_value_heads=4,
-                  layer_types=_layers(4, 8, "linear_attention", "full_attention"),
-                  max_position_embeddings=262144, rms_norm_eps=1e-6,
-                  rope_parameters=dict(QWEN35_ROPE), tie_word_embeddings=False,
-                  bos_token_id=BOS, eos_token_id=EOS)
+    common = dict(
+        vocab_size=vocab,
+        hidden_size=256,
+        num_hidden_layers=8,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=256,
+        linear_conv_kernel_dim=4,
+        linear_key_head_dim=128,
+        linear_value_head_dim=128,
+        linear_num_key_heads=2,
+        linear_num_value_heads=4,
+        layer_types=_layers(4, 8, "linear_attention", "full_attention"),
+        max_position_embeddings=262144,
+        rms_norm_eps=1e-6,
+        rope_parameters=dict(QWEN35_ROPE),
+        tie_word_embeddings=False,
+        bos_token_id=BOS,
+        eos_token_id=EOS,
+    )
     if moe:
         from transformers import Qwen3_5MoeTextConfig
 
         # Qwen3.5-35B-A3B: 256 experts top-8 + shared expert (scaled to 8 top-2 + shared)
-        return Qwen3_5MoeTextConfig(**common, moe_intermediate_size=128,
-                                    shared_expert_intermediate_size=128, num_experts=8,
-                                    num_experts_per_tok=2)
+        return Qwen3_5MoeTextConfig(
+            **common,
+            moe_intermediate_size=128,
+            shared_expert_intermediate_size=128,
+            num_experts=8,
+            num_experts_per_tok=2,
+        )
     from transformers import Qwen3_5TextConfig
 
     return Qwen3_5TextConfig(**common, intermediate_size=512)
 
 
-TINY_VISION_QWEN35 = dict(depth=1, hidden_size=64, intermediate_size=128, num_heads=2,
-                          out_hidden_size=256, num_position_embeddings=64, patch_size=16,
-                          spatial_merge_size=2, temporal_patch_size=2)
+TINY_VISION_QWEN35 = dict(
+    depth=1,
+    hidden_size=64,
+    intermediate_size=128,
+    num_heads=2,
+    out_hidden_size=256,
+    num_position_embeddings=64,
+    patch_size=16,
+    spatial_merge_size=2,
+    temporal_patch_size=2,
+)
 
 
 def qwen3_5(vocab):
@@ -327,15 +584,21 @@ def qwen3_5_moe(vocab):
 def qwen3_5_vl(vocab):
     from transformers import Qwen3_5Config
 
-    return Qwen3_5Config(text_config=_qwen35_text(vocab, False).to_dict(),
-                         vision_config=dict(TINY_VISION_QWEN35), tie_word_embeddings=False)
+    return Qwen3_5Config(
+        text_config=_qwen35_text(vocab, False).to_dict(),
+        vision_config=dict(TINY_VISION_QWEN35),
+        tie_word_embeddings=False,
+    )
 
 
 def qwen3_5_moe_vl(vocab):
     from transformers import Qwen3_5MoeConfig
 
-    return Qwen3_5MoeConfig(text_config=_qwen35_text(vocab, True).to_dict(),
-                            vision_config=dict(TINY_VISION_QWEN35), tie_word_embeddings=False)
+    return Qwen3_5MoeConfig(
+        text_config=_qwen35_text(vocab, True).to_dict(),
+        vision_config=dict(TINY_VISION_QWEN35),
+        tie_word_embeddings=False,
+    )
 
 
 # --------------------------------------------------------------------------- gemma / llama4
@@ -344,22 +607,42 @@ def _gemma3_text(vocab, **over):
 
     # gemma-3-1b-it: 5 local (sliding) layers then 1 global, local theta 1e4, global 1e6,
     # query_pre_attn_scalar = head_dim, sandwich norms, tied embeddings, GeGLU (tanh)
-    kw = dict(vocab_size=vocab, hidden_size=256, intermediate_size=512, num_hidden_layers=8,
-              num_attention_heads=4, num_key_value_heads=1, head_dim=64,
-              query_pre_attn_scalar=64, sliding_window=64, sliding_window_pattern=6,
-              layer_types=_layers(6, 8, "sliding_attention", "full_attention"),
-              rope_theta=1000000.0, rope_local_base_freq=10000.0, rope_scaling=None,
-              max_position_embeddings=32768, rms_norm_eps=1e-6,
-              hidden_activation="gelu_pytorch_tanh", final_logit_softcapping=None,
-              attn_logit_softcapping=None, tie_word_embeddings=True, bos_token_id=BOS,
-              eos_token_id=EOS, pad_token_id=EOS)
+    kw = dict(
+        vocab_size=vocab,
+        hidden_size=256,
+        intermediate_size=512,
+        num_hidden_layers=8,
+        num_attention_heads=4,
+        num_key_value_heads=1,
+        head_dim=64,
+        query_pre_attn_scalar=64,
+        sliding_window=64,
+        sliding_window_pattern=6,
+        layer_types=_layers(6, 8, "sliding_attention", "full_attention"),
+        rope_theta=1000000.0,
+        rope_local_base_freq=10000.0,
+        rope_scaling=None,
+        max_position_embeddings=32768,
+        rms_norm_eps=1e-6,
+        hidden_activation="gelu_pytorch_tanh",
+        final_logit_softcapping=None,
+        attn_logit_softcapping=None,
+        tie_word_embeddings=True,
+        bos_token_id=BOS,
+        eos_token_id=EOS,
+        pad_token_id=EOS,
+    )
     kw.update(over)
     return Gemma3TextConfig(**kw)
 
 
-GEMMA3_TEXT_EXTRAS = {"sliding_window_pattern": 6, "rope_local_base_freq": 10000.0,
-                      "rope_theta": 1000000.0, "rope_scaling": None,
-                      "query_pre_attn_scalar": 64}
+GEMMA3_TEXT_EXTRAS = {
+    "sliding_window_pattern": 6,
+    "rope_local_base_freq": 10000.0,
+    "rope_theta": 1000000.0,
+    "rope_scaling": None,
+    "query_pre_attn_scalar": 64,
+}
 
 
 def gemma3(vocab):
@@ -371,19 +654,38 @@ def gemma3_vl(vocab):
 
     # gemma-3-4b-it: the text model has linear rope scaling x8 on the global layers
     text = _gemma3_text(vocab, rope_scaling={"factor": 8.0, "rope_type": "linear"})
-    vision = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=1,
-                  num_attention_heads=2, image_size=56, patch_size=14,
-                  vision_use_head=False, model_type="siglip_vision_model")
-    return Gemma3Config(text_config=text.to_dict(), vision_config=vision,
-                        mm_tokens_per_image=4, boi_token_index=100, eoi_token_index=101,
-                        image_token_index=102, tie_word_embeddings=True)
+    vision = dict(
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        image_size=56,
+        patch_size=14,
+        vision_use_head=False,
+        model_type="siglip_vision_model",
+    )
+    return Gemma3Config(
+        text_config=text.to_dict(),
+        vision_config=vision,
+        mm_tokens_per_image=4,
+        boi_token_index=100,
+        eoi_token_index=101,
+        image_token_index=102,
+        tie_word_embeddings=True,
+    )
 
 
-GEMMA3_VL_TEXT_EXTRAS = dict(GEMMA3_TEXT_EXTRAS,
-                             rope_scaling={"factor": 8.0, "rope_type": "linear"})
+GEMMA3_VL_TEXT_EXTRAS = dict(
+    GEMMA3_TEXT_EXTRAS, rope_scaling={"factor": 8.0, "rope_type": "linear"}
+)
 
-LLAMA4_ROPE = {"factor": 16.0, "high_freq_factor": 1.0, "low_freq_factor": 1.0,
-               "original_max_position_embeddings": 8192, "rope_type": "llama3"}
+LLAMA4_ROPE = {
+    "factor": 16.0,
+    "high_freq_factor": 1.0,
+    "low_freq_factor": 1.0,
+    "original_max_position_embeddings": 8192,
+    "rope_type": "llama3",
+}
 
 
 def _llama4_text(vocab):
@@ -392,26 +694,48 @@ def _llama4_text(vocab):
     # Llama-4-Scout-17B-16E: every layer MoE (16 experts top-1 + shared, scaled to 4),
     # chunked local attention (8192) with every 4th layer NoPE/global, qk-norm on rope
     # layers, attention temperature tuning, llama3 rope x16
-    return Llama4TextConfig(vocab_size=vocab, hidden_size=256, intermediate_size=128,
-                            intermediate_size_mlp=512, num_hidden_layers=8,
-                            num_attention_heads=4, num_key_value_heads=2, head_dim=64,
-                            num_local_experts=4, num_experts_per_tok=1,
-                            interleave_moe_layer_step=1, use_qk_norm=True,
-                            attention_chunk_size=8192, no_rope_layer_interval=4,
-                            attn_temperature_tuning=True, floor_scale=8192, attn_scale=0.1,
-                            max_position_embeddings=10485760, rms_norm_eps=1e-5,
-                            rope_theta=500000.0, rope_scaling=dict(LLAMA4_ROPE),
-                            tie_word_embeddings=False, bos_token_id=BOS, eos_token_id=EOS,
-                            pad_token_id=EOS)
+    return Llama4TextConfig(
+        vocab_size=vocab,
+        hidden_size=256,
+        intermediate_size=128,
+        intermediate_size_mlp=512,
+        num_hidden_layers=8,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=64,
+        num_local_experts=4,
+        num_experts_per_tok=1,
+        interleave_moe_layer_step=1,
+        use_qk_norm=True,
+        attention_chunk_size=8192,
+        no_rope_layer_interval=4,
+        attn_temperature_tuning=True,
+        floor_scale=8192,
+        attn_scale=0.1,
+        max_position_embeddings=10485760,
+        rms_norm_eps=1e-5,
+        rope_theta=500000.0,
+        rope_scaling=dict(LLAMA4_ROPE),
+        tie_word_embeddings=False,
+        bos_token_id=BOS,
+        eos_token_id=EOS,
+        pad_token_id=EOS,
+    )
 
 
 # The release's config.json has "attn_temperature_tuning": 4 (an int); transformers 5.19's
 # strict Llama4TextConfig refuses it ("Field 'attn_temperature_tuning' expected bool, got int
 # (value: 4)"), in AutoConfig and so in SGLang too: a real Llama-4 checkpoint needs that key
 # set to true before either loads it. The tiny checkpoint carries true.
-LLAMA4_TEXT_EXTRAS = {"rope_theta": 500000.0, "rope_scaling": dict(LLAMA4_ROPE),
-                      "attn_temperature_tuning": True, "floor_scale": 8192, "attn_scale": 0.1,
-                      "for_llm_compressor": False, "cache_implementation": "hybrid"}
+LLAMA4_TEXT_EXTRAS = {
+    "rope_theta": 500000.0,
+    "rope_scaling": dict(LLAMA4_ROPE),
+    "attn_temperature_tuning": True,
+    "floor_scale": 8192,
+    "attn_scale": 0.1,
+    "for_llm_compressor": False,
+    "cache_implementation": "hybrid",
+}
 
 
 def llama4_text(vocab):
@@ -421,46 +745,76 @@ def llama4_text(vocab):
 def llama4(vocab):
     from transformers import Llama4Config
 
-    vision = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=1,
-                  num_attention_heads=2, image_size=56, patch_size=14,
-                  vision_output_dim=128, projector_input_dim=128, projector_output_dim=256,
-                  pixel_shuffle_ratio=0.5)
-    return Llama4Config(text_config=_llama4_text(vocab).to_dict(), vision_config=vision,
-                        boi_token_index=100, eoi_token_index=101, image_token_index=102,
-                        tie_word_embeddings=False)
+    vision = dict(
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        image_size=56,
+        patch_size=14,
+        vision_output_dim=128,
+        projector_input_dim=128,
+        projector_output_dim=256,
+        pixel_shuffle_ratio=0.5,
+    )
+    return Llama4Config(
+        text_config=_llama4_text(vocab).to_dict(),
+        vision_config=vision,
+        boi_token_index=100,
+        eoi_token_index=101,
+        image_token_index=102,
+        tie_word_embeddings=False,
+    )
 
 
 FAMILIES: Dict[str, Family] = {
-    "llama": Family("LlamaForCausalLM", llama,
-                    {"rope_theta": 500000.0, "rope_scaling": dict(LLAMA31_ROPE)}),
+    "llama": Family(
+        "LlamaForCausalLM", llama, {"rope_theta": 500000.0, "rope_scaling": dict(LLAMA31_ROPE)}
+    ),
     "qwen2": Family("Qwen2ForCausalLM", qwen2, {"rope_theta": 1000000.0, "rope_scaling": None}),
     "qwen3": Family("Qwen3ForCausalLM", qwen3, {"rope_theta": 1000000.0, "rope_scaling": None}),
-    "qwen3_moe": Family("Qwen3MoeForCausalLM", qwen3_moe,
-                        {"rope_theta": 1000000.0, "rope_scaling": None}),
+    "qwen3_moe": Family(
+        "Qwen3MoeForCausalLM", qwen3_moe, {"rope_theta": 1000000.0, "rope_scaling": None}
+    ),
     "qwen3_next": Family("Qwen3NextForCausalLM", qwen3_next, QWEN3_NEXT_EXTRAS, num_layers=8),
-    "qwen3_5": Family("Qwen3_5ForCausalLM", qwen3_5, QWEN35_TEXT_EXTRAS, num_layers=8,
-                      note="text class; the releases are ...ForConditionalGeneration"),
-    "qwen3_5_moe": Family("Qwen3_5MoeForCausalLM", qwen3_5_moe, QWEN35_TEXT_EXTRAS,
-                          num_layers=8, note="text class"),
-    "qwen3_5_vl": Family("Qwen3_5ForConditionalGeneration", qwen3_5_vl, {},
-                         QWEN35_TEXT_EXTRAS, num_layers=8),
-    "qwen3_5_moe_vl": Family("Qwen3_5MoeForConditionalGeneration", qwen3_5_moe_vl, {},
-                             QWEN35_TEXT_EXTRAS, num_layers=8),
+    "qwen3_5": Family(
+        "Qwen3_5ForCausalLM",
+        qwen3_5,
+        QWEN35_TEXT_EXTRAS,
+        num_layers=8,
+        note="text class; the releases are ...ForConditionalGeneration",
+    ),
+    "qwen3_5_moe": Family(
+        "Qwen3_5MoeForCausalLM", qwen3_5_moe, QWEN35_TEXT_EXTRAS, num_layers=8, note="text class"
+    ),
+    "qwen3_5_vl": Family(
+        "Qwen3_5ForConditionalGeneration", qwen3_5_vl, {}, QWEN35_TEXT_EXTRAS, num_layers=8
+    ),
+    "qwen3_5_moe_vl": Family(
+        "Qwen3_5MoeForConditionalGeneration", qwen3_5_moe_vl, {}, QWEN35_TEXT_EXTRAS, num_layers=8
+    ),
     "gpt_oss": Family("GptOssForCausalLM", gpt_oss, GPT_OSS_EXTRAS),
     "glm4_moe": Family("Glm4MoeForCausalLM", glm4_moe, GLM4_MOE_EXTRAS),
     "minimax_m2": Family("MiniMaxM2ForCausalLM", minimax_m2, MINIMAX_M2_EXTRAS),
     "deepseek_v3": Family("DeepseekV3ForCausalLM", deepseek_v3, DSV3_EXTRAS),
     "deepseek_v32": Family("DeepseekV32ForCausalLM", deepseek_v32, DSV32_EXTRAS),
     "gemma3": Family("Gemma3ForCausalLM", gemma3, GEMMA3_TEXT_EXTRAS, num_layers=8),
-    "gemma3_vl": Family("Gemma3ForConditionalGeneration", gemma3_vl, {},
-                        GEMMA3_VL_TEXT_EXTRAS, num_layers=8,
-                        renames=(("vision_tower.", "vision_tower.vision_model."),)),
-    "llama4": Family("Llama4ForConditionalGeneration", llama4, {}, LLAMA4_TEXT_EXTRAS,
-                     num_layers=8),
+    "gemma3_vl": Family(
+        "Gemma3ForConditionalGeneration",
+        gemma3_vl,
+        {},
+        GEMMA3_VL_TEXT_EXTRAS,
+        num_layers=8,
+        renames=(("vision_tower.", "vision_tower.vision_model."),),
+    ),
+    "llama4": Family(
+        "Llama4ForConditionalGeneration", llama4, {}, LLAMA4_TEXT_EXTRAS, num_layers=8
+    ),
     "llama4_text": Family("Llama4ForCausalLM", llama4_text, LLAMA4_TEXT_EXTRAS, num_layers=8),
     "phi3": Family("Phi3ForCausalLM", phi3, {"rope_theta": 10000.0, "rope_scaling": None}),
-    "mistral": Family("MistralForCausalLM", mistral,
-                      {"rope_theta": 1000000.0, "rope_scaling": None}),
+    "mistral": Family(
+        "MistralForCausalLM", mistral, {"rope_theta": 1000000.0, "rope_scaling": None}
+    ),
 }
 
 
@@ -483,7 +837,7 @@ def _rename_weights(path: Path, renames) -> None:
     for k, v in w.items():
         for old, new in renames:
             if k.startswith(old) and not k.startswith(new):
-                k = new + k[len(old):]
+                k = new + k[len(old) :]
                 break
         out[k] = v
     save_file(out, path, metadata={"format": "pt"})
@@ -530,24 +884,46 @@ def build(name: str, dest: Optional[Path] = None, seed: int = 0, force: bool = F
 
 
 # --------------------------------------------------------------------------- extract.py, reference
-def run_extract(ckpt: Path, fam_name: str, layers, out_dir: Path, device: str, samples: int,
-                timeout: float, log_path: Path, overrides=()) -> dict:
+def run_extract(
+    ckpt: Path,
+    fam_name: str,
+    layers,
+    out_dir: Path,
+    device: str,
+    samples: int,
+    timeout: float,
+    log_path: Path,
+    overrides=(),
+) -> dict:
     """extract.py on a family's checkpoint (`capture.layers=layers`, `engine=device`) in a
     subprocess of its own session, killed with its SGLang processes after `timeout` seconds;
     its output in `log_path`. Returns {"cmd", "rc", "timed_out", "seconds", "log"}."""
-    cmd = [sys.executable, str(ROOT / "extract.py"), f"model.path={ckpt}",
-           f"model.tokenizer={ckpt}", f"model.name=probe-{fam_name}",
-           "model.chat_template=deepseek_v3.jinja", "model.default_layers=null",
-           f"capture.layers=[{','.join(map(str, layers))}]", "capture.allow_unverified=true",
-           f"dataset.max_samples={samples}", f"output.dir={out_dir}", "output.overwrite=true",
-           f"engine={device}", "engine.log_level=info", "progress=false", *overrides]
+    cmd = [
+        sys.executable,
+        str(ROOT / "extract.py"),
+        f"model.path={ckpt}",
+        f"model.tokenizer={ckpt}",
+        f"model.name=probe-{fam_name}",
+        "model.chat_template=deepseek_v3.jinja",
+        "model.default_layers=null",
+        f"capture.layers=[{','.join(map(str, layers))}]",
+        "capture.allow_unverified=true",
+        f"dataset.max_samples={samples}",
+        f"output.dir={out_dir}",
+        "output.overwrite=true",
+        f"engine={device}",
+        "engine.log_level=info",
+        "progress=false",
+        *overrides,
+    ]
     t0 = time.time()
     env = dict(os.environ, PYTHONFAULTHANDLER="1", PYTHONUNBUFFERED="1")
     with open(log_path, "w") as logf:
         logf.write(" ".join(cmd) + "\n\n")
         logf.flush()
-        proc = subprocess.Popen(cmd, cwd=ROOT, stdout=logf, stderr=subprocess.STDOUT, env=env,
-                                start_new_session=True)
+        proc = subprocess.Popen(
+            cmd, cwd=ROOT, stdout=logf, stderr=subprocess.STDOUT, env=env, start_new_session=True
+        )
         try:
             rc = proc.wait(timeout=timeout)
             timed_out = False
@@ -556,8 +932,13 @@ def run_extract(ckpt: Path, fam_name: str, layers, out_dir: Path, device: str, s
             _kill_group(proc)
             rc = None
     log = log_path.read_text(errors="replace")
-    return {"cmd": cmd, "rc": rc, "timed_out": timed_out, "seconds": round(time.time() - t0, 1),
-            "log": log}
+    return {
+        "cmd": cmd,
+        "rc": rc,
+        "timed_out": timed_out,
+        "seconds": round(time.time() - t0, 1),
+        "log": log,
+    }
 
 
 def _kill_group(proc: subprocess.Popen) -> None:
@@ -585,12 +966,14 @@ def hf_hidden_states(ckpt: Path, cls: str, prompts, dtype, device: str):
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
     with torch.no_grad():
-        model = getattr(transformers, cls).from_pretrained(str(ckpt), dtype=dtype).to(
-            device).eval()
+        model = getattr(transformers, cls).from_pretrained(str(ckpt), dtype=dtype).to(device).eval()
         out = []
         for ids in prompts:
-            res = model(input_ids=torch.tensor([ids], device=device), output_hidden_states=True,
-                        use_cache=False)
+            res = model(
+                input_ids=torch.tensor([ids], device=device),
+                output_hidden_states=True,
+                use_cache=False,
+            )
             out.append([h[0].float().cpu() for h in res.hidden_states])
     del model
     if device == "cuda":

@@ -34,28 +34,48 @@ CASE_SECONDS = 15
 TOOLS = ("reader", "verify", "inspect", "export", "messages", "vocab", "resume", "compact")
 LAYERS = [1, 2, 3]
 COMPAT = {"model": "m", "layers": LAYERS, "storage_dtype": "bfloat16"}
-MANIFEST = {"format": "hsdump/speculators-v1", "format_version": 2, "layers": LAYERS,
-            "convention": "hf_hidden_states_index", "storage_dtype": "bfloat16",
-            "final": ["pre_norm"], "final_names": {"pre_norm": "{i}/final/pre_norm"},
-            "model": {"path": "m", "hidden_size": H, "num_hidden_layers": 6}}
+MANIFEST = {
+    "format": "hsdump/speculators-v1",
+    "format_version": 2,
+    "layers": LAYERS,
+    "convention": "hf_hidden_states_index",
+    "storage_dtype": "bfloat16",
+    "final": ["pre_norm"],
+    "final_names": {"pre_norm": "{i}/final/pre_norm"},
+    "model": {"path": "m", "hidden_size": H, "num_hidden_layers": 6},
+}
 
 
 # ---------------------------------------------------------------------- the valid dataset
 def _write(path: Path, tag: str, sids) -> None:
     import torch
 
-    from hsdump.writer import DatasetWriter
+    from hsdump.store.writer import DatasetWriter
 
-    w = DatasetWriter(str(path), MANIFEST, COMPAT, layers=LAYERS, hidden_size=H,
-                      shard_bytes=600, final=["pre_norm"], writer_tag=tag)
+    w = DatasetWriter(
+        str(path),
+        MANIFEST,
+        COMPAT,
+        layers=LAYERS,
+        hidden_size=H,
+        shard_bytes=600,
+        final=["pre_norm"],
+        writer_tag=tag,
+    )
     for sid in sids:
         n = 3 + sid % 5
         g = torch.Generator().manual_seed(sid)
-        w.add(sid, torch.randint(0, 50, (n,), generator=g).tolist(), [0] + [1] * (n - 1),
-              [torch.randn(n, H, generator=g) for _ in LAYERS],
-              {"pre_norm": torch.randn(n, H, generator=g)},
-              conversation=[{"role": "user", "content": f"q{sid}"},
-                            {"role": "assistant", "content": f"a{sid}"}])
+        w.add(
+            sid,
+            torch.randint(0, 50, (n,), generator=g).tolist(),
+            [0] + [1] * (n - 1),
+            [torch.randn(n, H, generator=g) for _ in LAYERS],
+            {"pre_norm": torch.randn(n, H, generator=g)},
+            conversation=[
+                {"role": "user", "content": f"q{sid}"},
+                {"role": "assistant", "content": f"a{sid}"},
+            ],
+        )
     w.skip(99 if tag else 98, "nonfinite in hidden_states[0]")
     w.close()
 
@@ -64,7 +84,7 @@ def base(path: Path) -> Path:
     """A valid dataset of two jobs' logs, index.json, shards, token_freq.json."""
     import numpy as np
 
-    from hsdump.stats import _write as write_freq
+    from hsdump.store.stats import _write as write_freq
 
     _write(path, "", [0, 1, 2, 3])
     _write(path, "j1of2", [5, 7])
@@ -104,7 +124,7 @@ def _edit_json(p: Path, fn) -> None:
 def _header(shard: Path):
     raw = shard.read_bytes()
     n = int.from_bytes(raw[:8], "little")
-    return json.loads(raw[8:8 + n]), raw[8 + n:]
+    return json.loads(raw[8 : 8 + n]), raw[8 + n :]
 
 
 def _set_header(shard: Path, header: dict, data: bytes) -> None:
@@ -129,8 +149,12 @@ def _many_ids(d: Path) -> None:
     n = 2_000_000
     rec = _record(d, shard="shards/main/0000/main-000000.safetensors")
     with open(d / "commits/main.jsonl", "w") as f:  # one record listing 2M ids
-        f.write(json.dumps({**rec, "ids": list(range(1000, 1000 + n)), "lengths": [3] * n,
-                            "masked": [2] * n}) + "\n")
+        f.write(
+            json.dumps(
+                {**rec, "ids": list(range(1000, 1000 + n)), "lengths": [3] * n, "masked": [2] * n}
+            )
+            + "\n"
+        )
     (d / "index.json").unlink()
 
 
@@ -172,49 +196,95 @@ def named_cases(outside: Path):
         ("shard-to-outside-copy", lambda d: _outside_copy_of_shard(d, outside), "outside"),
         ("shard-dir-to-outside", lambda d: _outside_dir(d, outside, "shards"), "outside"),
         ("log-dir-to-outside", lambda d: _outside_dir(d, outside, "commits"), "outside"),
-        ("log-dir-is-a-fifo", lambda d: (shutil.rmtree(d / "commits"),
-                                         os.mkfifo(d / "commits")), ""),
+        (
+            "log-dir-is-a-fifo",
+            lambda d: (shutil.rmtree(d / "commits"), os.mkfifo(d / "commits")),
+            "",
+        ),
         ("log-is-a-folder", lambda d: (d / "commits/dir.jsonl").mkdir(), "directory"),
-        ("ids-10e30", lambda d: _log_line(d, _record(d, shard="shards/main/x.safetensors",
-                                                     ids=[10 ** 30])), "int64"),
-        ("negative-ids", lambda d: _log_line(d, _record(d, shard="shards/main/y.safetensors",
-                                                        ids=[-1, -2, -3])), "int64"),
-        ("skipped-id-10e30", lambda d: _log_line(d, {"skipped": {str(10 ** 30): "x"}}),
-         "int64"),
-        ("covers-negative", lambda d: _edit_json(d / "index.json",
-                                                 lambda x: x["covers"].update(main=-5)),
-         "covers"),
-        ("covers-not-an-object", lambda d: _edit_json(d / "index.json",
-                                                      lambda x: x.update(covers=[1])), "covers"),
-        ("offsets-past-end", lambda d: _offsets(first(d), lambda a, b, n: [a, b + 10 ** 12]),
-         "outside the file"),
-        ("offsets-reversed", lambda d: _offsets(first(d), lambda a, b, n: [b, a]),
-         "outside the file"),
-        ("offsets-overlap", lambda d: _offsets(first(d), lambda a, b, n: [0, b - a]),
-         "overlap"),
-        ("header-length-huge", lambda d: _patch(first(d), 0, (2 ** 62).to_bytes(8, "little")),
-         "header length"),
+        (
+            "ids-10e30",
+            lambda d: _log_line(d, _record(d, shard="shards/main/x.safetensors", ids=[10**30])),
+            "int64",
+        ),
+        (
+            "negative-ids",
+            lambda d: _log_line(d, _record(d, shard="shards/main/y.safetensors", ids=[-1, -2, -3])),
+            "int64",
+        ),
+        ("skipped-id-10e30", lambda d: _log_line(d, {"skipped": {str(10**30): "x"}}), "int64"),
+        (
+            "covers-negative",
+            lambda d: _edit_json(d / "index.json", lambda x: x["covers"].update(main=-5)),
+            "covers",
+        ),
+        (
+            "covers-not-an-object",
+            lambda d: _edit_json(d / "index.json", lambda x: x.update(covers=[1])),
+            "covers",
+        ),
+        (
+            "offsets-past-end",
+            lambda d: _offsets(first(d), lambda a, b, n: [a, b + 10**12]),
+            "outside the file",
+        ),
+        (
+            "offsets-reversed",
+            lambda d: _offsets(first(d), lambda a, b, n: [b, a]),
+            "outside the file",
+        ),
+        ("offsets-overlap", lambda d: _offsets(first(d), lambda a, b, n: [0, b - a]), "overlap"),
+        (
+            "header-length-huge",
+            lambda d: _patch(first(d), 0, (2**62).to_bytes(8, "little")),
+            "header length",
+        ),
         ("header-not-utf8", lambda d: _patch(first(d), 9, b"\xf7\xff"), "JSON"),
         ("shard-truncated", lambda d: _cut(first(d), 0.5), "truncated"),
         ("shard-empty", lambda d: _cut(first(d), 0.0), "too short"),
-        ("manifest-1M-layers", lambda d: _edit_json(
-            d / "manifest.json", lambda m: m.update(layers=list(range(1_000_000)))), "layers"),
-        ("manifest-hidden-huge", lambda d: _edit_json(
-            d / "manifest.json", lambda m: m["model"].update(hidden_size=10 ** 30)),
-         "hidden_size"),
+        (
+            "manifest-1M-layers",
+            lambda d: _edit_json(
+                d / "manifest.json", lambda m: m.update(layers=list(range(1_000_000)))
+            ),
+            "layers",
+        ),
+        (
+            "manifest-hidden-huge",
+            lambda d: _edit_json(
+                d / "manifest.json", lambda m: m["model"].update(hidden_size=10**30)
+            ),
+            "hidden_size",
+        ),
         ("manifest-a-list", lambda d: (d / "manifest.json").write_text("[1, 2]"), "object"),
         ("manifest-deep", lambda d: _deep(d / "manifest.json"), "JSON"),
         ("log-deep", lambda d: _deep(d / "commits/main.jsonl"), "does not parse"),
         ("record-2M-ids", _many_ids, ""),
         ("index-corrupt", lambda d: (d / "index.json").write_text('{"format": '), ""),
-        ("index-huge-count", lambda d: _edit_json(
-            d / "index.json", lambda x: x["shards"]["count"].__setitem__(0, 10 ** 30)), ""),
-        ("conversations-not-object", lambda d: _metadata(first(d), conversations="[1]"),
-         "conversations"),
-        ("token-freq-vocab-huge", lambda d: _edit_json(
-            d / "token_freq.json", lambda x: x.update(target_vocab_size=10 ** 15)), ""),
-        ("token-freq-negative-id", lambda d: _edit_json(
-            d / "token_freq.json", lambda x: x["counts"].update({"-3": 7})), ""),
+        (
+            "index-huge-count",
+            lambda d: _edit_json(
+                d / "index.json", lambda x: x["shards"]["count"].__setitem__(0, 10**30)
+            ),
+            "",
+        ),
+        (
+            "conversations-not-object",
+            lambda d: _metadata(first(d), conversations="[1]"),
+            "conversations",
+        ),
+        (
+            "token-freq-vocab-huge",
+            lambda d: _edit_json(
+                d / "token_freq.json", lambda x: x.update(target_vocab_size=10**15)
+            ),
+            "",
+        ),
+        (
+            "token-freq-negative-id",
+            lambda d: _edit_json(d / "token_freq.json", lambda x: x["counts"].update({"-3": 7})),
+            "",
+        ),
     ]
 
 
@@ -237,15 +307,21 @@ def _metadata(shard: Path, **md) -> None:
 def random_cases(d: Path, n_flips: int = 3, n_cuts: int = 2, seed: int = 24):
     """(name, change) pairs: seeded byte flips and truncations of every file kind."""
     rnd = random.Random(seed)
-    kinds = {"manifest": "manifest.json", "index": "index.json", "log": "commits/main.jsonl",
-             "log2": "commits/j1of2.jsonl", "shard": str(shards(d)[1].relative_to(d)),
-             "token-freq": "token_freq.json"}
+    kinds = {
+        "manifest": "manifest.json",
+        "index": "index.json",
+        "log": "commits/main.jsonl",
+        "log2": "commits/j1of2.jsonl",
+        "shard": str(shards(d)[1].relative_to(d)),
+        "token-freq": "token_freq.json",
+    }
     out = []
     for kind, rel in kinds.items():
         size = (d / rel).stat().st_size
         for k in range(n_flips):
-            spots = [(rnd.randrange(size), rnd.randrange(1, 256)) for _ in range(rnd.choice(
-                (1, 2, 8)))]
+            spots = [
+                (rnd.randrange(size), rnd.randrange(1, 256)) for _ in range(rnd.choice((1, 2, 8)))
+            ]
             out.append((f"flip-{kind}-{k}", rel, spots, None))
         for k in range(n_cuts):
             out.append((f"cut-{kind}-{k}", rel, [], rnd.randrange(size)))
@@ -270,7 +346,8 @@ def build(root: Path):
     outside.mkdir()
     rec = {"skipped": {"12345": CANARY}}
     (outside / "secret.jsonl").write_text(
-        "\n".join(json.dumps(rec) for _ in range(3)) + "\n" + CANARY + "\n")
+        "\n".join(json.dumps(rec) for _ in range(3)) + "\n" + CANARY + "\n"
+    )
     cases = root / "cases"
     cases.mkdir()
     expect = {}
@@ -298,10 +375,11 @@ def _on_alarm(signum, frame):
 
 def _tool(tool: str, case: Path, scratch: Path) -> int:
     """One tool on one case, as its command runs it; returns the exit status."""
-    from hsdump import commits, export, inspect, verify, vocab
+    from hsdump.store import commits
+    from hsdump.tools import export, inspect, verify, vocab
 
     if tool == "reader":  # the library: open, then read every record whole
-        from hsdump.reader import HsdumpDataset
+        from hsdump.store.reader import HsdumpDataset
 
         try:
             ds = HsdumpDataset(str(case))
@@ -313,11 +391,12 @@ def _tool(tool: str, case: Path, scratch: Path) -> int:
             return 2
         return 0
     if tool == "resume":  # a writer resuming the folder (then closed without a commit)
-        from hsdump.writer import DatasetWriter
+        from hsdump.store.writer import DatasetWriter
 
         try:
-            DatasetWriter(str(case), MANIFEST, COMPAT, layers=LAYERS, hidden_size=H,
-                          final=["pre_norm"]).close(commit=False)
+            DatasetWriter(
+                str(case), MANIFEST, COMPAT, layers=LAYERS, hidden_size=H, final=["pre_norm"]
+            ).close(commit=False)
         except (ValueError, OSError) as e:  # what extract reports with rc 2
             print(f"resume: {e}", file=sys.stderr)
             return 2
@@ -327,11 +406,13 @@ def _tool(tool: str, case: Path, scratch: Path) -> int:
     if tool == "inspect":
         return inspect.main([str(case), "--json"])
     if tool == "export":
-        return export.main([str(case), str(scratch / "export"), "--to", "speculators-v1",
-                            "--no-progress"])
+        return export.main(
+            [str(case), str(scratch / "export"), "--to", "speculators-v1", "--no-progress"]
+        )
     if tool == "messages":
-        return export.main([str(case), str(scratch / "messages"), "--to", "messages",
-                            "--no-progress"])
+        return export.main(
+            [str(case), str(scratch / "messages"), "--to", "messages", "--no-progress"]
+        )
     if tool == "vocab":
         return vocab.main([str(case), "-n", "2"])
     if tool == "compact":
@@ -360,8 +441,11 @@ def drive(cases: Path, out: Path) -> None:
             rc, crash = None, None
             signal.alarm(CASE_SECONDS)
             try:
-                with contextlib.redirect_stdout(so), contextlib.redirect_stderr(se), \
-                        warnings.catch_warnings(record=True) as caught:
+                with (
+                    contextlib.redirect_stdout(so),
+                    contextlib.redirect_stderr(se),
+                    warnings.catch_warnings(record=True) as caught,
+                ):
                     warnings.simplefilter("always")
                     rc = _tool(tool, case, scratch)
                 se.write("".join(f"warning: {w.message}\n" for w in caught))
@@ -374,11 +458,14 @@ def drive(cases: Path, out: Path) -> None:
             finally:
                 signal.alarm(0)
             results[f"{case.name}/{tool}"] = {
-                "rc": rc, "crash": crash, "seconds": round(time.time() - t0, 2),
-                "stdout": so.getvalue()[-3000:], "stderr": se.getvalue()[-3000:],
-                "canary": CANARY in so.getvalue() + se.getvalue() or
-                _files_hold(scratch, CANARY),
-                "max_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024}
+                "rc": rc,
+                "crash": crash,
+                "seconds": round(time.time() - t0, 2),
+                "stdout": so.getvalue()[-3000:],
+                "stderr": se.getvalue()[-3000:],
+                "canary": CANARY in so.getvalue() + se.getvalue() or _files_hold(scratch, CANARY),
+                "max_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024,
+            }
     out.write_text(json.dumps(results, indent=1))
 
 

@@ -27,8 +27,9 @@ def test_shards_count_as_whole_samples_when_a_sample_exceeds_the_shard_size():
     # 32K: a sample (805 MB) is larger than a shard, so 8 held shards + 1 stitched = 9 samples
     assert rows_in_flight(out, 1 << 20, 32768, ROW) == ((8 << 30) - 9 * 32768 * ROW) // ROW
     # 8K: a sample (201 MB) is smaller than a shard: 8 shards of 256 MiB + 1 stitched sample
-    assert rows_in_flight(out, 1 << 20, 8192, ROW) == (
-        (8 << 30) - 8 * (256 << 20) - 8192 * ROW) // ROW
+    assert (
+        rows_in_flight(out, 1 << 20, 8192, ROW) == ((8 << 30) - 8 * (256 << 20) - 8192 * ROW) // ROW
+    )
     # Kimi-K2.5's width (3 x 7168 bf16) at 32K: 9 whole samples do not fit in 8 GiB
     with pytest.raises(ValueError, match="shards of 1409286144 bytes"):
         rows_in_flight(OutputConfig(dir="x"), 131072, 32768, 3 * 7168 * 2)

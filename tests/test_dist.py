@@ -1,8 +1,8 @@
-from pathlib import Path
 """The split of one dataset across jobs (hsdump.dist): pure functions, no engine."""
 
 import random
 import re
+from pathlib import Path
 
 import pytest
 
@@ -63,8 +63,9 @@ def test_large_ids_and_bad_arguments():
 
 
 def test_writer_tags_are_unique_and_safe_shard_prefixes():
-    pairs = [(n, j) for n in list(range(1, 130)) + [999, 1000, 1001, 10000, 10001]
-             for j in range(n)]
+    pairs = [
+        (n, j) for n in list(range(1, 130)) + [999, 1000, 1001, 10000, 10001] for j in range(n)
+    ]
     tags = {writer_tag(n, j): (n, j) for n, j in pairs}
     assert len(tags) == len(pairs)  # one tag per (num_jobs, job_index), across splits too
     assert writer_tag(1, 0) == ""
@@ -74,13 +75,22 @@ def test_writer_tags_are_unique_and_safe_shard_prefixes():
         assert re.fullmatch(r"(j\d+of\d+)?", tag)  # letters and digits: a file-name part
     # each job's shards and commit log live under its own name: no two jobs share a file,
     # and a job finds its own shards by its folder
-    from hsdump.commits import Commits, log_path, shard_name
+    from hsdump.store.commits import Commits, log_path, shard_name
 
     sample = list(tags)[:: max(1, len(tags) // 400)] + ["", "j0001of0004", "j0001of0040"]
     c = Commits(version=2)
     for t in sample:
-        c._add_shard({"shard": shard_name(t, 7), "bytes": 1, "sha256": "0", "ids": [],
-                      "lengths": [], "masked": []}, "test")
+        c._add_shard(
+            {
+                "shard": shard_name(t, 7),
+                "bytes": 1,
+                "sha256": "0",
+                "ids": [],
+                "lengths": [],
+                "masked": [],
+            },
+            "test",
+        )
     for t in sample:
         assert c.writer_shards(t) == [shard_name(t, 7)]
     assert len({log_path(Path("/d"), t) for t in sample}) == len(set(sample))

@@ -9,7 +9,6 @@ while the neighbouring layer (an off-by-one) is far outside it.
 
 import pytest
 import torch
-
 from factories import cpu_engine_config, hf_hidden_states, hf_model
 from tolerance import neighbour_far, per_sample_ok, rel_err
 
@@ -20,20 +19,23 @@ LENGTHS = [5, 17, 40, 64, 128, 3]
 
 
 def capture(model_path, layers, lengths, seed=0, **engine_over):
+    from hsdump.capture.engine import CaptureEngine
+    from hsdump.capture.layers import read_model_info
     from hsdump.config import ModelConfig
-    from hsdump.engine import CaptureEngine
-    from hsdump.layers import read_model_info
 
     info = read_model_info(model_path)
     g = torch.Generator().manual_seed(seed)
-    samples = [(i, torch.randint(10, 120000, (n,), generator=g).tolist())
-               for i, n in enumerate(lengths)]
+    samples = [
+        (i, torch.randint(10, 120000, (n,), generator=g).tolist()) for i, n in enumerate(lengths)
+    ]
     got = {}
-    eng = CaptureEngine(model_path, ModelConfig(path=model_path), cpu_engine_config(**engine_over),
-                        layers, info)
+    eng = CaptureEngine(
+        model_path, ModelConfig(path=model_path), cpu_engine_config(**engine_over), layers, info
+    )
     try:
-        eng.run(samples,
-                lambda sid, ids, hs, bad: got.__setitem__(sid, (ids, [h.clone() for h in hs])))
+        eng.run(
+            samples, lambda sid, ids, hs, bad: got.__setitem__(sid, (ids, [h.clone() for h in hs]))
+        )
     finally:
         eng.close()
     return samples, got
@@ -71,23 +73,32 @@ def test_chunked_prefill_rows_are_stitched(tiny_llama):
     # 16-token chunks: the 64- and 50-token prompts span 4 chunks, and the short prompts
     # beside them get split to fill chunks (the case that loses rows in SGLang's own path).
     lengths = [64, 10, 50, 5, 33]
-    samples, got = capture(tiny_llama, [2, 6], lengths, seed=1, chunked_prefill_size=16,
-                           max_prefill_tokens=16)
+    samples, got = capture(
+        tiny_llama, [2, 6], lengths, seed=1, chunked_prefill_size=16, max_prefill_tokens=16
+    )
     check_against_transformers(tiny_llama, [2, 6], samples, got)
 
 
 def test_final_layer_states_match_transformers(tiny_llama):
+    from hsdump.capture.engine import CaptureEngine
+    from hsdump.capture.layers import read_model_info
     from hsdump.config import ModelConfig
-    from hsdump.engine import CaptureEngine
-    from hsdump.layers import read_model_info
 
     info = read_model_info(tiny_llama)
     g = torch.Generator().manual_seed(2)
-    samples = [(i, torch.randint(10, 120000, (n,), generator=g).tolist())
-               for i, n in enumerate([9, 31, 70])]
+    samples = [
+        (i, torch.randint(10, 120000, (n,), generator=g).tolist())
+        for i, n in enumerate([9, 31, 70])
+    ]
     got = {}
-    eng = CaptureEngine(tiny_llama, ModelConfig(path=tiny_llama), cpu_engine_config(), [4], info,
-                        final=["post_norm", "pre_norm"])
+    eng = CaptureEngine(
+        tiny_llama,
+        ModelConfig(path=tiny_llama),
+        cpu_engine_config(),
+        [4],
+        info,
+        final=["post_norm", "pre_norm"],
+    )
     try:
         eng.run(samples, lambda sid, ids, hs, bad: got.__setitem__(sid, [h.clone() for h in hs]))
     finally:
@@ -95,7 +106,8 @@ def test_final_layer_states_match_transformers(tiny_llama):
     model = hf_model(tiny_llama, torch.float32)
     seen = {}
     hook = model.model.norm.register_forward_hook(
-        lambda m, a, out: seen.update(pre=a[0][0].float(), post=out[0].float()))
+        lambda m, a, out: seen.update(pre=a[0][0].float(), post=out[0].float())
+    )
     try:
         for sid, ids in samples:
             with torch.no_grad():
@@ -117,10 +129,10 @@ def test_nonfinite_rows_are_flagged_per_request(tiny_llama, tmp_path):
 
     from safetensors.torch import load_file, save_file
 
+    from hsdump.capture.engine import CaptureEngine
+    from hsdump.capture.layers import read_model_info
     from hsdump.config import ModelConfig
-    from hsdump.engine import CaptureEngine
-    from hsdump.layers import read_model_info
-    from hsdump.writer import DatasetWriter
+    from hsdump.store.writer import DatasetWriter
 
     bad_model = tmp_path / "model"
     shutil.copytree(tiny_llama, bad_model)
@@ -129,15 +141,24 @@ def test_nonfinite_rows_are_flagged_per_request(tiny_llama, tmp_path):
     save_file(w, bad_model / "model.safetensors", metadata={"format": "pt"})
     info = read_model_info(str(bad_model))
     g = torch.Generator().manual_seed(3)
-    samples = [(i, torch.randint(100, 120000, (n,), generator=g).tolist())
-               for i, n in enumerate([20, 40, 30, 12])]
+    samples = [
+        (i, torch.randint(100, 120000, (n,), generator=g).tolist())
+        for i, n in enumerate([20, 40, 30, 12])
+    ]
     samples[1][1][25] = 77  # sample 1 only, from position 25 on
     got = {}
-    eng = CaptureEngine(str(bad_model), ModelConfig(path=str(bad_model)), cpu_engine_config(),
-                        [3, 1], info, final=["post_norm"])
+    eng = CaptureEngine(
+        str(bad_model),
+        ModelConfig(path=str(bad_model)),
+        cpu_engine_config(),
+        [3, 1],
+        info,
+        final=["post_norm"],
+    )
     try:
-        eng.run(samples,
-                lambda sid, ids, hs, bad: got.__setitem__(sid, ([h.clone() for h in hs], bad)))
+        eng.run(
+            samples, lambda sid, ids, hs, bad: got.__setitem__(sid, ([h.clone() for h in hs], bad))
+        )
     finally:
         eng.close()
     assert sorted(got) == [0, 1, 2, 3]
@@ -146,9 +167,15 @@ def test_nonfinite_rows_are_flagged_per_request(tiny_llama, tmp_path):
         assert bad == [j for j, ok in enumerate(finite) if not ok], (sid, bad, finite)
         assert bad == ([0, 1, 2] if sid == 1 else []), (sid, bad)
 
-    writer = DatasetWriter(str(tmp_path / "ds"), {}, {}, layers=[3, 1],
-                           hidden_size=info.hidden_size, final=["post_norm"],
-                           on_nonfinite="skip")
+    writer = DatasetWriter(
+        str(tmp_path / "ds"),
+        {},
+        {},
+        layers=[3, 1],
+        hidden_size=info.hidden_size,
+        final=["post_norm"],
+        on_nonfinite="skip",
+    )
     for sid, ids in samples:
         hs, bad = got[sid]
         writer.add(sid, ids, [1] * len(ids), hs[:2], {"post_norm": hs[2]}, nonfinite=bad)

@@ -15,12 +15,11 @@ import sys
 from pathlib import Path
 
 import pytest
+from factories import ROOT, compose_config
 
 from hsdump.config import ModelConfig, register_configs, to_config
+from hsdump.corpus.tokenizer import load_tokenizer
 from hsdump.pipeline import run
-from hsdump.tokenizer import load_tokenizer
-
-from factories import ROOT, compose_config
 
 register_configs()
 
@@ -32,7 +31,7 @@ def config(*overrides):
 @pytest.fixture
 def no_engine(monkeypatch):
     """Any attempt to start SGLang fails the test: every refusal must come before it."""
-    from hsdump import engine
+    from hsdump.capture import engine
 
     def refuse(*a, **k):
         raise AssertionError("the engine was started")
@@ -45,11 +44,20 @@ def model_folder(dest: Path, arch: str) -> Path:
     and weight-only uploads often are."""
     from transformers import LlamaConfig, MistralConfig, Qwen2Config
 
-    cls = {"mistral": (MistralConfig, "MistralForCausalLM"),
-           "qwen2": (Qwen2Config, "Qwen2ForCausalLM"),
-           "llama": (LlamaConfig, "LlamaForCausalLM")}[arch]
-    c = cls[0](vocab_size=1000, hidden_size=64, intermediate_size=128, num_hidden_layers=8,
-               num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=4096)
+    cls = {
+        "mistral": (MistralConfig, "MistralForCausalLM"),
+        "qwen2": (Qwen2Config, "Qwen2ForCausalLM"),
+        "llama": (LlamaConfig, "LlamaForCausalLM"),
+    }[arch]
+    c = cls[0](
+        vocab_size=1000,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=8,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=4096,
+    )
     c.architectures = [cls[1]]
     c.save_pretrained(dest)
     return dest
@@ -59,9 +67,21 @@ def extract(tmp_path, *overrides, env=None):
     """`python extract.py OVERRIDES` from the checkout; (returncode, stdout + stderr)."""
     e = {k: v for k, v in os.environ.items() if not k.startswith("HF_")}
     e.update(env or {})
-    p = subprocess.run([sys.executable, "extract.py", f"output.dir={tmp_path}/out",
-                        "progress=false", f"hydra.run.dir={tmp_path}/hydra", *overrides],
-                       cwd=ROOT, env=e, capture_output=True, text=True, timeout=600)
+    p = subprocess.run(
+        [
+            sys.executable,
+            "extract.py",
+            f"output.dir={tmp_path}/out",
+            "progress=false",
+            f"hydra.run.dir={tmp_path}/hydra",
+            *overrides,
+        ],
+        cwd=ROOT,
+        env=e,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     return p.returncode, p.stdout + p.stderr
 
 
@@ -85,10 +105,14 @@ def test_model_folder_with_a_tokenizer_elsewhere(tmp_path, tiny_llama):
     assert len(tok) > 1000 and tok.chat_template.startswith("{")
     # and a tokenizer folder that has none is named as model.tokenizer
     (tmp_path / "empty").mkdir()
-    with pytest.raises(FileNotFoundError, match=r"model.tokenizer='.*empty' has no tokenizer "
-                                                r"files.*it holds nothing"):
-        load_tokenizer(ModelConfig(path=str(folder), tokenizer=str(tmp_path / "empty")),
-                       str(folder))
+    with pytest.raises(
+        FileNotFoundError,
+        match=r"model.tokenizer='.*empty' has no tokenizer "
+        r"files.*it holds nothing",
+    ):
+        load_tokenizer(
+            ModelConfig(path=str(folder), tokenizer=str(tmp_path / "empty")), str(folder)
+        )
 
 
 def test_tokenizer_that_transformers_cannot_load_names_the_key(tmp_path):
@@ -96,17 +120,22 @@ def test_tokenizer_that_transformers_cannot_load_names_the_key(tmp_path):
     the sentencepiece package) is reported against model.tokenizer, not as a bare import hint."""
     folder = model_folder(tmp_path / "mistral", "mistral")
     (folder / "tokenizer.model").write_bytes(b"not a sentencepiece model")
-    (folder / "tokenizer_config.json").write_text(json.dumps(
-        {"tokenizer_class": "LlamaTokenizer"}))
-    with pytest.raises(ValueError, match=r"the tokenizer of model.path=.* could not be loaded .*"
-                                         r"set model.tokenizer"):
+    (folder / "tokenizer_config.json").write_text(json.dumps({"tokenizer_class": "LlamaTokenizer"}))
+    with pytest.raises(
+        ValueError,
+        match=r"the tokenizer of model.path=.* could not be loaded .*"
+        r"set model.tokenizer",
+    ):
         load_tokenizer(ModelConfig(path=str(folder)), str(folder))
 
 
 @pytest.mark.parametrize("path", ["/no/such/model", "./models/my-llama", "models/meta/llama"])
 def test_model_path_that_does_not_exist(tmp_path, path, no_engine):
-    with pytest.raises(FileNotFoundError, match=r"model.path='.*': no such folder. Give a "
-                                                r"Hugging Face model folder"):
+    with pytest.raises(
+        FileNotFoundError,
+        match=r"model.path='.*': no such folder. Give a "
+        r"Hugging Face model folder",
+    ):
         run(config(f"model.path={path}", f"output.dir={tmp_path}/out"))
     assert not (tmp_path / "out").exists()
 
@@ -116,8 +145,11 @@ def test_model_folder_without_config_and_tokenizer_path_missing(tmp_path, tiny_l
     with pytest.raises(FileNotFoundError, match="has no config.json: not a Hugging Face model"):
         run(config(f"model.path={tmp_path}/weights", f"output.dir={tmp_path}/out"))
     with pytest.raises(FileNotFoundError, match=r"model.tokenizer='/no/tok': no such folder"):
-        run(config(f"model.path={tiny_llama}", "model.tokenizer=/no/tok",
-                   f"output.dir={tmp_path}/out"))
+        run(
+            config(
+                f"model.path={tiny_llama}", "model.tokenizer=/no/tok", f"output.dir={tmp_path}/out"
+            )
+        )
     # a tiny model folder less its tokenizer files
     bare = tmp_path / "bare"
     shutil.copytree(tiny_llama, bare, ignore=shutil.ignore_patterns("tokenizer*"))
@@ -130,8 +162,10 @@ def test_hub_id_without_network(tmp_path):
     HF_HUB_OFFLINE set: exit 2 at once with one line that names model.path and the fix."""
     env = {"HF_HOME": str(tmp_path / "hf"), "HF_ENDPOINT": "http://127.0.0.1:9"}
     env_off = {**env, "HF_HUB_OFFLINE": "1"}
-    for e, want in ((env, "the Hugging Face hub (http://127.0.0.1:9) cannot be reached"),
-                    (env_off, "HF_HUB_OFFLINE is set, so it cannot be downloaded")):
+    for e, want in (
+        (env, "the Hugging Face hub (http://127.0.0.1:9) cannot be reached"),
+        (env_off, "HF_HUB_OFFLINE is set, so it cannot be downloaded"),
+    ):
         rc, out = extract(tmp_path, "model.path=example-org/no-such-model", env=e)
         assert rc == 2, out[-3000:]
         assert "model.path='example-org/no-such-model' is not a local folder" in out, out[-3000:]
@@ -149,8 +183,13 @@ def test_regenerate_on_plain_text_refused_before_tokenizing(tmp_path, monkeypatc
         raise AssertionError("the dataset was tokenized")
 
     monkeypatch.setattr(pipeline, "tokenize_dataset", tokenize)
-    cfg = config("model=tiny", f"dataset.path={data}", "regenerate=last",
-                 f"output.dir={tmp_path}/out", "progress=false")
+    cfg = config(
+        "model=tiny",
+        f"dataset.path={data}",
+        "regenerate=last",
+        f"output.dir={tmp_path}/out",
+        "progress=false",
+    )
     with pytest.raises(ValueError, match="needs conversations.*regenerate.turns=none"):
         run(cfg)
     assert not (tmp_path / "out").exists()

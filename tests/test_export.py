@@ -19,20 +19,21 @@ from pathlib import Path
 import pytest
 import torch
 from datasets import load_from_disk
+from factories import LAYERS, ROOT, H, make_dataset, stored_sample
 from safetensors.torch import load_file
 
-from hsdump import export as ex
-from hsdump.reader import HsdumpDataset
-
-from factories import H, LAYERS, ROOT, make_dataset, stored_sample
+from hsdump.store.reader import HsdumpDataset
+from hsdump.tools import export as ex
 
 LENS = {0: 5, 2: 17, 3: 9, 9: 40, 10: 1, 12: 12, 13: 7}
 
 
 @pytest.fixture
 def src(tmp_path):
-    return make_dataset(tmp_path / "src", {
-        sid: stored_sample(sid, n, final=("pre_norm", "post_norm")) for sid, n in LENS.items()})
+    return make_dataset(
+        tmp_path / "src",
+        {sid: stored_sample(sid, n, final=("pre_norm", "post_norm")) for sid, n in LENS.items()},
+    )
 
 
 @pytest.fixture
@@ -49,10 +50,12 @@ def speculators_read(dest: Path, index: int) -> dict:
     data = load_from_disk(str(dest))
     loaded_hs = load_file(dest / "hidden_states" / f"hs_{index}.safetensors")
     assert torch.equal(loaded_hs["token_ids"], data[index]["input_ids"])
-    return {"hidden_states": loaded_hs["hidden_states"][:, :-1].flatten(1),
-            "input_ids": loaded_hs["token_ids"],
-            "verifier_last_hidden_states": loaded_hs["hidden_states"][:, -1],
-            "loss_mask": data[index]["loss_mask"]}
+    return {
+        "hidden_states": loaded_hs["hidden_states"][:, :-1].flatten(1),
+        "input_ids": loaded_hs["token_ids"],
+        "verifier_last_hidden_states": loaded_hs["hidden_states"][:, -1],
+        "loss_mask": data[index]["loss_mask"],
+    }
 
 
 def test_speculators_layout_as_its_code_reads_it(src, tmp_path):
@@ -87,15 +90,26 @@ def test_speculators_own_arrow_dataset_reads_the_export(src, tmp_path):
     # speculators 0.6.0's own ArrowDataset and CollateFn (the hs_{i}.safetensors layout of
     # 0.5-0.6; 0.7+ read the same files through hs_connectors)
     pkgs = {"speculators": {}, "speculators.train": {}}
-    nt = _load_peer_file("HSDUMP_SPECULATORS06_SRC", "speculators/train/noise_transforms.py",
-                         "speculators.train.noise_transforms", pkgs)
+    nt = _load_peer_file(
+        "HSDUMP_SPECULATORS06_SRC",
+        "speculators/train/noise_transforms.py",
+        "speculators.train.noise_transforms",
+        pkgs,
+    )
     client = {k: None for k in ("ClientItem", "generate_hidden_states", "wait_for_lock")}
     client.update(DEFAULT_MAX_RETRIES=3, DEFAULT_REQUEST_TIMEOUT=60.0)
     data_mod = _load_peer_file(  # the vLLM client and openai are only used with on_missing=generate
-        "HSDUMP_SPECULATORS06_SRC", "speculators/train/data.py", "speculators.train.data",
-        {**pkgs, "openai": {"OpenAI": None}, "speculators.data_generation": {},
-         "speculators.data_generation.vllm_client": client,
-         "speculators.train.noise_transforms": vars(nt)})
+        "HSDUMP_SPECULATORS06_SRC",
+        "speculators/train/data.py",
+        "speculators.train.data",
+        {
+            **pkgs,
+            "openai": {"OpenAI": None},
+            "speculators.data_generation": {},
+            "speculators.data_generation.vllm_client": client,
+            "speculators.train.noise_transforms": vars(nt),
+        },
+    )
     dest = tmp_path / "spec"
     ex.export(str(src), str(dest), "speculators", progress=False)
     ds = data_mod.ArrowDataset(max_len=64, datapath=str(dest), on_missing="raise")
@@ -114,8 +128,10 @@ def test_speculators_v1_layout(src, tmp_path):
     dest = tmp_path / "v1"
     ex.export(str(src), str(dest), "speculators-v1", progress=False)
     # speculators 0.3 list_files: every file under DEST whose name ends with "pt"
-    files = sorted((Path(r) / f for r, _, fs in os.walk(dest) for f in fs if f.endswith("pt")),
-                   key=lambda p: int(p.stem.split("_")[1]))
+    files = sorted(
+        (Path(r) / f for r, _, fs in os.walk(dest) for f in fs if f.endswith("pt")),
+        key=lambda p: int(p.stem.split("_")[1]),
+    )
     assert [p.name for p in files] == [f"data_{i}.pt" for i in range(7)]
     for i, sid in enumerate(sorted(LENS)):
         ids, mask, hs, fin = stored_sample(sid, LENS[sid], final=("pre_norm", "post_norm"))
@@ -144,8 +160,9 @@ def test_specforge_layout(src, tmp_path):
     dest = tmp_path / "sf"
     ex.export(str(src), str(dest), "specforge", progress=False)
     files = specforge_list(dest)
-    assert sorted(Path(f).relative_to(dest).as_posix() for f in files) == \
-        sorted(f"rows_0-2000/data_{i}.ckpt" for i in range(7))
+    assert sorted(Path(f).relative_to(dest).as_posix() for f in files) == sorted(
+        f"rows_0-2000/data_{i}.ckpt" for i in range(7)
+    )
     for i, sid in enumerate(sorted(LENS)):
         ids, mask, hs, fin = stored_sample(sid, LENS[sid], final=("pre_norm", "post_norm"))
         data = torch.load(dest / f"rows_0-2000/data_{i}.ckpt", weights_only=True, mmap=True)
@@ -170,22 +187,30 @@ def test_specforge_layout(src, tmp_path):
 
 
 def test_no_final_state_is_refused_unless_last_layer_is_asked(plain, tmp_path):
-    for fmt, kind in (("speculators", "pre_norm"), ("speculators-v1", "pre_norm"),
-                      ("specforge", "post_norm")):
+    for fmt, kind in (
+        ("speculators", "pre_norm"),
+        ("speculators-v1", "pre_norm"),
+        ("specforge", "post_norm"),
+    ):
         with pytest.raises(ValueError, match=f"no final-layer state '{kind}'"):
             ex.export(str(plain), str(tmp_path / fmt), fmt, progress=False)
     with pytest.warns(UserWarning, match="not the final layer"):
-        ex.export(str(plain), str(tmp_path / "sf"), "specforge", final_state="last-layer",
-                  progress=False)
+        ex.export(
+            str(plain), str(tmp_path / "sf"), "specforge", final_state="last-layer", progress=False
+        )
     data = torch.load(tmp_path / "sf/rows_0-2000/data_3.ckpt", weights_only=True)
     hs = stored_sample(9, 40)[2]
     assert torch.equal(data["hidden_state"][0], bf(hs[-1]))  # layers[-1] as the stand-in
     assert torch.equal(data["aux_hidden_state"][0], bf(torch.cat(hs, -1)))
     with pytest.warns(UserWarning):
-        ex.export(str(plain), str(tmp_path / "s"), "speculators", final_state="last-layer",
-                  progress=False)
-    assert load_file(tmp_path / "s/hidden_states/hs_0.safetensors")["hidden_states"].shape \
-        == (5, 4, H)
+        ex.export(
+            str(plain), str(tmp_path / "s"), "speculators", final_state="last-layer", progress=False
+        )
+    assert load_file(tmp_path / "s/hidden_states/hs_0.safetensors")["hidden_states"].shape == (
+        5,
+        4,
+        H,
+    )
 
 
 def test_resume_skips_finished_files_and_cleans_temporaries(src, tmp_path, monkeypatch):
@@ -205,8 +230,11 @@ def test_resume_skips_finished_files_and_cleans_temporaries(src, tmp_path, monke
         ex.export(str(src), str(dest), "speculators", progress=False)
     monkeypatch.setattr(ex, "_commit", real)
     hs_dir = dest / "hidden_states"
-    assert sorted(p.name for p in hs_dir.iterdir()) == \
-        [".hs_2.safetensors.tmp", "hs_0.safetensors", "hs_1.safetensors"]
+    assert sorted(p.name for p in hs_dir.iterdir()) == [
+        ".hs_2.safetensors.tmp",
+        "hs_0.safetensors",
+        "hs_1.safetensors",
+    ]
     assert not (dest / "state.json").exists()  # no Arrow dataset before all samples exist
     mtime = (hs_dir / "hs_0.safetensors").stat().st_mtime_ns
     c = ex.export(str(src), str(dest), "speculators", progress=False)
@@ -249,9 +277,24 @@ def test_fp8_source_exports_dequantized_bf16(tmp_path):
 def test_cli(src, tmp_path, capsys):
     dest = tmp_path / "cli"
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    p = subprocess.run([sys.executable, "-m", "hsdump", "export", str(src), str(dest),
-                        "--to", "speculators-v1", "--min-len", "9"],
-                       capture_output=True, text=True, env=env, cwd=ROOT)
+    p = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "hsdump",
+            "export",
+            str(src),
+            str(dest),
+            "--to",
+            "speculators-v1",
+            "--min-len",
+            "9",
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=ROOT,
+    )
     assert p.returncode == 0, p.stderr
     assert "4 samples written" in p.stdout and "export speculators-v1" in p.stderr  # tqdm
     assert len(list(dest.glob("data_*.pt"))) == 4
@@ -265,9 +308,11 @@ def test_cli(src, tmp_path, capsys):
 # hsdump cache on first use (HSDUMP_SPECULATORS03_SRC / HSDUMP_SPECFORGE_SRC point at an
 # unpacked root instead). Only the loader file is executed; the package imports it does not
 # need are stubbed.
-PEER_WHEELS = {"HSDUMP_SPECULATORS03_SRC": "speculators==0.3.0",
-               "HSDUMP_SPECULATORS06_SRC": "speculators==0.6.0",
-               "HSDUMP_SPECFORGE_SRC": "specforge==0.2.0"}
+PEER_WHEELS = {
+    "HSDUMP_SPECULATORS03_SRC": "speculators==0.3.0",
+    "HSDUMP_SPECULATORS06_SRC": "speculators==0.6.0",
+    "HSDUMP_SPECFORGE_SRC": "specforge==0.2.0",
+}
 
 
 def _peer_root(root_env) -> str:
@@ -282,9 +327,23 @@ def _peer_root(root_env) -> str:
     if (dest / ".done").exists():
         return str(dest)
     tmp = dest.with_name(dest.name + ".tmp")
-    p = subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "-q",
-                        "--only-binary=:all:", req, "-d", str(tmp)],
-                       capture_output=True, text=True, timeout=300)
+    p = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "download",
+            "--no-deps",
+            "-q",
+            "--only-binary=:all:",
+            req,
+            "-d",
+            str(tmp),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     wheels = list(tmp.glob("*.whl"))
     if p.returncode != 0 or not wheels:
         msg = f"cannot fetch {req} ({p.stderr.strip()[-300:]}); set {root_env}"
@@ -295,6 +354,7 @@ def _peer_root(root_env) -> str:
         z.extractall(tmp / "src")
     if dest.exists():
         import shutil
+
         shutil.rmtree(dest)
     os.replace(tmp / "src", dest)
     (dest / ".done").write_text(req)
@@ -327,18 +387,28 @@ def _load_peer_file(root_env, rel, modname, stubs):
 
 
 def test_speculators_03_own_v1_dataset_reads_the_export(src, tmp_path):
-    nt = _load_peer_file("HSDUMP_SPECULATORS03_SRC", "speculators/train/noise_transforms.py",
-                         "speculators.train.noise_transforms",
-                         {"speculators": {}, "speculators.train": {}})
-    data = _load_peer_file("HSDUMP_SPECULATORS03_SRC", "speculators/train/data.py",
-                           "speculators.train.data",
-                           {"speculators": {}, "speculators.train": {},
-                            "speculators.train.noise_transforms": vars(nt)})
+    nt = _load_peer_file(
+        "HSDUMP_SPECULATORS03_SRC",
+        "speculators/train/noise_transforms.py",
+        "speculators.train.noise_transforms",
+        {"speculators": {}, "speculators.train": {}},
+    )
+    data = _load_peer_file(
+        "HSDUMP_SPECULATORS03_SRC",
+        "speculators/train/data.py",
+        "speculators.train.data",
+        {
+            "speculators": {},
+            "speculators.train": {},
+            "speculators.train.noise_transforms": vars(nt),
+        },
+    )
     dest = tmp_path / "v1"
     ex.export(str(src), str(dest), "speculators-v1", progress=False)
     files = sorted(data.list_files(str(dest)), key=lambda p: int(p.stem.split("_")[1]))
-    ds = data.Eagle3SampleFileDataset(max_len=64, file_list=files,
-                                      hidden_states_dtype=torch.bfloat16)
+    ds = data.Eagle3SampleFileDataset(
+        max_len=64, file_list=files, hidden_states_dtype=torch.bfloat16
+    )
     for i, sid in enumerate(sorted(LENS)):
         ids, mask, hs, fin = stored_sample(sid, LENS[sid], final=("pre_norm", "post_norm"))
         r = ds[i]  # standardize_data_v1, then shift_batch
@@ -351,16 +421,24 @@ def test_speculators_03_own_v1_dataset_reads_the_export(src, tmp_path):
 
 def test_specforge_own_offline_dataset_reads_the_export(src, tmp_path):
     noop = lambda *a, **k: None  # noqa: E731
-    pre = _load_peer_file("HSDUMP_SPECFORGE_SRC", "specforge/data/preprocessing.py",
-                          "specforge.data.preprocessing",
-                          {"specforge": {}, "specforge.data": {},
-                           "specforge.distributed": {"get_draft_sp_group": noop,
-                                                     "get_sp_ring_group": noop},
-                           "specforge.data.loss_mask": {"has_consecutive_supervised_tokens": noop},
-                           "specforge.data.parse": {"GeneralParser": None, "GLMParser": None,
-                                                    "HarmonyParser": None,
-                                                    "ThinkingParser": None},
-                           "specforge.data.template": {"TEMPLATE_REGISTRY": {}, "ChatTemplate": None}})
+    pre = _load_peer_file(
+        "HSDUMP_SPECFORGE_SRC",
+        "specforge/data/preprocessing.py",
+        "specforge.data.preprocessing",
+        {
+            "specforge": {},
+            "specforge.data": {},
+            "specforge.distributed": {"get_draft_sp_group": noop, "get_sp_ring_group": noop},
+            "specforge.data.loss_mask": {"has_consecutive_supervised_tokens": noop},
+            "specforge.data.parse": {
+                "GeneralParser": None,
+                "GLMParser": None,
+                "HarmonyParser": None,
+                "ThinkingParser": None,
+            },
+            "specforge.data.template": {"TEMPLATE_REGISTRY": {}, "ChatTemplate": None},
+        },
+    )
     dest = tmp_path / "sf"
     ex.export(str(src), str(dest), "specforge", progress=False)
     ds = pre.build_offline_eagle3_dataset(str(dest), max_len=16)
@@ -381,22 +459,29 @@ def test_specforge_own_offline_dataset_reads_the_export(src, tmp_path):
 
 
 def test_regenerated_conversations_export_as_messages(tmp_path):
-    from hsdump.writer import DatasetWriter
+    from hsdump.store.writer import DatasetWriter
 
     out = tmp_path / "ds"
     w = DatasetWriter(str(out), {"layers": LAYERS}, {}, layers=LAYERS, hidden_size=H)
-    convs = {3: [{"role": "user", "content": "q"}, {"role": "assistant", "content": "é a"}],
-             9: [{"role": "user", "content": "q2"}, {"role": "assistant", "content": "b"}]}
+    convs = {
+        3: [{"role": "user", "content": "q"}, {"role": "assistant", "content": "é a"}],
+        9: [{"role": "user", "content": "q2"}, {"role": "assistant", "content": "b"}],
+    }
     for sid, conv in convs.items():
         ids, mask, hs, _ = stored_sample(sid, 6)
         w.add(sid, ids, mask, hs, conversation=conv)
     w.close()
     c = ex.export(str(out), str(tmp_path / "msgs"), "messages", progress=False)
-    assert c == {"written": 2, "skipped": 0, "bytes": (tmp_path / "msgs" / ex.MESSAGES).stat().st_size}
+    assert c == {
+        "written": 2,
+        "skipped": 0,
+        "bytes": (tmp_path / "msgs" / ex.MESSAGES).stat().st_size,
+    }
     rows = [json.loads(x) for x in (tmp_path / "msgs" / ex.MESSAGES).read_text().splitlines()]
     assert rows == [{"id": 3, "messages": convs[3]}, {"id": 9, "messages": convs[9]}]
     # what an extraction reads back as its own input (the messages row format)
-    from hsdump.formats import row_to_sample
+    from hsdump.corpus.formats import row_to_sample
+
     assert row_to_sample(rows[0], "messages", "messages")[0] == convs[3]
     plain = tmp_path / "plain"
     w = DatasetWriter(str(plain), {"layers": LAYERS}, {}, layers=LAYERS, hidden_size=H)

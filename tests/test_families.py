@@ -16,7 +16,6 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from factories import ROOT, bench_literal
 from families import FAMILIES, build, hf_hidden_states, run_extract
 from tolerance import final_state_ok, neighbour_far, per_sample_ok, rel_err
@@ -25,8 +24,17 @@ pytestmark = pytest.mark.engine
 
 # the families SGLang 0.5.23's CPU engine runs (bench/results/families-cpu.json); the others
 # fail in SGLang's CPU kernels or attention backends, not in hsdump
-CPU_FAMILIES = ["llama", "qwen2", "qwen3", "qwen3_moe", "glm4_moe", "phi3", "mistral", "gemma3",
-                "gemma3_vl"]
+CPU_FAMILIES = [
+    "llama",
+    "qwen2",
+    "qwen3",
+    "qwen3_moe",
+    "glm4_moe",
+    "phi3",
+    "mistral",
+    "gemma3",
+    "gemma3_vl",
+]
 MOE = {"qwen3_moe", "glm4_moe"}
 
 
@@ -46,7 +54,8 @@ def _final_states(ckpt: Path, cls: str, prompts):
     model = getattr(transformers, cls).from_pretrained(str(ckpt), dtype=torch.float32).eval()
     seen = {}
     hook = _stack(model).norm.register_forward_hook(
-        lambda m, a, out: seen.update(pre=a[0][0].clone(), post=out[0].clone()))
+        lambda m, a, out: seen.update(pre=a[0][0].clone(), post=out[0].clone())
+    )
     try:
         out = []
         for ids in prompts:
@@ -58,13 +67,14 @@ def _final_states(ckpt: Path, cls: str, prompts):
 
 
 def _check(name, layers, final, tmp_path):
-    from hsdump.reader import HsdumpDataset
+    from hsdump.store.reader import HsdumpDataset
 
     fam_ckpt = build(name)
     out = tmp_path / f"ds-{name}"
     extra = [f"capture.final=[{','.join(final)}]"] if final else []
-    run = run_extract(fam_ckpt, name, layers, out, "cpu", 3, 600, tmp_path / f"{name}.log",
-                      overrides=extra)
+    run = run_extract(
+        fam_ckpt, name, layers, out, "cpu", 3, 600, tmp_path / f"{name}.log", overrides=extra
+    )
     assert run["rc"] == 0, run["log"][-3000:]
     ds = HsdumpDataset(str(out))
     assert list(ds.layers) == layers
@@ -112,10 +122,20 @@ def test_unverified_class_is_refused_before_the_engine(tmp_path):
     out = tmp_path / "ds"
     import subprocess
 
-    p = subprocess.run([sys.executable, str(ROOT / "extract.py"), f"model.path={ckpt}",
-                        "model.chat_template=deepseek_v3.jinja", f"output.dir={out}",
-                        "dataset.max_samples=2"], cwd=ROOT, capture_output=True, text=True,
-                       timeout=300)
+    p = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "extract.py"),
+            f"model.path={ckpt}",
+            "model.chat_template=deepseek_v3.jinja",
+            f"output.dir={out}",
+            "dataset.max_samples=2",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     text = p.stdout + p.stderr
     assert p.returncode != 0 and "Llama4ForCausalLM" in text
     assert "capture.allow_unverified=true" in text and "Traceback" not in text
@@ -127,16 +147,22 @@ def test_readme_table_is_the_generated_one():
     import subprocess
 
     # bench/families_table.py prints the table (tests import nothing from bench/)
-    p = subprocess.run([sys.executable, str(ROOT / "bench" / "families_table.py")], cwd=ROOT,
-                       capture_output=True, text=True, timeout=600)
+    p = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "families_table.py")],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert p.returncode == 0, p.stderr[-3000:]
     begin, end = bench_literal("families_table", "BEGIN"), bench_literal("families_table", "END")
     readme = (ROOT / "README.md").read_text()
     i, j = readme.index(begin), readme.index(end)
-    assert readme[i + len(begin):j].strip() == p.stdout.strip(), \
+    assert readme[i + len(begin) : j].strip() == p.stdout.strip(), (
         "README's family table is stale: .venv/bin/python bench/families_table.py --write"
+    )
     # every verified class has a row that says so, and only those
-    from hsdump.families import FAMILIES as VERIFIED
+    from hsdump.capture.families import FAMILIES as VERIFIED
 
     for fam in VERIFIED:
         for arch in fam.architectures:

@@ -13,15 +13,19 @@ from pathlib import Path
 import psutil
 import pytest
 import torch
-
-from hsdump.reader import HsdumpDataset
-from hsdump.verify import verify
-from hsdump.writer import DatasetWriter, WriteError
-
 from factories import ROOT, committed, shard_mtimes
 
-ARGS = ["dataset.max_samples=16", "dataset.max_seq_len=64", "output.shard_bytes=40000",
-        "progress=false", "dataset.on_bad_row=skip"]
+from hsdump.store.reader import HsdumpDataset
+from hsdump.store.writer import DatasetWriter, WriteError
+from hsdump.tools.verify import verify
+
+ARGS = [
+    "dataset.max_samples=16",
+    "dataset.max_seq_len=64",
+    "output.shard_bytes=40000",
+    "progress=false",
+    "dataset.on_bad_row=skip",
+]
 
 
 def extract(out, *extra, fault=None, wait=True):
@@ -30,8 +34,15 @@ def extract(out, *extra, fault=None, wait=True):
     if fault:
         env["HSDUMP_FAULT"] = fault
     cmd = [sys.executable, "extract.py", *ARGS, f"output.dir={out}", *extra]
-    p = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE,
-                         stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    p = subprocess.Popen(
+        cmd,
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
     if not wait:
         return p
     out_text, _ = p.communicate(timeout=600)
@@ -122,8 +133,11 @@ def test_engine_death_is_noticed_and_reported(tmp_path, tiny_llama):
     deadline = time.time() + 180
     while time.time() < deadline and not committed(out):
         time.sleep(0.05)
-    victims = [c for c in psutil.Process(p.pid).children(recursive=True)
-               if "scheduler" in " ".join(c.cmdline()).lower() or "scheduler" in c.name()]
+    victims = [
+        c
+        for c in psutil.Process(p.pid).children(recursive=True)
+        if "scheduler" in " ".join(c.cmdline()).lower() or "scheduler" in c.name()
+    ]
     assert victims, [c.cmdline() for c in psutil.Process(p.pid).children(recursive=True)]
     t = time.time()
     victims[0].kill()
@@ -137,8 +151,9 @@ def test_engine_death_is_noticed_and_reported(tmp_path, tiny_llama):
 
 def tmpfs(path, size):
     path.mkdir(exist_ok=True)
-    r = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)],
-                       capture_output=True)
+    r = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)], capture_output=True
+    )
     return r.returncode == 0
 
 
@@ -147,7 +162,8 @@ def test_disk_full_leaves_a_valid_resumable_dataset(tmp_path, monkeypatch):
     real = tmpfs(mnt, "300k")
     if not real:  # no permission to mount here: fail the write call itself instead
         mnt.mkdir(exist_ok=True)
-        import hsdump.writer as w
+        import hsdump.store.writer as w
+
         orig = w.os.fsync
         state = {"n": 0}
 
@@ -156,15 +172,24 @@ def test_disk_full_leaves_a_valid_resumable_dataset(tmp_path, monkeypatch):
             if state["n"] == 4 and not state.get("freed"):
                 raise OSError(errno.ENOSPC, "No space left on device")
             return orig(fd)
+
         monkeypatch.setattr(w.os, "fsync", full)
     try:
         H, layers = 256, [1, 2, 3]
+
         def samples(start, n):
             for sid in range(start, start + n):
                 hs = [torch.randn(64, H) for _ in layers]
                 yield sid, list(range(64)), [1] * 64, hs
-        w = DatasetWriter(str(mnt / "ds"), {"layers": layers}, {"k": 1}, layers=layers,
-                          hidden_size=H, shard_bytes=100_000)
+
+        w = DatasetWriter(
+            str(mnt / "ds"),
+            {"layers": layers},
+            {"k": 1},
+            layers=layers,
+            hidden_size=H,
+            shard_bytes=100_000,
+        )
         with pytest.raises(WriteError) as e:
             for s in samples(0, 40):
                 w.add(*s)
@@ -179,8 +204,14 @@ def test_disk_full_leaves_a_valid_resumable_dataset(tmp_path, monkeypatch):
             subprocess.run(["mount", "-o", "remount,size=20m", str(mnt)], check=True)
         else:
             state["freed"] = True
-        w = DatasetWriter(str(mnt / "ds"), {"layers": layers}, {"k": 1}, layers=layers,
-                          hidden_size=H, shard_bytes=100_000)
+        w = DatasetWriter(
+            str(mnt / "ds"),
+            {"layers": layers},
+            {"k": 1},
+            layers=layers,
+            hidden_size=H,
+            shard_bytes=100_000,
+        )
         assert len(w.committed) == n
         for s in samples(0, 40):
             if s[0] not in w.committed:

@@ -20,6 +20,7 @@ No GPU, no engine: a few seconds.
 import functools
 import json
 import re
+import time
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -28,12 +29,20 @@ import pytest
 import torch
 from safetensors import safe_open
 
-from hsdump import pipeline, vocab
-from hsdump.config import (CaptureConfig, Config, DatasetConfig, DistConfig, ModelConfig,
-                           OutputConfig, RegenerateConfig)
-from hsdump.families import check_verified
-from hsdump.layers import ModelInfo
-from hsdump.tokenization import Tokenized
+from hsdump import pipeline
+from hsdump.capture.families import check_verified
+from hsdump.capture.layers import ModelInfo
+from hsdump.config import (
+    CaptureConfig,
+    Config,
+    DatasetConfig,
+    DistConfig,
+    ModelConfig,
+    OutputConfig,
+    RegenerateConfig,
+)
+from hsdump.corpus.tokenization import Tokenized
+from hsdump.tools import vocab
 
 ROOT = Path(__file__).resolve().parents[1]
 DOC = ROOT / "docs" / "format.md"
@@ -50,7 +59,7 @@ def schemas() -> dict:
     for p in sorted(SCHEMAS.glob("*.schema.json")):
         s = json.loads(p.read_text())
         jsonschema.Draft202012Validator.check_schema(s)
-        out[p.name[:-len(".schema.json")]] = jsonschema.Draft202012Validator(s)
+        out[p.name[: -len(".schema.json")]] = jsonschema.Draft202012Validator(s)
     return out
 
 
@@ -58,7 +67,8 @@ def check(name: str, obj, where: str) -> None:
     """`obj` satisfies schema `name`, and what a schema cannot say (columns that agree)."""
     errors = sorted(schemas()[name].iter_errors(obj), key=lambda e: list(e.absolute_path))
     assert not errors, f"{where} does not match docs/schema/{name}.schema.json:\n" + "\n".join(
-        map(_why, errors[:10]))
+        map(_why, errors[:10])
+    )
     if name == "index":
         sh, sa = obj["shards"], obj["samples"]
         assert len({len(sh[k]) for k in sh}) == 1, f"{where}: shard columns differ in length"
@@ -92,11 +102,21 @@ def tokenized(skip_rows=(4, 13)) -> Tokenized:
         ids.append(sid)
         inp.append([(sid * 7 + k) % 50 for k in range(n)])
         mask.append([0] * (n // 2) + [1] * (n - n // 2))
-    return Tokenized(ids=ids, input_ids=inp, loss_mask=mask,
-                     skipped={"too_long": 1, "no_assistant_tokens": 1}, rows=ROWS, truncated=2,
-                     format="messages", column="messages", mask_source="generation_markers",
-                     source={"kind": "jsonl", "records": ROWS}, tokens=sum(map(len, inp)),
-                     loss_tokens=sum(map(sum, mask)), lengths=[len(x) for x in inp])
+    return Tokenized(
+        ids=ids,
+        input_ids=inp,
+        loss_mask=mask,
+        skipped={"too_long": 1, "no_assistant_tokens": 1},
+        rows=ROWS,
+        truncated=2,
+        format="messages",
+        column="messages",
+        mask_source="generation_markers",
+        source={"kind": "jsonl", "records": ROWS},
+        tokens=sum(map(len, inp)),
+        loss_tokens=sum(map(sum, mask)),
+        lengths=[len(x) for x in inp],
+    )
 
 
 class Engine:
@@ -111,8 +131,9 @@ class Engine:
             if self.stop_after is not None and k >= self.stop_after:
                 return False
             g = torch.Generator().manual_seed(sid)
-            rows = [torch.randn(len(ids), H, generator=g)
-                    for _ in range(len(LAYERS) + len(self.final))]
+            rows = [
+                torch.randn(len(ids), H, generator=g) for _ in range(len(LAYERS) + len(self.final))
+            ]
             sink(sid, ids, rows, [0] if sid in self.nonfinite else [])
         return True
 
@@ -122,26 +143,42 @@ class Engine:
 
 def job(out: Path, *, num_jobs=1, job_index=0, dtype="bfloat16", final=(), turns="none"):
     """A run's state after its steps up to the engine: manifest written, writer open."""
-    cfg = Config(model=ModelConfig(path="org/tiny-model"),
-                 dataset=DatasetConfig(path="rows.jsonl", max_seq_len=64),
-                 capture=CaptureConfig(layers=LAYERS, final=list(final)),
-                 regenerate=RegenerateConfig(turns=turns),
-                 output=OutputConfig(dir=str(out), shard_bytes=4000, dtype=dtype,
-                                     on_nonfinite="skip", max_host_bytes=1 << 20,
-                                     writer_threads=2, space_check="off"),
-                 dist=DistConfig(num_jobs=num_jobs, job_index=job_index), progress=False)
+    cfg = Config(
+        model=ModelConfig(path="org/tiny-model"),
+        dataset=DatasetConfig(path="rows.jsonl", max_seq_len=64),
+        capture=CaptureConfig(layers=LAYERS, final=list(final)),
+        regenerate=RegenerateConfig(turns=turns),
+        output=OutputConfig(
+            dir=str(out),
+            shard_bytes=4000,
+            dtype=dtype,
+            on_nonfinite="skip",
+            max_host_bytes=1 << 20,
+            writer_threads=2,
+            space_check="off",
+        ),
+        dist=DistConfig(num_jobs=num_jobs, job_index=job_index),
+        progress=False,
+    )
     info = ModelInfo("LlamaForCausalLM", H, 6, 512, vocab_size=VOCAB)
-    r = pipeline.Run(cfg, model_path="/models/tiny-model", info=info, layers=LAYERS,
-                     family=check_verified(info.architecture, False),
-                     tok=SimpleNamespace(chat_template="{{ messages }}"), rows=[{}] * ROWS,
-                     data=tokenized())
-    compat, manifest = pipeline.dataset_keys(r, None)
-    assert pipeline.open_dataset(r, compat, manifest)
-    return r
+    model = pipeline.Model(
+        "/models/tiny-model", info, check_verified(info.architecture, False), LAYERS
+    )
+    corpus = pipeline.Corpus(
+        SimpleNamespace(chat_template="{{ messages }}"), [{}] * ROWS, tokenized()
+    )
+    compat, manifest = pipeline.dataset_keys(cfg, model, corpus, None)
+    j = pipeline.open_dataset(cfg, model, corpus, compat, manifest, time.time())
+    assert j.todo
+    return SimpleNamespace(
+        cfg=cfg, model=model, corpus=corpus, job=j, data=corpus.data, todo=j.todo, writer=j.writer
+    )
 
 
 def captured(r, engine) -> None:
-    pipeline.finish(r, *pipeline.capture(r, engine))
+    pipeline.finish(
+        r.cfg, r.model, r.corpus, r.job, *pipeline.capture(r.cfg, r.model, r.corpus, r.job, engine)
+    )
 
 
 @pytest.fixture(scope="module")
@@ -171,13 +208,19 @@ def regenerated(tmp_path_factory):
             continue
         g = torch.Generator().manual_seed(sid)
         n = len(data.input_ids[i])
-        conv = [{"role": "user", "content": f"question {sid}"},
-                {"role": "assistant", "content": f"answer {sid} ✓"}]
-        assert r.writer.add(sid, data.input_ids[i], data.loss_mask[i],
-                            [torch.randn(n, H, generator=g) for _ in LAYERS],
-                            conversation=conv)
+        conv = [
+            {"role": "user", "content": f"question {sid}"},
+            {"role": "assistant", "content": f"answer {sid} ✓"},
+        ]
+        assert r.writer.add(
+            sid,
+            data.input_ids[i],
+            data.loss_mask[i],
+            [torch.randn(n, H, generator=g) for _ in LAYERS],
+            conversation=conv,
+        )
     r.writer.close()
-    pipeline.finish(r, True, None, None)  # the last job counts the committed samples
+    pipeline.finish(r.cfg, r.model, r.corpus, r.job, True, None, None)  # the last job counts
     assert vocab.main([str(out), "--draft-vocab-size", "5"]) == 0
     return out
 
@@ -190,8 +233,7 @@ def check_dataset(out: Path) -> dict:
     check("manifest", json.loads((out / "manifest.json").read_text()), f"{out}/manifest.json")
     index = json.loads((out / "index.json").read_text())
     check("index", index, f"{out}/index.json")
-    check("token_freq", json.loads((out / "token_freq.json").read_text()),
-          f"{out}/token_freq.json")
+    check("token_freq", json.loads((out / "token_freq.json").read_text()), f"{out}/token_freq.json")
     for log in sorted((out / "commits").glob("*.jsonl")):
         seen["logs"] += 1
         for n, line in enumerate(log.read_text().splitlines(), 1):
@@ -205,8 +247,11 @@ def check_dataset(out: Path) -> dict:
         check("shard-metadata", meta, f"{path} __metadata__")
         if "conversations" in meta:
             seen["conversations"] += 1
-            check("conversations", json.loads(meta["conversations"]),
-                  f"{path} __metadata__ conversations")
+            check(
+                "conversations",
+                json.loads(meta["conversations"]),
+                f"{path} __metadata__ conversations",
+            )
     doc = DOC.read_text()
     for p in out.iterdir():  # every file the code puts in OUT is named in the document
         assert f"`{p.name}" in doc or f" {p.name}" in doc, f"docs/format.md never names {p.name}"
@@ -219,15 +264,19 @@ def test_a_two_job_resumed_fp8_dataset_matches_the_schemas(two_jobs):
     assert seen["logs"] == 2 and seen["skipped"] == 1 and seen["shard"] >= 4
     lines = len((out / "commits" / "j0000of0002.jsonl").read_text().splitlines())
     assert 0 < first_run < lines  # job 0's log holds the records of both its runs
-    assert json.loads((out / "token_freq.json").read_text())["counted"] == \
-        "input_ids where loss_mask == 1"
+    assert (
+        json.loads((out / "token_freq.json").read_text())["counted"]
+        == "input_ids where loss_mask == 1"
+    )
 
 
 def test_a_regenerated_dataset_with_a_vocab_mapping_matches_the_schemas(regenerated):
     seen = check_dataset(regenerated)
     assert seen["logs"] == 1 and seen["skipped"] == 1 and seen["conversations"] >= 1
-    assert json.loads((regenerated / "token_freq.json").read_text())["counted"] == \
-        "input_ids where loss_mask == 1, of the committed samples"
+    assert (
+        json.loads((regenerated / "token_freq.json").read_text())["counted"]
+        == "input_ids where loss_mask == 1, of the committed samples"
+    )
     with safe_open(str(regenerated / "vocab_mapping.safetensors"), framework="pt") as f:
         check("vocab-mapping-metadata", f.metadata(), "vocab_mapping.safetensors __metadata__")
 
@@ -244,7 +293,7 @@ def doc_examples(text: str):
             mark = m.group(1)
         elif f:
             j = next(k for k in range(i + 1, len(lines)) if lines[k].startswith("```"))
-            body = lines[i + 1:j]
+            body = lines[i + 1 : j]
             lang = f.group(1)
             docs = []
             if lang == "json":
@@ -265,8 +314,9 @@ def test_the_documents_examples_match_the_schemas():
     for name, lang, line, docs in examples:
         where = f"docs/format.md line {line}"
         if name is None:
-            assert lang not in ("json", "jsonl"), f"{where}: a JSON example without a " \
-                                                  "`<!-- schema: NAME -->` comment before it"
+            assert lang not in ("json", "jsonl"), (
+                f"{where}: a JSON example without a `<!-- schema: NAME -->` comment before it"
+            )
             continue
         assert lang in ("json", "jsonl"), f"{where}: schema {name} marks a ```{lang} block"
         assert name in schemas(), f"{where}: no docs/schema/{name}.schema.json"

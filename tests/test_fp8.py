@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from hsdump import fp8
+from hsdump.store import fp8
 
 
 def heavy_tailed(n, h, seed=0):
@@ -46,8 +46,10 @@ def test_encode_names_and_bf16_input():
     x = torch.randn(3, 8).bfloat16()
     t = fp8.encode("7/hidden_states/2", x)
     assert set(t) == {"7/hidden_states/2", "7/hidden_states/2/scale"}
-    assert fp8.shard_metadata() == {"storage_dtype": "float8_e4m3fn",
-                                    "fp8_scaling": "per_token_absmax"}
+    assert fp8.shard_metadata() == {
+        "storage_dtype": "float8_e4m3fn",
+        "fp8_scaling": "per_token_absmax",
+    }
     assert fp8.is_fp8("fp8") and fp8.is_fp8("float8_e4m3fn") and not fp8.is_fp8("bfloat16")
     with pytest.raises(ValueError):
         fp8.quantize(torch.randn(2, 3, 4))
@@ -55,11 +57,30 @@ def test_encode_names_and_bf16_input():
         fp8.dequantize(t["7/hidden_states/2"], torch.ones(4))
 
 
-def test_error_report_and_cli(capsys):
+def test_error_report_and_bench_script():
     x = fp8.heavy_tailed(64, 128, massive=(3, 77))
     r = fp8.error_report(x, massive=[3, 77])
     assert r["bf16_rel"] < 0.005 < r["fp8_rel"] < 0.04 and r["fp8_cos_min"] > 0.99
     assert r["fp8_rest_worst_token"] < 0.06
-    assert fp8._main(["--seq", "16", "--hidden", "64", "--layers", "2"]) == 0
-    out = capsys.readouterr().out
-    assert "\"fp8\": 2432" in out and "heavy_tailed" in out  # 16*16 + 2*(16*64 + 16*4)
+    import subprocess
+    import sys
+
+    from factories import ROOT
+
+    out = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "bench" / "fp8_error.py"),
+            "--seq",
+            "16",
+            "--hidden",
+            "64",
+            "--layers",
+            "2",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=120,
+    ).stdout
+    assert '"fp8": 2432' in out and "heavy_tailed" in out  # 16*16 + 2*(16*64 + 16*4)

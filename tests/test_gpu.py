@@ -12,7 +12,7 @@ error + 0.005, and every prompt's error <= 3x the largest HF-bf16 error at that 
 A wrong or shifted layer, a lost chunk or another request's rows give errors far above that
 (adjacent layers of these models differ by 0.54-4.1 relative, measured in float32). Per-prompt
 ratios are not used because MoE routing flips on near-ties in either bf16 run
-(tests/tolerance.py, BENCHMARKS.md; measured on an H200: Llama 0.004-0.006 vs HF-bf16
+(tests/tolerance.py, docs/performance.md, "Fidelity on the GPU"; measured on an H200: Llama 0.004-0.006 vs HF-bf16
 0.004-0.006, DeepSeek-V3 MoE layers 0.035-0.083 vs HF-bf16 0.008-0.083).
 
 Run on the GPU machine: python3 -m pytest -q tests/test_gpu.py   (or bench/gpu_check.py)
@@ -24,7 +24,6 @@ import sys
 
 import pytest
 import torch
-
 from factories import ROOT, bench_literal
 from tolerance import tolerance_failures
 
@@ -46,9 +45,23 @@ def workdir(tmp_path_factory):
 def run_case(case: str, workdir) -> dict:
     """`bench/gpu_check.py --cases CASE` on the GPU (no watchdog); that case's result."""
     out = workdir / f"{case}.json"
-    subprocess.run([sys.executable, str(ROOT / "bench" / "gpu_check.py"), "--device", "cuda",
-                    "--cases", case, "--case-timeout-s", "0", "--workdir", str(workdir),
-                    "--out", str(out)], cwd=ROOT)
+    subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "bench" / "gpu_check.py"),
+            "--device",
+            "cuda",
+            "--cases",
+            case,
+            "--case-timeout-s",
+            "0",
+            "--workdir",
+            str(workdir),
+            "--out",
+            str(out),
+        ],
+        cwd=ROOT,
+    )
     assert out.exists(), "bench/gpu_check.py wrote no results (its output is above)"
     res = json.loads(out.read_text())["cases"][case]
     assert "error" not in res, res.get("traceback", res["error"])
@@ -59,8 +72,10 @@ def _check(res):
     # the measured errors, for the record (run with -s to see them)
     for k, errs in sorted(res.get("sglang_vs_hf_fp32", {}).items()):
         ref = res["hf_bf16_vs_hf_fp32"][k]
-        print(f"layer {k}: hsdump worst {max(errs):.4f} mean {sum(errs) / len(errs):.4f} | "
-              f"hf bf16 worst {max(ref):.4f} mean {sum(ref) / len(ref):.4f}")
+        print(
+            f"layer {k}: hsdump worst {max(errs):.4f} mean {sum(errs) / len(errs):.4f} | "
+            f"hf bf16 worst {max(ref):.4f} mean {sum(ref) / len(ref):.4f}"
+        )
     msg = "\n".join(res.get("problems", []) + tolerance_failures(res))
     assert not tolerance_failures(res), msg
 

@@ -14,7 +14,6 @@ import sys
 
 import pytest
 import torch
-
 from factories import ROOT
 
 pytestmark = [
@@ -27,9 +26,18 @@ pytestmark = [
 @pytest.mark.parametrize("int4", [False, True], ids=["bf16", "int4"])
 def test_kimi_k25_checkpoint_through_the_preset(int4, tmp_path):
     out = tmp_path / "kimi.json"
-    subprocess.run([sys.executable, str(ROOT / "bench" / "kimi_check.py"),
-                    *(["--int4"] if int4 else []), "--workdir", str(tmp_path),
-                    "--out", str(out)], cwd=ROOT)
+    subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "bench" / "kimi_check.py"),
+            *(["--int4"] if int4 else []),
+            "--workdir",
+            str(tmp_path),
+            "--out",
+            str(out),
+        ],
+        cwd=ROOT,
+    )
     assert out.exists(), "bench/kimi_check.py wrote no results (its output is above)"
     res = json.loads(out.read_text())["runs"][0]
     print({k: v for k, v in res.items() if k != "log_tail"})

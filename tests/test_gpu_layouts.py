@@ -10,7 +10,7 @@ processes the layout says: one (attention-TP rank 0) under TP, one per DP group 
 attention.
 
 Run on the 2-GPU machine (SGLang 0.5.17 bundle and the extract.py wheels, see
-bench/gpu_layouts.sh): python3 -m pytest -q -s tests/test_gpu_layouts.py
+bench/README.md, "Serving layouts on two H200s"): python3 -m pytest -q -s tests/test_gpu_layouts.py
 HSDUMP_GPU_LAYOUTS_JSON=path writes the results; HSDUMP_GPU_LAYOUTS_THROUGHPUT=1 adds the
 capture-throughput comparison of the three DeepSeek-V3 TP 2 layouts;
 HSDUMP_GPU_LAYOUTS=llama-tp1,llama-tp2 (a comma list) runs only those layouts (with their
@@ -25,7 +25,6 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from factories import ROOT, bench_literal
 
 pytestmark = [
@@ -56,13 +55,19 @@ def selected() -> list:
 
 @pytest.fixture(scope="module")
 def report(tmp_path_factory):
-    argv = ["--workdir", str(tmp_path_factory.mktemp("layouts")),
-            "--layouts", ",".join(selected()), "--throughput",
-            "tp2-dpattn,tp2,tp2-ep2" if os.environ.get("HSDUMP_GPU_LAYOUTS_THROUGHPUT") else ""]
+    argv = [
+        "--workdir",
+        str(tmp_path_factory.mktemp("layouts")),
+        "--layouts",
+        ",".join(selected()),
+        "--throughput",
+        "tp2-dpattn,tp2,tp2-ep2" if os.environ.get("HSDUMP_GPU_LAYOUTS_THROUGHPUT") else "",
+    ]
     if os.environ.get("HSDUMP_GPU_LAYOUTS_DEADLINE_S"):
         argv += ["--deadline-s", os.environ["HSDUMP_GPU_LAYOUTS_DEADLINE_S"]]
     out = os.environ.get("HSDUMP_GPU_LAYOUTS_JSON") or str(
-        tmp_path_factory.mktemp("layouts-report") / "gpu-layouts.json")
+        tmp_path_factory.mktemp("layouts-report") / "gpu-layouts.json"
+    )
     argv += ["--out", out]
     subprocess.run([sys.executable, str(ROOT / "bench" / "gpu_layouts.py"), *argv], cwd=ROOT)
     return json.loads(Path(out).read_text())
@@ -87,8 +92,10 @@ def test_layout_matches_transformers_and_tp1(layout, report):
     assert r["n_row_sources"] == want, r["row_sources"]
 
 
-@pytest.mark.skipif(not os.environ.get("HSDUMP_GPU_LAYOUTS_THROUGHPUT"),
-                    reason="HSDUMP_GPU_LAYOUTS_THROUGHPUT=1 runs the throughput comparison")
+@pytest.mark.skipif(
+    not os.environ.get("HSDUMP_GPU_LAYOUTS_THROUGHPUT"),
+    reason="HSDUMP_GPU_LAYOUTS_THROUGHPUT=1 runs the throughput comparison",
+)
 def test_throughput_of_the_tp2_layouts(report):
     for name, r in report["throughput"].items():
         assert "error" not in r, (name, r)

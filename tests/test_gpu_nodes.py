@@ -11,7 +11,6 @@ import sys
 
 import pytest
 import torch
-
 from factories import ROOT
 
 pytestmark = [
@@ -23,6 +22,15 @@ pytestmark = [
 
 def test_two_node_engine(tmp_path):
     out = tmp_path / "nodes.json"
-    p = subprocess.run([sys.executable, str(ROOT / "bench" / "gpu_nodes.py"),
-                        "--workdir", str(tmp_path), "--out", str(out)], cwd=ROOT)
+    p = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "bench" / "gpu_nodes.py"),
+            "--workdir",
+            str(tmp_path),
+            "--out",
+            str(out),
+        ],
+        cwd=ROOT,
+    )
     assert p.returncode == 0, out.read_text() if out.exists() else "no results"

@@ -1,15 +1,14 @@
-"""Start-time settings a run gives SGLang (engine.start_kwargs): decode CUDA graphs only for a run
+"""Start-time settings a run gives SGLang (serving.start_kwargs): decode CUDA graphs only for a run
 that generates, prefill graphs as engine.prefill_cuda_graph_max_tokens says, and every key a
-real SGLang ServerArgs field (the GPU start-time figures are BENCHMARKS.md section 12)."""
+real SGLang ServerArgs field (the GPU start-time figures are docs/performance.md, "Engine start")."""
 
 import dataclasses
 
 import pytest
-
-from hsdump.config import EngineConfig
-from hsdump.engine import start_kwargs
-
 from factories import ROOT
+
+from hsdump.capture.serving import start_kwargs
+from hsdump.config import EngineConfig
 
 
 def gpu(**kw):
@@ -23,23 +22,25 @@ def test_capture_run_drops_decode_graphs():
 def test_generating_run_keeps_decode_graphs():
     assert start_kwargs(gpu(), generates=True) == {}
     assert start_kwargs(gpu(decode_cuda_graph=False), generates=True) == {
-        "disable_decode_cuda_graph": True}
+        "disable_decode_cuda_graph": True
+    }
     assert start_kwargs(gpu(decode_cuda_graph=True), generates=False) == {}
 
 
 def test_prefill_graph_sizes():
     assert start_kwargs(gpu(prefill_cuda_graph_max_tokens=0), generates=True) == {
-        "disable_prefill_cuda_graph": True}
+        "disable_prefill_cuda_graph": True
+    }
     assert start_kwargs(gpu(prefill_cuda_graph_max_tokens=2048), generates=True) == {
-        "cuda_graph_max_bs_prefill": 2048}
+        "cuda_graph_max_bs_prefill": 2048
+    }
     with pytest.raises(ValueError, match="prefill_cuda_graph_max_tokens"):
         gpu(prefill_cuda_graph_max_tokens=-1)
 
 
 def test_nothing_on_cpu_or_with_graphs_off():
     assert start_kwargs(EngineConfig(device="cpu", prefill_cuda_graph_max_tokens=0), False) == {}
-    assert start_kwargs(gpu(disable_cuda_graph=True, prefill_cuda_graph_max_tokens=0),
-                        False) == {}
+    assert start_kwargs(gpu(disable_cuda_graph=True, prefill_cuda_graph_max_tokens=0), False) == {}
 
 
 def test_flashinfer_allreduce_fusion_off_unless_asked():
@@ -57,8 +58,12 @@ def test_gpu_preset_and_keys_are_sglang_server_args():
     with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
         cfg = to_config(compose("config", overrides=["engine=gpu"]))
     kw = start_kwargs(cfg.engine, generates=False)
-    assert kw == {"disable_decode_cuda_graph": True, "disable_prefill_cuda_graph": True,
-                  "enforce_disable_flashinfer_allreduce_fusion": True, "watchdog_timeout": 1800}
+    assert kw == {
+        "disable_decode_cuda_graph": True,
+        "disable_prefill_cuda_graph": True,
+        "enforce_disable_flashinfer_allreduce_fusion": True,
+        "watchdog_timeout": 1800,
+    }
     kw.update(start_kwargs(gpu(prefill_cuda_graph_max_tokens=64), generates=False))
     from sglang.srt.server_args import ServerArgs
 

@@ -10,9 +10,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-
 import hostile
+import pytest
 
 MEMORY_CAP = 6 << 30
 """Address space of the driver: torch alone maps ~3.3 GB; reading /dev/zero would pass it."""
@@ -29,10 +28,15 @@ def results(tmp_path_factory):
         resource.setrlimit(resource.RLIMIT_AS, (MEMORY_CAP, MEMORY_CAP))
 
     env = {**os.environ, "OMP_NUM_THREADS": "1", "MALLOC_ARENA_MAX": "2"}
-    p = subprocess.run([sys.executable, hostile.__file__, str(root / "cases"), str(out)],
-                       preexec_fn=cap, env=env, capture_output=True, text=True,
-                       timeout=len(expect) * len(hostile.TOOLS) * hostile.CASE_SECONDS,
-                       cwd=root)
+    p = subprocess.run(
+        [sys.executable, hostile.__file__, str(root / "cases"), str(out)],
+        preexec_fn=cap,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=len(expect) * len(hostile.TOOLS) * hostile.CASE_SECONDS,
+        cwd=root,
+    )
     assert p.returncode == 0, p.stderr[-3000:]
     return expect, json.loads(out.read_text())
 

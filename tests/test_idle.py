@@ -3,7 +3,7 @@
 Under `enable_dp_attention` every DP group runs its own requests, and a group with nothing to
 do in a step still runs the model with the others (their MoE collectives need it): an idle
 forward of 0 tokens, or one padded to the others' length and relabelled EXTEND. These tests
-install hsdump's patch (`engine._install_patch`, the code every scheduler process runs) over
+install hsdump's patch (`patch._install_patch`, the code every scheduler process runs) over
 stand-ins for SGLang's stock `LogitsProcessor.forward` and `process_batch_result_prefill`,
 feed it SGLang's own metadata and result types, and check that
 
@@ -20,8 +20,8 @@ import types
 import pytest
 import torch
 
-from hsdump import engine
-from hsdump.rows import CaptureError, Receiver, pack_rows, unpack_rows
+from hsdump.capture import patch, serving
+from hsdump.capture.rows import CaptureError, Receiver, pack_rows, unpack_rows
 
 H = 16
 LAYERS = [3, 1]  # hf_hidden_states_index; aux rows arrive sorted: slot 0 = layer 1
@@ -32,18 +32,21 @@ def sgl(monkeypatch):
     """SGLang's modules, with the three methods hsdump wraps restored after the test."""
     # as CaptureEngine does in-process: the libcuda stub stays loaded and on LD_LIBRARY_PATH
     # (later engine tests' spawned processes need it; the loaded stub is not loaded again)
-    engine._prepare_process("cpu")
+    patch.prepare_process("cpu")
     from sglang.srt.layers import logits_processor as lp
     from sglang.srt.managers.scheduler_components import batch_result_processor as brp
-    from sglang.srt.model_executor import model_runner as mr
     from sglang.srt.model_executor import forward_batch_info as fbi
+    from sglang.srt.model_executor import model_runner as mr
 
-    for cls, name in ((mr.ModelRunner, "load_model"), (lp.LogitsProcessor, "forward"),
-                      (brp.SchedulerBatchResultProcessor, "process_batch_result_prefill")):
+    for cls, name in (
+        (mr.ModelRunner, "load_model"),
+        (lp.LogitsProcessor, "forward"),
+        (brp.SchedulerBatchResultProcessor, "process_batch_result_prefill"),
+    ):
         monkeypatch.setattr(cls, name, getattr(cls, name))  # undo puts the stock one back
-    engine._STASH.clear()
+    patch._STASH.clear()
     yield types.SimpleNamespace(lp=lp, brp=brp, fbi=fbi, monkeypatch=monkeypatch)
-    engine._STASH.clear()
+    patch._STASH.clear()
 
 
 def stock_logits_forward(lp):
@@ -51,12 +54,19 @@ def stock_logits_forward(lp):
     states come back packed as `hidden_states` (SGLang's own pack_aux_hidden_states)."""
     from sglang.srt.layers.aux_hidden_states import pack_aux_hidden_states
 
-    def forward(self, input_ids, hidden_states, lm_head, logits_metadata,
-                aux_hidden_states=None, hidden_states_before_norm=None):
+    def forward(
+        self,
+        input_ids,
+        hidden_states,
+        lm_head,
+        logits_metadata,
+        aux_hidden_states=None,
+        hidden_states_before_norm=None,
+    ):
         aux = None if aux_hidden_states is None else pack_aux_hidden_states(aux_hidden_states)
         return lp.LogitsProcessorOutput(
-            next_token_logits=hidden_states.new_zeros(hidden_states.shape[0], 8),
-            hidden_states=aux)
+            next_token_logits=hidden_states.new_zeros(hidden_states.shape[0], 8), hidden_states=aux
+        )
 
     return forward
 
@@ -68,12 +78,22 @@ class Rank:
     def __init__(self, sgl, endpoint, source, final=()):
         self.sgl, self.source, self.prefilled = sgl, source, []
         sgl.monkeypatch.setattr(sgl.lp.LogitsProcessor, "forward", stock_logits_forward(sgl.lp))
-        sgl.monkeypatch.setattr(sgl.brp.SchedulerBatchResultProcessor,
-                                "process_batch_result_prefill",
-                                lambda proc, batch, result: self.prefilled.append(batch))
-        engine._install_patch({"rows": {"endpoint": endpoint}, "node_rank": 0,
-                               "layers": LAYERS, "final": list(final), "device": "cpu",
-                               "slots": len(LAYERS) + len(final), "hidden": H})
+        sgl.monkeypatch.setattr(
+            sgl.brp.SchedulerBatchResultProcessor,
+            "process_batch_result_prefill",
+            lambda proc, batch, result: self.prefilled.append(batch),
+        )
+        patch._install_patch(
+            {
+                "rows": {"endpoint": endpoint},
+                "node_rank": 0,
+                "layers": LAYERS,
+                "final": list(final),
+                "device": "cpu",
+                "slots": len(LAYERS) + len(final),
+                "hidden": H,
+            }
+        )
         self.logits = sgl.lp.LogitsProcessor.forward
         self.prefill = sgl.brp.SchedulerBatchResultProcessor.process_batch_result_prefill
 
@@ -86,22 +106,28 @@ class Rank:
         """The scheduler's result processing of an extend batch on this rank."""
         from sglang.srt.managers.utils import GenerationBatchResult
 
-        self.sgl.monkeypatch.setattr(engine, "_is_writer_rank", lambda: True)
-        self.sgl.monkeypatch.setattr(engine, "_source", lambda node=0: self.source)
+        self.sgl.monkeypatch.setattr(patch, "_is_writer_rank", lambda: True)
+        self.sgl.monkeypatch.setattr(patch, "_source", lambda node=0: self.source)
         batch = types.SimpleNamespace(
-            return_hidden_states=True, reqs=[types.SimpleNamespace(rid=r) for r, _, _ in reqs],
-            prefix_lens=[s for _, s, _ in reqs], extend_lens=[n for _, _, n in reqs])
-        result = GenerationBatchResult(logits_output=out,
-                                       extend_input_len_per_req=[n for _, _, n in reqs])
+            return_hidden_states=True,
+            reqs=[types.SimpleNamespace(rid=r) for r, _, _ in reqs],
+            prefix_lens=[s for _, s, _ in reqs],
+            extend_lens=[n for _, _, n in reqs],
+        )
+        result = GenerationBatchResult(
+            logits_output=out, extend_input_len_per_req=[n for _, _, n in reqs]
+        )
         self.prefill(None, batch, result)
         assert out.hidden_states is None  # SGLang's own .tolist() path never sees the rows
 
 
 def extend_meta(sgl, lens):
     fm = sgl.fbi
-    return sgl.lp.LogitsMetadata(forward_mode=fm.ForwardMode.EXTEND,
-                                 capture_hidden_mode=fm.CaptureHiddenMode.FULL,
-                                 extend_seq_lens_cpu=list(lens))
+    return sgl.lp.LogitsMetadata(
+        forward_mode=fm.ForwardMode.EXTEND,
+        capture_hidden_mode=fm.CaptureHiddenMode.FULL,
+        extend_seq_lens_cpu=list(lens),
+    )
 
 
 @pytest.fixture
@@ -126,8 +152,9 @@ def test_idle_forward_passes_through_the_capture_hook_untouched(sgl, tmp_path, a
     # stash is empty, which must not count as a missing final state
     rank = Rank(sgl, f"ipc://{tmp_path}/rows", "dp1-tp1", final=["pre_norm", "post_norm"])
     fm = sgl.fbi
-    idle = sgl.lp.LogitsMetadata(forward_mode=fm.ForwardMode.IDLE,
-                                 capture_hidden_mode=fm.CaptureHiddenMode.FULL)
+    idle = sgl.lp.LogitsMetadata(
+        forward_mode=fm.ForwardMode.IDLE, capture_hidden_mode=fm.CaptureHiddenMode.FULL
+    )
     aux = [torch.empty(0, H) for _ in LAYERS] if aux_as_list else torch.empty(0, 2 * H)
     out = rank.logits(None, torch.empty(0, dtype=torch.long), torch.empty(0, H), None, idle, aux)
     if aux_as_list:
@@ -138,14 +165,15 @@ def test_idle_forward_passes_through_the_capture_hook_untouched(sgl, tmp_path, a
 
     # the next, real forward of the same process still packs its rows and final states
     x, pre = torch.randn(5, H), torch.randn(5, H)
-    engine._stash_pre_norm(None, (x, None), (x, pre))  # the final norm's forward hook
+    patch._stash_pre_norm(None, (x, None), (x, pre))  # the final norm's forward hook
     aux = torch.randn(5, 2 * H)
-    out = rank.logits(None, torch.zeros(5, dtype=torch.long), x, None,
-                      extend_meta(sgl, [2, 3]), aux)
+    out = rank.logits(
+        None, torch.zeros(5, dtype=torch.long), x, None, extend_meta(sgl, [2, 3]), aux
+    )
     rows, flags = unpack_rows(out.hidden_states, 4, H)
     assert torch.equal(rows[0], aux[:, :H]) and torch.equal(rows[1], aux[:, H:])
     assert torch.equal(rows[2], pre) and torch.equal(rows[3], x)
-    assert bool((flags == 1).all()) and not engine._STASH
+    assert bool((flags == 1).all()) and not patch._STASH
 
 
 def test_idle_rank_padded_to_the_others_length_is_not_packed(sgl, tmp_path):
@@ -154,13 +182,18 @@ def test_idle_rank_padded_to_the_others_length_is_not_packed(sgl, tmp_path):
     # _original_forward_mode, and SGLang cuts the output back to 0 rows afterwards
     rank = Rank(sgl, f"ipc://{tmp_path}/rows", "dp1-tp1")
     fm = sgl.fbi
-    fb = fm.ForwardBatch(forward_mode=fm.ForwardMode.EXTEND, batch_size=1,
-                         input_ids=torch.zeros(8, dtype=torch.long),
-                         req_pool_indices=torch.zeros(1, dtype=torch.long),
-                         seq_lens=torch.tensor([8]), out_cache_loc=torch.zeros(8, dtype=torch.long),
-                         seq_lens_sum=8, extend_seq_lens_cpu=[8],
-                         capture_hidden_mode=fm.CaptureHiddenMode.FULL,
-                         _original_forward_mode=fm.ForwardMode.IDLE)  # fails if SGLang renames it
+    fb = fm.ForwardBatch(
+        forward_mode=fm.ForwardMode.EXTEND,
+        batch_size=1,
+        input_ids=torch.zeros(8, dtype=torch.long),
+        req_pool_indices=torch.zeros(1, dtype=torch.long),
+        seq_lens=torch.tensor([8]),
+        out_cache_loc=torch.zeros(8, dtype=torch.long),
+        seq_lens_sum=8,
+        extend_seq_lens_cpu=[8],
+        capture_hidden_mode=fm.CaptureHiddenMode.FULL,
+        _original_forward_mode=fm.ForwardMode.IDLE,
+    )  # fails if SGLang renames it
     aux = torch.randn(8, 2 * H)
     assert rank.step(fb, aux).hidden_states is aux
     fb._original_forward_mode = None  # the same batch as a real extend is packed
@@ -171,8 +204,9 @@ def test_each_dp_rank_sends_its_own_requests_once(sgl, tmp_path, receiver):
     endpoint = f"ipc://{tmp_path}/rows"
     r0 = Rank(sgl, endpoint, "dp0-tp0")
     r1 = Rank(sgl, endpoint, "dp1-tp1")
-    idle = sgl.lp.LogitsMetadata(forward_mode=sgl.fbi.ForwardMode.IDLE,
-                                 capture_hidden_mode=sgl.fbi.CaptureHiddenMode.FULL)
+    idle = sgl.lp.LogitsMetadata(
+        forward_mode=sgl.fbi.ForwardMode.IDLE, capture_hidden_mode=sgl.fbi.CaptureHiddenMode.FULL
+    )
     seq = {"a": torch.randn(5, 2 * H), "b": torch.randn(10, 2 * H), "c": torch.randn(7, 2 * H)}
 
     # step 1: rank 0 prefills a and the first 4 tokens of b (chunked); rank 1 is idle
@@ -212,13 +246,15 @@ def test_rows_sent_again_after_the_sample_was_taken_fail_the_run(sgl, tmp_path, 
     receiver.take("y", 4, 10)
     r1.send([("y", 0, 4)], r1.step(extend_meta(sgl, [4]), aux))  # a second rank repeats y
     r1.send([("z", 0, 4)], r1.step(extend_meta(sgl, [4]), aux))  # (one socket: in order)
-    with pytest.raises(CaptureError, match="after the sample was complete.*first sent by "
-                                           "dp0-tp0: two scheduler processes"):
+    with pytest.raises(
+        CaptureError,
+        match="after the sample was complete.*first sent by dp0-tp0: two scheduler processes",
+    ):
         receiver.take("z", 4, 10)
 
 
 def test_rows_of_a_discarded_request_are_dropped(receiver, tmp_path):
-    from hsdump.rows import Sender
+    from hsdump.capture.rows import Sender
 
     receiver.discard("gone")  # the caller gave the request up (its task was cancelled)
     s = Sender(f"ipc://{tmp_path}/rows", "dp0-tp0")
@@ -228,25 +264,31 @@ def test_rows_of_a_discarded_request_are_dropped(receiver, tmp_path):
     assert rows[0].shape == (3, H) and "gone" not in receiver.parts and receiver.error is None
 
 
-@pytest.mark.parametrize("extra, match", [
-    ({"moe_a2a_backend": "deepep", "ep_size": 2}, "moe_a2a_backend=deepep"),
-    ({"enable_two_batch_overlap": True}, "enable_two_batch_overlap"),
-    ({"attn_cp_size": 2}, "attn_cp_size=2"),
-])
+@pytest.mark.parametrize(
+    "extra, match",
+    [
+        ({"moe_a2a_backend": "deepep", "ep_size": 2}, "moe_a2a_backend=deepep"),
+        ({"enable_two_batch_overlap": True}, "enable_two_batch_overlap"),
+        ({"attn_cp_size": 2}, "attn_cp_size=2"),
+    ],
+)
 def test_layouts_hsdump_cannot_capture_are_refused_before_start(extra, match):
     from hsdump.config import EngineConfig, ModelConfig
 
     cfg = EngineConfig(device="cpu", extra=extra)
     with pytest.raises(ValueError, match=match) as e:
-        engine.check_supported(None, cfg, ModelConfig(path="unused", tp_size=2))
+        serving.check_supported(None, cfg, ModelConfig(path="unused", tp_size=2))
     assert "enable_dp_attention=true" in str(e.value)  # names a layout that works
 
 
-@pytest.mark.parametrize("extra", [
-    {"dp_size": 2, "enable_dp_attention": True},
-    {"ep_size": 2},
-    {"ep_size": 2, "moe_a2a_backend": "none"},
-    {"dp_size": 2},
-])
+@pytest.mark.parametrize(
+    "extra",
+    [
+        {"dp_size": 2, "enable_dp_attention": True},
+        {"ep_size": 2},
+        {"ep_size": 2, "moe_a2a_backend": "none"},
+        {"dp_size": 2},
+    ],
+)
 def test_verified_layouts_pass_the_layout_check(extra):
-    engine.check_layout(extra)
+    serving.check_layout(extra)

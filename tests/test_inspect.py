@@ -2,11 +2,10 @@ import json
 
 import pytest
 import torch
+from factories import H, make_dataset
 from PIL import Image
 
-from hsdump import inspect as hi
-
-from factories import H, make_dataset
+from hsdump.tools import inspect as hi
 
 
 def chatty(n_samples=300, seed=0):
@@ -17,17 +16,26 @@ def chatty(n_samples=300, seed=0):
         n = int(torch.empty(1).log_normal_(5.0, 0.8, generator=g).clamp(2, 2048))
         frac = float(torch.rand(1, generator=g)) * 0.9 if k % 25 else 0.0
         lm = torch.zeros(n, dtype=torch.int64)
-        lm[n - int(n * frac):] = 1
-        out[k * 2] = (torch.randint(0, 500, (n,), generator=g), lm,
-                      [torch.zeros(n, H) for _ in range(3)], {})
+        lm[n - int(n * frac) :] = 1
+        out[k * 2] = (
+            torch.randint(0, 500, (n,), generator=g),
+            lm,
+            [torch.zeros(n, H) for _ in range(3)],
+            {},
+        )
     return out
 
 
 @pytest.fixture
 def path(tmp_path):
-    return make_dataset(tmp_path / "ds", chatty(), per_shard=50,
-                        skipped={"13": "nonfinite in hidden_states[1]"},
-                        skipped_rows={"too_long": 4, "no_assistant_tokens": 2}, model="tiny:llama")
+    return make_dataset(
+        tmp_path / "ds",
+        chatty(),
+        per_shard=50,
+        skipped={"13": "nonfinite in hidden_states[1]"},
+        skipped_rows={"too_long": 4, "no_assistant_tokens": 2},
+        model="tiny:llama",
+    )
 
 
 def test_facts(path):
@@ -44,9 +52,13 @@ def test_facts(path):
     assert facts["bytes"] == sum(p.stat().st_size for p in path.glob("shard-*"))
     assert all(0 <= f <= 1 for f in fracs)
     text = hi.format_facts(facts)
-    for want in ("samples          300", "skipped rows     6 (no_assistant_tokens: 2, too_long: 4)",
-                 "skipped samples  1 (nonfinite in hidden_states[1]: 1)", "bfloat16",
-                 "tiny:llama"):
+    for want in (
+        "samples          300",
+        "skipped rows     6 (no_assistant_tokens: 2, too_long: 4)",
+        "skipped samples  1 (nonfinite in hidden_states[1]: 1)",
+        "bfloat16",
+        "tiny:llama",
+    ):
         assert want in text, text
 
 
@@ -66,8 +78,9 @@ def test_cli_prints_and_draws(path, tmp_path, capsys):
 
 
 def test_one_sample_dataset_draws(tmp_path):
-    p = make_dataset(tmp_path / "one", {0: (torch.tensor([1]), torch.tensor([1]),
-                                            [torch.zeros(1, H)] * 3, {})})
+    p = make_dataset(
+        tmp_path / "one", {0: (torch.tensor([1]), torch.tensor([1]), [torch.zeros(1, H)] * 3, {})}
+    )
     facts, lengths, fracs = hi.gather(str(p))
     hi.draw_png(str(tmp_path / "o.png"), facts, lengths, fracs)
     assert facts["seq_len"] == {"min": 1, "median": 1, "mean": 1.0, "max": 1}

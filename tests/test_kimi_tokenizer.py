@@ -1,4 +1,4 @@
-"""Kimi's tokenizer without running the checkpoint's code (hsdump.tiktoken_tokenizer).
+"""Kimi's tokenizer without running the checkpoint's code (hsdump.corpus.tiktoken_tokenizer).
 
 A small tokenizer folder in Kimi-K2.5's layout (tiktoken.model + tokenizer_config.json, Kimi's
 special-token ids) is loaded through `load_tokenizer` with trust_remote_code=false and
@@ -11,14 +11,18 @@ import random
 import shutil
 
 import pytest
+from factories import mask_runs
 
 from hsdump.config import ModelConfig
-from hsdump.tiktoken_tokenizer import (KIMI_PATTERN, build_kimi_tokenizer, kimi_added_tokens,
-                                       read_tiktoken_bpe, write_kimi_style_tokenizer,
-                                       write_tiktoken_bpe)
-from hsdump.tokenizer import load_tokenizer, tokenizer_sha256
-
-from factories import mask_runs
+from hsdump.corpus.tiktoken_tokenizer import (
+    KIMI_PATTERN,
+    build_kimi_tokenizer,
+    kimi_added_tokens,
+    read_tiktoken_bpe,
+    write_kimi_style_tokenizer,
+    write_tiktoken_bpe,
+)
+from hsdump.corpus.tokenizer import load_tokenizer, tokenizer_sha256
 
 TEXTS = [
     "Hello world! How's it going? I'M FINE, they'll see.",
@@ -35,7 +39,7 @@ TEXTS = [
     "<think>hmm</think>Sure![EOS]",
     "special in text[BOS]mid<|im_end|>end <think> spaced </think> x",
     "<|tool_calls_section_begin|><|tool_call_begin|>functions.f:0<|tool_call_argument_begin|>"
-    "{\"a\": 1}<|tool_call_end|><|tool_calls_section_end|>",
+    '{"a": 1}<|tool_call_end|><|tool_calls_section_end|>',
     "",
     " ",
     "\n",
@@ -58,19 +62,38 @@ def tiktoken_encoding(folder):
     ranks = read_tiktoken_bpe(f"{folder}/tiktoken.model")
     config = json.loads(open(f"{folder}/tokenizer_config.json").read())
     specials = {c: i for i, c, _ in kimi_added_tokens(config, len(ranks))}
-    return tiktoken.Encoding(name="kimi-test", pat_str=KIMI_PATTERN, mergeable_ranks=ranks,
-                             special_tokens=specials)
+    return tiktoken.Encoding(
+        name="kimi-test", pat_str=KIMI_PATTERN, mergeable_ranks=ranks, special_tokens=specials
+    )
 
 
 def random_texts(n, seed=0):
     """Strings drawn from Han, Latin (both cases, accents), digits, spaces, newlines,
     punctuation and the special tokens."""
     rng = random.Random(seed)
-    pieces = (list("的一是不了人我在有他这中大来上国个到说们为子和你地出道也时年")
-              + list("abcdefghijKLMNOPQRSTéèüÖß'") + list("0123456789")
-              + [" ", "  ", "\t", "\n", "\r\n", "   \n"] + list(".,!?;:()[]{}<>-_=+*/\\\"#@%&|~`")
-              + ["'s", "'LL", "'re", "[BOS]", "[EOS]", "<|im_end|>", "<|im_middle|>", "<think>",
-                 "<|reserved_token_4261|>", "😀", "é", "ǅ", "ー", "カ"])
+    pieces = (
+        list("的一是不了人我在有他这中大来上国个到说们为子和你地出道也时年")
+        + list("abcdefghijKLMNOPQRSTéèüÖß'")
+        + list("0123456789")
+        + [" ", "  ", "\t", "\n", "\r\n", "   \n"]
+        + list('.,!?;:()[]{}<>-_=+*/\\"#@%&|~`')
+        + [
+            "'s",
+            "'LL",
+            "'re",
+            "[BOS]",
+            "[EOS]",
+            "<|im_end|>",
+            "<|im_middle|>",
+            "<think>",
+            "<|reserved_token_4261|>",
+            "😀",
+            "é",
+            "ǅ",
+            "ー",
+            "カ",
+        ]
+    )
     return ["".join(rng.choice(pieces) for _ in range(rng.randint(1, 60))) for _ in range(n)]
 
 
@@ -94,10 +117,22 @@ def test_special_tokens_and_ids(kimi_dir, kimi_tok):
     base = len(read_tiktoken_bpe(f"{kimi_dir}/tiktoken.model"))
     assert base > 4000  # the 256 bytes and the learned merges
     assert len(kimi_tok) == base + 256
-    want = {"[BOS]": 0, "[EOS]": 1, "<|im_end|>": 2, "<|im_user|>": 3, "<|im_assistant|>": 4,
-            "<|im_system|>": 10, "<|tool_calls_section_begin|>": 11, "<|im_middle|>": 17,
-            "<think>": 22, "</think>": 23, "[UNK]": 254, "[PAD]": 255,
-            f"<|reserved_token_{base + 5}|>": 5, f"<|reserved_token_{base + 100}|>": 100}
+    want = {
+        "[BOS]": 0,
+        "[EOS]": 1,
+        "<|im_end|>": 2,
+        "<|im_user|>": 3,
+        "<|im_assistant|>": 4,
+        "<|im_system|>": 10,
+        "<|tool_calls_section_begin|>": 11,
+        "<|im_middle|>": 17,
+        "<think>": 22,
+        "</think>": 23,
+        "[UNK]": 254,
+        "[PAD]": 255,
+        f"<|reserved_token_{base + 5}|>": 5,
+        f"<|reserved_token_{base + 100}|>": 100,
+    }
     for content, off in want.items():
         assert kimi_tok.convert_tokens_to_ids(content) == base + off, content
         assert kimi_tok(content, add_special_tokens=False)["input_ids"] == [base + off]
@@ -106,8 +141,10 @@ def test_special_tokens_and_ids(kimi_dir, kimi_tok):
     assert (kimi_tok.unk_token, kimi_tok.pad_token) == ("[UNK]", "[PAD]")
     assert "<|im_end|>" in kimi_tok.extra_special_tokens
     # nothing added around the text (Kimi's class adds no bos)
-    assert (kimi_tok("hello 你好")["input_ids"]
-            == kimi_tok("hello 你好", add_special_tokens=False)["input_ids"])
+    assert (
+        kimi_tok("hello 你好")["input_ids"]
+        == kimi_tok("hello 你好", add_special_tokens=False)["input_ids"]
+    )
     # special=False in the config (<think>, tool markers) survive skip_special_tokens
     ids = kimi_tok("[BOS]<think>a</think><|im_end|>", add_special_tokens=False)["input_ids"]
     assert kimi_tok.decode(ids, skip_special_tokens=True) == "<think>a</think>"
@@ -130,37 +167,50 @@ def test_small_vocabulary_and_sparse_config(tmp_path):
         ranks[tok] = len(ranks)
     write_tiktoken_bpe(tmp_path / "tiktoken.model", ranks)
     base = len(ranks)
-    (tmp_path / "tokenizer_config.json").write_text(json.dumps({
-        "added_tokens_decoder": {str(base): {"content": "[BOS]", "special": True},
-                                 str(base + 1): {"content": "[EOS]", "special": True},
-                                 str(base + 2): {"content": "<|im_end|>", "special": True}}}))
+    (tmp_path / "tokenizer_config.json").write_text(
+        json.dumps(
+            {
+                "added_tokens_decoder": {
+                    str(base): {"content": "[BOS]", "special": True},
+                    str(base + 1): {"content": "[EOS]", "special": True},
+                    str(base + 2): {"content": "<|im_end|>", "special": True},
+                }
+            }
+        )
+    )
     tok = load_tokenizer(ModelConfig(path=str(tmp_path)), str(tmp_path))
     enc = tiktoken_encoding(tmp_path)
     assert len(tok) == base + 256
     assert tok.convert_tokens_to_ids(f"<|reserved_token_{base + 3}|>") == base + 3
-    for text in TEXTS + ["abcab abc 你你好 12312 1234", "[BOS]abc<|im_end|>"] + random_texts(100, 1):
+    for text in (
+        TEXTS + ["abcab abc 你你好 12312 1234", "[BOS]abc<|im_end|>"] + random_texts(100, 1)
+    ):
         assert tok(text, add_special_tokens=False)["input_ids"] == enc.encode(
-            text, allowed_special="all"), text
+            text, allowed_special="all"
+        ), text
 
 
 def test_kimi_k25_template_masks(kimi_dir):
     """kimi_k25.jinja through hsdump's mask path: the loss covers exactly each assistant
     turn's `</think>` + content + `<|im_end|>`, and the ids are the rendered text's."""
-    from hsdump.chat import chat_spans
-    from hsdump.masks import tokenize_conversation
+    from hsdump.corpus.chat import chat_spans
+    from hsdump.corpus.masks import tokenize_conversation
 
     tok = load_tokenizer(ModelConfig(path=kimi_dir, chat_template="kimi_k25.jinja"), kimi_dir)
-    messages = [{"role": "user", "content": "What is 2+2? 用中文回答。"},
-                {"role": "assistant", "content": "2+2 等于 4。"},
-                {"role": "user", "content": "And  3*3?\n"},
-                {"role": "assistant", "content": "Nine (9), i.e. 九."}]
+    messages = [
+        {"role": "user", "content": "What is 2+2? 用中文回答。"},
+        {"role": "assistant", "content": "2+2 等于 4。"},
+        {"role": "user", "content": "And  3*3?\n"},
+        {"role": "assistant", "content": "Nine (9), i.e. 九."},
+    ]
     ids, mask = tokenize_conversation(tok, messages)
     text, _ = chat_spans(tok, messages, None, tok.chat_template)
     assert text.startswith("<|im_system|>system<|im_middle|>You are Kimi")
     assert ids == tiktoken_encoding(kimi_dir).encode(text, allowed_special="all")
     runs = mask_runs(ids, mask)
-    assert [tok.decode(r) for r in runs] == [f"</think>{m['content']}<|im_end|>"
-                                             for m in messages if m["role"] == "assistant"]
+    assert [tok.decode(r) for r in runs] == [
+        f"</think>{m['content']}<|im_end|>" for m in messages if m["role"] == "assistant"
+    ]
     im_end = tok.convert_tokens_to_ids("<|im_end|>")
     assert ids.count(im_end) == 5 and sum(mask) == sum(len(r) for r in runs)
     # the user turns, headers and <think> prefills are out of the loss
@@ -172,22 +222,29 @@ def test_tokenizer_sha256(kimi_dir, kimi_tok, tmp_path):
     again = load_tokenizer(ModelConfig(path=kimi_dir), kimi_dir)
     assert tokenizer_sha256(again) == tokenizer_sha256(kimi_tok)
     other = write_kimi_style_tokenizer(tmp_path / "small", num_merges=500)
-    assert tokenizer_sha256(load_tokenizer(ModelConfig(path=str(other)), str(other))) \
-        != tokenizer_sha256(kimi_tok)
+    assert tokenizer_sha256(
+        load_tokenizer(ModelConfig(path=str(other)), str(other))
+    ) != tokenizer_sha256(kimi_tok)
 
 
 def test_missing_files_named(kimi_dir, tmp_path):
     only_bpe = tmp_path / "only_bpe"
     only_bpe.mkdir()
     shutil.copy(f"{kimi_dir}/tiktoken.model", only_bpe)
-    with pytest.raises(ValueError, match=r"model\.tokenizer=.*tiktoken\.model but no "
-                                         r"tokenizer_config\.json.*model\.trust_remote_code"):
+    with pytest.raises(
+        ValueError,
+        match=r"model\.tokenizer=.*tiktoken\.model but no "
+        r"tokenizer_config\.json.*model\.trust_remote_code",
+    ):
         load_tokenizer(ModelConfig(path="unused", tokenizer=str(only_bpe)), "unused")
     only_config = tmp_path / "only_config"
     only_config.mkdir()
     shutil.copy(f"{kimi_dir}/tokenizer_config.json", only_config)
-    with pytest.raises(ValueError, match=r"model\.path=.*but no tiktoken\.model.*"
-                                         r"model\.trust_remote_code"):
+    with pytest.raises(
+        ValueError,
+        match=r"model\.path=.*but no tiktoken\.model.*"
+        r"model\.trust_remote_code",
+    ):
         load_tokenizer(ModelConfig(path=str(only_config)), str(only_config))
 
 
@@ -205,8 +262,9 @@ def test_trust_remote_code_uses_the_checkpoints_tokenizer(kimi_dir, monkeypatch)
         return Sentinel()
 
     monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained", from_pretrained)
-    tok = load_tokenizer(ModelConfig(path=kimi_dir, trust_remote_code=True,
-                                     chat_template="kimi_k25.jinja"), kimi_dir)
+    tok = load_tokenizer(
+        ModelConfig(path=kimi_dir, trust_remote_code=True, chat_template="kimi_k25.jinja"), kimi_dir
+    )
     assert isinstance(tok, Sentinel) and calls == [(kimi_dir, {"trust_remote_code": True})]
     assert "<|im_middle|>" in tok.chat_template
 
@@ -222,10 +280,13 @@ def test_own_chat_template_file(kimi_dir, tmp_path):
     tok = load_tokenizer(ModelConfig(path=str(d)), str(d))
     assert tok.chat_template == "{{ messages[0]['content'] }}"
     e = tmp_path / "in_config"
-    write_kimi_style_tokenizer(e, chat_template="{{ 'x' }}",
-                               ranks=read_tiktoken_bpe(d / "tiktoken.model"))
-    assert build_kimi_tokenizer(e / "tiktoken.model", e / "tokenizer_config.json"
-                                ).chat_template == "{{ 'x' }}"
+    write_kimi_style_tokenizer(
+        e, chat_template="{{ 'x' }}", ranks=read_tiktoken_bpe(d / "tiktoken.model")
+    )
+    assert (
+        build_kimi_tokenizer(e / "tiktoken.model", e / "tokenizer_config.json").chat_template
+        == "{{ 'x' }}"
+    )
 
 
 def test_hub_id_from_the_cache(kimi_dir, tmp_path, monkeypatch):
@@ -257,8 +318,11 @@ def test_other_tokenizer_class_left_to_transformers(kimi_dir, tmp_path, monkeypa
     shutil.copy(f"{kimi_dir}/tiktoken.model", d)
     (d / "tokenizer_config.json").write_text(json.dumps({"tokenizer_class": "OtherTokenizer"}))
     calls = []
-    monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained",
-                        lambda source, **kw: calls.append(source) or object())
+    monkeypatch.setattr(
+        transformers.AutoTokenizer,
+        "from_pretrained",
+        lambda source, **kw: calls.append(source) or object(),
+    )
     load_tokenizer(ModelConfig(path=str(d)), str(d))
     assert calls == [str(d)]
 
@@ -266,8 +330,12 @@ def test_other_tokenizer_class_left_to_transformers(kimi_dir, tmp_path, monkeypa
 def test_kimi_pattern_splits(kimi_tok):
     """Kimi's pre-tokenizer: Han runs are pieces of their own (no leading space or letters),
     digits go by three, contractions stay with their word."""
-    pieces = [p for p, _ in kimi_tok.backend_tokenizer.pre_tokenizer.pre_tokenize_str(
-        "abc中文def 你好 12345 it's")]
+    pieces = [
+        p
+        for p, _ in kimi_tok.backend_tokenizer.pre_tokenizer.pre_tokenize_str(
+            "abc中文def 你好 12345 it's"
+        )
+    ]
     from transformers.convert_slow_tokenizer import bytes_to_unicode
 
     decode = {c: b for b, c in bytes_to_unicode().items()}

@@ -2,7 +2,6 @@
 jobs through hydra-submitit-launcher's local executor, one of them killed and re-run alone."""
 
 import glob
-import json
 import os
 import re
 import subprocess
@@ -10,14 +9,11 @@ import sys
 from pathlib import Path
 
 import pytest
-
 import torch
+from factories import JOB_ARGS, ROOT, committed, compose_config, shard_mtimes, shards, skipped
 
 from hsdump.config import register_configs, to_config
-from hsdump.reader import HsdumpDataset
-
-from factories import (JOB_ARGS, ROOT, committed, compose_config, shard_mtimes, shards,
-                       skipped)
+from hsdump.store.reader import HsdumpDataset
 
 register_configs()
 
@@ -34,8 +30,14 @@ def extract(*args, env=None, timeout=600, wait=True):
     e = dict(os.environ)
     e.pop("HSDUMP_FAULT", None)
     e.update(env or {})
-    p = subprocess.Popen([sys.executable, "extract.py", *args], cwd=ROOT, env=e,
-                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    p = subprocess.Popen(
+        [sys.executable, "extract.py", *args],
+        cwd=ROOT,
+        env=e,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     if not wait:
         return p
     try:
@@ -63,7 +65,9 @@ def test_launcher_presets_compose():
     assert launcher.name == "hsdump-kimi-k2.5" and launcher.max_num_timeout > 0
     assert launcher.additional_parameters == {"exclusive": True}
     c = config("hydra/launcher=slurm_gpu")
-    assert c.hydra.launcher.gpus_per_node == 1 and c.hydra.launcher._target_.endswith("SlurmLauncher")
+    assert c.hydra.launcher.gpus_per_node == 1 and c.hydra.launcher._target_.endswith(
+        "SlurmLauncher"
+    )
     c = config("hydra/launcher=local_jobs")
     assert c.hydra.launcher._target_.endswith("LocalLauncher")
 
@@ -91,8 +95,9 @@ def sbatch_stand_in(tmp_path):
     bin_dir, rec = tmp_path / "bin", tmp_path / "rec"
     bin_dir.mkdir()
     rec.mkdir()
-    (bin_dir / "sbatch").write_text('#!/bin/sh\ncp "$1" "$REC/script.sh"\n'
-                                    'echo "sbatch: error: test stand-in" >&2\nexit 1\n')
+    (bin_dir / "sbatch").write_text(
+        '#!/bin/sh\ncp "$1" "$REC/script.sh"\necho "sbatch: error: test stand-in" >&2\nexit 1\n'
+    )
     (bin_dir / "srun").write_text("#!/bin/sh\nexit 1\n")
     for f in bin_dir.iterdir():
         f.chmod(0o755)
@@ -103,20 +108,35 @@ def test_slurm_sweep_submits_one_array_task_per_job(tmp_path):
     """The real command line down to sbatch: a stand-in `sbatch` records the script that
     hydra-submitit-launcher wrote, then refuses, so nothing runs and no cluster is needed."""
     env, rec = sbatch_stand_in(tmp_path)
-    rc, log = extract("-m", "+dist=slurm_nodes", "dist.num_jobs=3", "model=kimi_k25",
-                      "engine=gpu", "hydra.launcher.partition=gpu",
-                      f"hydra.sweep.dir={tmp_path}/sweep",
-                      env=env,
-                      timeout=300)
+    rc, log = extract(
+        "-m",
+        "+dist=slurm_nodes",
+        "dist.num_jobs=3",
+        "model=kimi_k25",
+        "engine=gpu",
+        "hydra.launcher.partition=gpu",
+        f"hydra.sweep.dir={tmp_path}/sweep",
+        env=env,
+        timeout=300,
+    )
     assert rc != 0 and "test stand-in" in log, log[-3000:]
     jobs = re.findall(r"#(\d+) : (.*)", log)
     assert [int(n) for n, _ in jobs] == [0, 1, 2]
     for n, overrides in jobs:
         assert f"dist.job_index={n}" in overrides.split() and "dist.num_jobs=3" in overrides
     script = (rec / "script.sh").read_text()
-    for line in ("--array=0-2", "--gpus-per-node=8", "--ntasks-per-node=1", "--nodes=1",
-                 "--exclusive", "--signal=USR2@300", "--time=1440", "--partition=gpu",
-                 "--job-name=hsdump-kimi-k2.5", "--cpus-per-task=64"):
+    for line in (
+        "--array=0-2",
+        "--gpus-per-node=8",
+        "--ntasks-per-node=1",
+        "--nodes=1",
+        "--exclusive",
+        "--signal=USR2@300",
+        "--time=1440",
+        "--partition=gpu",
+        "--job-name=hsdump-kimi-k2.5",
+        "--cpus-per-task=64",
+    ):
         assert f"#SBATCH {line}" in script, (line, script)
     assert "-m submitit.core._submit" in script
 
@@ -127,14 +147,26 @@ def test_slurm_multinode_preset_runs_each_engine_on_two_nodes(tmp_path):
     assert c.hydra.launcher.tasks_per_node == 1
     assert c.hydra.sweeper.params["dist.job_index"] == "range(4)"
     env, rec = sbatch_stand_in(tmp_path)
-    rc, log = extract("-m", "+dist=slurm_multinode", "dist.num_jobs=4", "model=kimi_k25",
-                      "engine=gpu", "model.tp_size=16", f"hydra.sweep.dir={tmp_path}/sweep",
-                      env=env,
-                      timeout=300)
+    rc, log = extract(
+        "-m",
+        "+dist=slurm_multinode",
+        "dist.num_jobs=4",
+        "model=kimi_k25",
+        "engine=gpu",
+        "model.tp_size=16",
+        f"hydra.sweep.dir={tmp_path}/sweep",
+        env=env,
+        timeout=300,
+    )
     assert rc != 0 and "test stand-in" in log, log[-3000:]
     script = (rec / "script.sh").read_text()
-    for line in ("--array=0-3", "--nodes=2", "--ntasks-per-node=1", "--gpus-per-node=8",
-                 "--exclusive"):
+    for line in (
+        "--array=0-3",
+        "--nodes=2",
+        "--ntasks-per-node=1",
+        "--gpus-per-node=8",
+        "--exclusive",
+    ):
         assert f"#SBATCH {line}" in script, (line, script)
     # submitit starts one task per node with the same command: each finds its rank in SLURM
     assert "srun" in script and "-m submitit.core._submit" in script
@@ -148,18 +180,25 @@ def test_two_local_jobs_write_one_dataset_one_killed_and_rerun_alone(tmp_path, t
     # its 2nd shard is on disk but not yet in its commit log: HSDUMP_FAULT is before_record@02
     # for hydra job 0 and before_record@12 for job 1, which commits fewer than 12 shards.
     sweep = tmp_path / "sweep1"
-    rc, log = extract("-m", "hydra/launcher=local_jobs", "dist.num_jobs=2",
-                      "dist.job_index=range(2)", *JOB_ARGS, f"output.dir={out}",
-                      f"hydra.sweep.dir={sweep}",
-                      "+hydra.job.env_set.HSDUMP_FAULT=before_record@${hydra.job.num}2")
+    rc, log = extract(
+        "-m",
+        "hydra/launcher=local_jobs",
+        "dist.num_jobs=2",
+        "dist.job_index=range(2)",
+        *JOB_ARGS,
+        f"output.dir={out}",
+        f"hydra.sweep.dir={sweep}",
+        "+hydra.job.env_set.HSDUMP_FAULT=before_record@${hydra.job.num}2",
+    )
     jobs_log = job_logs(sweep)
     assert rc != 0, log[-3000:]  # the sweep reports the killed job
     assert "samples written:" in jobs_log, (log[-2000:], jobs_log[-3000:])  # job 1 finished
     samples = committed(out)
     by_job = {0: [], 1: []}
     for sid, shard in samples.items():
-        job = int(re.match(r"shards/j000(\d)of0002/0000/j000\dof0002-\d{6}\.safetensors$",
-                           shard).group(1))
+        job = int(
+            re.match(r"shards/j000(\d)of0002/0000/j000\dof0002-\d{6}\.safetensors$", shard).group(1)
+        )
         assert int(sid) % 2 == job  # each job wrote only its own samples
         by_job[job].append(int(sid))
     assert len(by_job[1]) >= 3
@@ -179,10 +218,17 @@ def test_two_local_jobs_write_one_dataset_one_killed_and_rerun_alone(tmp_path, t
     sweep2 = tmp_path / "sweep2"
     dp = ["+engine.extra.dp_size=2"] if (os.cpu_count() or 1) >= 2 else []
     try:
-        rc, log = extract("-m", "hydra/launcher=local_jobs", "dist.num_jobs=2",
-                          "dist.job_index=0", *JOB_ARGS, *dp, f"output.dir={out}",
-                          f"hydra.sweep.dir={sweep2}",
-                          env={"SGLANG_CPU_OMP_THREADS_BIND": "0|1"} if dp else None)
+        rc, log = extract(
+            "-m",
+            "hydra/launcher=local_jobs",
+            "dist.num_jobs=2",
+            "dist.job_index=0",
+            *JOB_ARGS,
+            *dp,
+            f"output.dir={out}",
+            f"hydra.sweep.dir={sweep2}",
+            env={"SGLANG_CPU_OMP_THREADS_BIND": "0|1"} if dp else None,
+        )
         ref_log, _ = reference.communicate(timeout=600)
     finally:
         if reference.poll() is None:
@@ -192,16 +238,17 @@ def test_two_local_jobs_write_one_dataset_one_killed_and_rerun_alone(tmp_path, t
     assert rc == 0, (log[-2000:], jobs_log[-3000:])
     assert reference.returncode == 0, ref_log[-3000:]
     assert f"already committed before this run: {committed_0}" in jobs_log, jobs_log[-3000:]
-    # rows came from both replicas' scheduler processes (hsdump.rows logs each sender)
-    assert not dp or "captured rows came from 2 scheduler process(es)" in jobs_log, \
-        jobs_log[-3000:]
+    # rows came from both replicas' scheduler processes (hsdump.capture.rows logs each sender)
+    assert not dp or "captured rows came from 2 scheduler process(es)" in jobs_log, jobs_log[-3000:]
     assert shard_mtimes(out, before) == before  # nothing committed was rewritten
 
     # one dataset, every sample exactly once, equal to the single-job run
     listed = sum(len(s["ids"]) for s in shards(out).values())
     assert listed == len(committed(out))  # no sample in two listed shards
-    assert all(re.match(r"shards/j000[01]of0002/0000/j000[01]of0002-\d{6}\.safetensors$", s)
-               for s in shards(out))
+    assert all(
+        re.match(r"shards/j000[01]of0002/0000/j000[01]of0002-\d{6}\.safetensors$", s)
+        for s in shards(out)
+    )
     da, db = HsdumpDataset(str(out)), HsdumpDataset(str(ref))
     assert da.ids == db.ids and len(da) >= 8
     assert da.layers == db.layers == [2, 4, 5]
@@ -213,7 +260,7 @@ def test_two_local_jobs_write_one_dataset_one_killed_and_rerun_alone(tmp_path, t
             assert float((x.float() - y.float()).norm() / y.float().norm()) < 0.01, sid
     assert skipped(out) == skipped(ref)
     try:
-        from hsdump.verify import verify
+        from hsdump.tools.verify import verify
     except ImportError:  # verify lands separately
         return
     report = verify(str(out))

@@ -2,7 +2,7 @@ import json
 
 import pytest
 
-from hsdump.layers import eagle3_default, read_model_info, resolve_layers
+from hsdump.capture.layers import eagle3_default, read_model_info, resolve_layers
 
 
 def test_eagle3_default_and_presets():
@@ -12,13 +12,16 @@ def test_eagle3_default_and_presets():
     assert resolve_layers([5, 1], [3, 31, 59], 61) == [5, 1]  # explicit wins, order kept
 
 
-@pytest.mark.parametrize("layers,needle", [
-    ([0, 2], "[0] out of range"),
-    ([2, 8], "[8] out of range"),
-    ([-1], "[-1] out of range"),
-    ([2, 2], "repeats a layer"),
-    ([], "is empty"),
-])
+@pytest.mark.parametrize(
+    "layers,needle",
+    [
+        ([0, 2], "[0] out of range"),
+        ([2, 8], "[8] out of range"),
+        ([-1], "[-1] out of range"),
+        ([2, 2], "repeats a layer"),
+        ([], "is empty"),
+    ],
+)
 def test_bad_layers_are_refused_with_the_fix(layers, needle):
     with pytest.raises(ValueError) as e:
         resolve_layers(layers, None, 8)
@@ -27,9 +30,19 @@ def test_bad_layers_are_refused_with_the_fix(layers, needle):
 
 
 def test_model_info_from_config(tmp_path):
-    (tmp_path / "config.json").write_text(json.dumps({
-        "architectures": ["DeepseekV3ForCausalLM"], "hidden_size": 7168,
-        "num_hidden_layers": 61, "max_position_embeddings": 163840}))
+    (tmp_path / "config.json").write_text(
+        json.dumps(
+            {
+                "architectures": ["DeepseekV3ForCausalLM"],
+                "hidden_size": 7168,
+                "num_hidden_layers": 61,
+                "max_position_embeddings": 163840,
+            }
+        )
+    )
     info = read_model_info(str(tmp_path))
-    assert (info.architecture, info.hidden_size, info.num_hidden_layers) == \
-        ("DeepseekV3ForCausalLM", 7168, 61)
+    assert (info.architecture, info.hidden_size, info.num_hidden_layers) == (
+        "DeepseekV3ForCausalLM",
+        7168,
+        61,
+    )

@@ -7,12 +7,13 @@ import signal
 import subprocess
 import sys
 
-from hsdump import commits
-from hsdump.dist import writer_tag
-from hsdump.reader import HsdumpDataset
-from hsdump.verify import UNLISTED, verify
-
 from factories import ROOT
+
+from hsdump.dist import writer_tag
+from hsdump.store import commits
+from hsdump.store.reader import HsdumpDataset
+from hsdump.tools.verify import UNLISTED, verify
+
 JOBS, SAMPLES = 16, 16 * 12  # 12 samples per job, 5 per shard: 3 shards each
 FAULTS = {3: "before_record@2", 11: "mid_record@2"}
 
@@ -21,9 +22,22 @@ def start(out, job, fault=None):
     env = {k: v for k, v in os.environ.items() if k != "HSDUMP_FAULT"}
     if fault:
         env["HSDUMP_FAULT"] = fault
-    return subprocess.Popen([sys.executable, str(ROOT / "bench" / "scale.py"), "worker",
-                             str(out), str(JOBS), str(job), str(SAMPLES)], env=env, cwd=ROOT,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    return subprocess.Popen(
+        [
+            sys.executable,
+            str(ROOT / "bench" / "scale.py"),
+            "worker",
+            str(out),
+            str(JOBS),
+            str(job),
+            str(SAMPLES),
+        ],
+        env=env,
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
 
 
 def test_sixteen_writers_at_once_two_killed_and_rerun(tmp_path):
@@ -41,12 +55,15 @@ def test_sixteen_writers_at_once_two_killed_and_rerun(tmp_path):
         assert shard.startswith(f"shards/{writer_tag(JOBS, sid % JOBS)}/")
     assert len(HsdumpDataset(str(out))) == len(c.samples) < SAMPLES
     torn = out / "commits" / f"{writer_tag(JOBS, 11)}.jsonl"
-    assert torn.read_bytes()[-1:] != b"\n" and c.torn == {writer_tag(JOBS, 11): c.torn[
-        writer_tag(JOBS, 11)]}
+    assert torn.read_bytes()[-1:] != b"\n" and c.torn == {
+        writer_tag(JOBS, 11): c.torn[writer_tag(JOBS, 11)]
+    }
     # job 3's shard that reached the fault second (writer threads finish out of order):
     # renamed, never recorded; its other thread may have renamed one more meanwhile
-    on_disk = {str(p.relative_to(out)) for p in (out / "shards" / writer_tag(JOBS, 3)).rglob(
-        "*.safetensors")}
+    on_disk = {
+        str(p.relative_to(out))
+        for p in (out / "shards" / writer_tag(JOBS, 3)).rglob("*.safetensors")
+    }
     orphans = on_disk - set(c.shards)
     assert 1 <= len(orphans) <= 2, orphans
     stamps = {n: (out / n).stat().st_mtime_ns for n in c.shards}

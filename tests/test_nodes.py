@@ -11,8 +11,14 @@ import pytest
 from hsdump.config import DistConfig, EngineConfig
 from hsdump.pipeline import node_layout
 
-SLURM = {"SLURM_JOB_ID": "4242", "SLURM_NNODES": "2", "SLURM_STEP_NUM_NODES": "2",
-         "SLURM_NODEID": "1", "SLURM_JOB_NODELIST": "gpu[07-08]", "SLURM_STEP_NUM_TASKS": "2"}
+SLURM = {
+    "SLURM_JOB_ID": "4242",
+    "SLURM_NNODES": "2",
+    "SLURM_STEP_NUM_NODES": "2",
+    "SLURM_NODEID": "1",
+    "SLURM_JOB_NODELIST": "gpu[07-08]",
+    "SLURM_STEP_NUM_TASKS": "2",
+}
 
 
 def cfg(**kw):
@@ -49,9 +55,9 @@ def test_explicit_nodes_without_slurm():
 
 
 def test_node0_names_the_node_whose_heartbeats_stop():
-    from hsdump.engine import CaptureEngine
-    from hsdump.nodes import NodeLayout
-    from hsdump.rows import Receiver, Sender, new_run_keys
+    from hsdump.capture.engine import CaptureEngine
+    from hsdump.capture.nodes import NodeLayout
+    from hsdump.capture.rows import Receiver, Sender, new_run_keys
 
     rx = Receiver("tcp://127.0.0.1:0", keys=new_run_keys())
     rx.start()
@@ -60,8 +66,7 @@ def test_node0_names_the_node_whose_heartbeats_stop():
         node0.layout = NodeLayout(3, 0, "127.0.0.1:1", "explicit")
         node0.cfg = EngineConfig(node_timeout=1.5)
         node0._rx, node0._ready_at = rx, time.monotonic()
-        beats = {n: Sender.from_spec(rx.sender_spec(), f"node{n}", send_timeout=5)
-                 for n in (1, 2)}
+        beats = {n: Sender.from_spec(rx.sender_spec(), f"node{n}", send_timeout=5) for n in (1, 2)}
         for _ in range(4):
             for n, s in beats.items():
                 s.heartbeat(n)

@@ -9,18 +9,22 @@ import subprocess
 import sys
 
 import pytest
+from factories import ROOT
 
 from hsdump import cli, pipeline
 from hsdump.pipeline import check_output_dir, check_space
-from hsdump.writer import WriteError
-
-from factories import ROOT
+from hsdump.store.writer import WriteError
 
 
 def extract(cwd, *overrides):
     """`python extract.py OVERRIDES` run from `cwd`: (rc, output)."""
-    p = subprocess.run([sys.executable, str(ROOT / "extract.py"), "progress=false", *overrides],
-                       cwd=cwd, capture_output=True, text=True, timeout=300)
+    p = subprocess.run(
+        [sys.executable, str(ROOT / "extract.py"), "progress=false", *overrides],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     return p.returncode, p.stdout + p.stderr
 
 
@@ -40,8 +44,11 @@ def test_an_existing_file_is_refused_by_name_and_nothing_is_left(tmp_path):
 
 
 def test_a_path_that_cannot_be_created(tmp_path):
-    with pytest.raises(ValueError, match=r"output.dir=/proc/hs/x cannot be written \(in /proc\)"
-                                         r": no folder can be created there; choose another"):
+    with pytest.raises(
+        ValueError,
+        match=r"output.dir=/proc/hs/x cannot be written \(in /proc\)"
+        r": no folder can be created there; choose another",
+    ):
         check_output_dir("/proc/hs/x")
     (tmp_path / "f").write_text("")
     with pytest.raises(ValueError, match="cannot be created: .*/f is a file"):
@@ -51,12 +58,16 @@ def test_a_path_that_cannot_be_created(tmp_path):
 def test_a_read_only_place(tmp_path):
     ro = tmp_path / "ro"
     ro.mkdir()
-    if subprocess.run(["mount", "-t", "tmpfs", "-o", "ro,size=1m", "tmpfs", str(ro)],
-                      capture_output=True).returncode:
+    if subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "ro,size=1m", "tmpfs", str(ro)], capture_output=True
+    ).returncode:
         pytest.skip("cannot mount a read-only tmpfs here")
     try:
-        with pytest.raises(ValueError, match=r"output.dir=.*/ro/ds cannot be written \(in .*/ro"
-                                             r"\): it is on a read-only file system"):
+        with pytest.raises(
+            ValueError,
+            match=r"output.dir=.*/ro/ds cannot be written \(in .*/ro"
+            r"\): it is on a read-only file system",
+        ):
             check_output_dir(str(ro / "ds"))
         rc, out = extract(tmp_path, f"output.dir={ro}")
         assert rc == 2 and "read-only file system" in one_error(out)
@@ -70,21 +81,28 @@ def test_a_writable_folder_passes_and_is_not_created(tmp_path):
 
 
 def test_space_check_in_units_that_fit(monkeypatch, tmp_path):
-    monkeypatch.setattr(pipeline.shutil, "disk_usage",
-                        lambda p: type("U", (), {"free": 700 * 1024})())
+    monkeypatch.setattr(
+        pipeline.shutil, "disk_usage", lambda p: type("U", (), {"free": 700 * 1024})()
+    )
     with pytest.raises(ValueError) as e:
-        check_space(str(tmp_path / "ds"), 3 * 2 ** 20, "raise")
+        check_space(str(tmp_path / "ds"), 3 * 2**20, "raise")
     msg = str(e.value)
     assert "about 3.0 MiB to output.dir=" in msg and "only 700.0 KiB are free" in msg, msg
-    check_space(str(tmp_path / "ds"), 3 * 2 ** 20, "off")
+    check_space(str(tmp_path / "ds"), 3 * 2**20, "off")
 
 
-@pytest.mark.parametrize("error", [
-    WriteError("writing to output.dir=/d failed: [Errno 28] No space left on device. Samples "
-               "committed before are intact; fix the cause (e.g. free disk space) and run the "
-               "same command again to resume."),
-    OSError(errno.ENOSPC, "No space left on device", "/d/token_freq.json"),
-    OSError(errno.EROFS, "Read-only file system", "/d/manifest.json")])
+@pytest.mark.parametrize(
+    "error",
+    [
+        WriteError(
+            "writing to output.dir=/d failed: [Errno 28] No space left on device. Samples "
+            "committed before are intact; fix the cause (e.g. free disk space) and run the "
+            "same command again to resume."
+        ),
+        OSError(errno.ENOSPC, "No space left on device", "/d/token_freq.json"),
+        OSError(errno.EROFS, "Read-only file system", "/d/manifest.json"),
+    ],
+)
 def test_write_errors_of_a_run_are_one_line_with_rc_2(monkeypatch, caplog, error):
     """A disk that fills (space_check=off) or turns read-only during the run: the message
     names output.dir, says committed samples stay, and the run exits 2 without a traceback."""

@@ -1,17 +1,17 @@
-"""hsdump.rows.pack_rows: the device-side layout and NaN/Inf flags, on plain tensors.
+"""hsdump.capture.rows.pack_rows: the device-side layout and NaN/Inf flags, on plain tensors.
 
 The real-engine tests (test_engine.py) check the same path end to end against transformers;
 this pins the buffer layout and every kind of non-finite value at exact rows and slots."""
 
 import torch
 
-from hsdump.rows import bad_slots, flags_valid, unpack_rows
-from hsdump.rows import pack_rows as _pack_rows
+from hsdump.capture.rows import bad_slots, flags_valid, unpack_rows
+from hsdump.capture.rows import pack_rows as _pack_rows
 
 
 def unpack(buf, s, t, h):
     flat = buf.view(-1)
-    return flat[: s * t * h].view(s, t, h), flat[s * t * h:].view(s, t) != 0
+    return flat[: s * t * h].view(s, t, h), flat[s * t * h :].view(s, t) != 0
 
 
 def test_layout_is_slot_major_with_flags_after_the_rows():
@@ -22,7 +22,7 @@ def test_layout_is_slot_major_with_flags_after_the_rows():
     assert buf.shape == (t, 4 * h + 4) and buf.dtype == torch.bfloat16
     rows, finite = unpack(buf, 4, t, h)
     for k in range(3):
-        assert torch.equal(rows[k], aux[:, k * h:(k + 1) * h])
+        assert torch.equal(rows[k], aux[:, k * h : (k + 1) * h])
         assert rows[k].is_contiguous()
     assert torch.equal(rows[3], final.to(torch.bfloat16))
     assert finite.all()
@@ -58,6 +58,6 @@ def test_rows_cut_after_the_pack_are_detected():
     parts = [torch.randn(t_pad, 3 * h)]
     rows, flags = unpack_rows(_pack_rows(parts, t_pad, h)[:n], 3, h)
     assert torch.equal(rows[0], parts[0][:n, :h])  # slot 0 still looks right...
-    assert not torch.equal(rows[1], parts[0][:n, h:2 * h])  # ...the others do not
+    assert not torch.equal(rows[1], parts[0][:n, h : 2 * h])  # ...the others do not
     assert not flags_valid(flags)
     assert flags_valid(unpack_rows(_pack_rows(parts, t_pad, h), 3, h)[1])

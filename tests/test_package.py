@@ -14,18 +14,19 @@ import sysconfig
 from pathlib import Path
 
 import pytest
+from factories import ROOT
 
 from hsdump import __version__
-from hsdump.reader import HsdumpDataset
+from hsdump.store.reader import HsdumpDataset
 
-from factories import ROOT
 SOURCES = ("pyproject.toml", "README.md", "requirements.txt", "hsdump", "conf")
 SMALL = ["output.shard_bytes=200000", "progress=false"]  # as tests/test_pipeline.py
 
 
 def sh(args, cwd, env, timeout=600):
-    p = subprocess.run([str(a) for a in args], cwd=cwd, env=env, capture_output=True, text=True,
-                       timeout=timeout)
+    p = subprocess.run(
+        [str(a) for a in args], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout
+    )
     return p.returncode, p.stdout + p.stderr
 
 
@@ -35,8 +36,9 @@ def build_wheel(dest: Path) -> Path:
     src = dest / "src"
     for name in SOURCES:
         if (ROOT / name).is_dir():
-            shutil.copytree(ROOT / name, src / name,
-                            ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+            shutil.copytree(
+                ROOT / name, src / name, ignore=shutil.ignore_patterns("__pycache__", "*.pyc")
+            )
         else:
             src.mkdir(parents=True, exist_ok=True)
             shutil.copy2(ROOT / name, src / name)
@@ -64,12 +66,27 @@ def installed(tmp_path_factory, tiny_llama):
     rc, out = sh([sys.executable, "-m", "venv", "--without-pip", venv], base, os.environ)
     assert rc == 0, out
     py = venv / "bin" / "python"
-    rc, site = sh([py, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"], base,
-                  os.environ)
+    rc, site = sh(
+        [py, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"], base, os.environ
+    )
     assert rc == 0, site
     Path(site.strip(), "project-venv.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
-    rc, out = sh([sys.executable, "-m", "pip", "--python", py, "install", "-q", "--no-deps",
-                  "--no-index", wheel], base, os.environ)
+    rc, out = sh(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "--python",
+            py,
+            "install",
+            "-q",
+            "--no-deps",
+            "--no-index",
+            wheel,
+        ],
+        base,
+        os.environ,
+    )
     assert rc == 0, out
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
     env["PATH"] = f"{venv / 'bin'}{os.pathsep}{env.get('PATH', '')}"
@@ -84,7 +101,10 @@ def test_wheel_holds_configs_templates_and_data(tmp_path):
     names = set(zipfile.ZipFile(build_wheel(tmp_path)).namelist())
     for f in ROOT.joinpath("conf").rglob("*.yaml"):  # conf/ is copied in whole, as hsdump/conf
         assert f"hsdump/conf/{f.relative_to(ROOT / 'conf')}" in names
-    assert "hsdump/data/tiny_chat.jsonl" in names and "hsdump/templates/llama3.jinja" in names
+    assert (
+        "hsdump/corpus/data/tiny_chat.jsonl" in names
+        and "hsdump/corpus/templates/llama3.jinja" in names
+    )
     assert f"hsdump-{__version__}.dist-info/entry_points.txt" in names
 
 
@@ -99,17 +119,30 @@ def test_command_help_version_and_configs_outside_the_checkout(installed):
     rc, out = sh([bin_ / "python", "-m", "hsdump", "--version"], work, env)
     assert rc == 0 and out.strip() == f"hsdump {__version__}", out
     # the package and its configs are the wheel's, not this checkout's
-    rc, out = sh([bin_ / "python", "-c", "import hsdump, hsdump.cli as c; "
-                  "print(hsdump.__file__); print(c.config_dir())"], work, env)
+    rc, out = sh(
+        [
+            bin_ / "python",
+            "-c",
+            "import hsdump, hsdump.cli as c; print(hsdump.__file__); print(c.config_dir())",
+        ],
+        work,
+        env,
+    )
     assert rc == 0, out
     pkg, conf = out.split()
     assert str(bin_.parent) in pkg and not pkg.startswith(str(ROOT)), pkg
     assert conf == str(Path(pkg).parent / "conf"), conf
-    rc, out = sh([bin_ / "hsdump", "extract", "--cfg", "job", "model=qwen3_8b",
-                  "dataset.max_samples=3"], work, env)
+    rc, out = sh(
+        [bin_ / "hsdump", "extract", "--cfg", "job", "model=qwen3_8b", "dataset.max_samples=3"],
+        work,
+        env,
+    )
     assert rc == 0 and "max_samples: 3" in out and "Qwen/Qwen3-8B" in out, out
-    rc, out = sh([bin_ / "hsdump", "preview", "-n", "1", "--color", "never",
-                  "dataset.max_seq_len=64"], work, env)
+    rc, out = sh(
+        [bin_ / "hsdump", "preview", "-n", "1", "--color", "never", "dataset.max_seq_len=64"],
+        work,
+        env,
+    )
     assert rc == 0 and "[[" in out, out[-3000:]
 
 
@@ -118,8 +151,9 @@ def test_installed_command_extracts_and_verifies(installed):
     """The issue's done-when: from a folder outside the checkout, `hsdump extract
     dataset.max_samples=6 output.dir=X` and `hsdump verify X` work with the installed command."""
     bin_, env, work = installed
-    rc, out = sh([bin_ / "hsdump", "extract", "dataset.max_samples=6", "output.dir=X", *SMALL],
-                 work, env)
+    rc, out = sh(
+        [bin_ / "hsdump", "extract", "dataset.max_samples=6", "output.dir=X", *SMALL], work, env
+    )
     assert rc == 0, out[-4000:]
     assert "samples written: 6" in out and "check it: hsdump verify X" in out, out[-3000:]
     assert "Ignore import error" not in out, out  # SGLang's import noise is hidden
@@ -133,10 +167,23 @@ def test_installed_command_extracts_and_verifies(installed):
 @pytest.mark.engine
 def test_installed_command_runs_a_multirun_sweep(installed):
     bin_, env, work = installed
-    rc, out = sh([bin_ / "hsdump", "extract", "-m", "capture.layers=[1,2,3],[3,5,7]",
-                  "dataset.max_samples=2", "output.root=sweep", *SMALL], work, env)
+    rc, out = sh(
+        [
+            bin_ / "hsdump",
+            "extract",
+            "-m",
+            "capture.layers=[1,2,3],[3,5,7]",
+            "dataset.max_samples=2",
+            "output.root=sweep",
+            *SMALL,
+        ],
+        work,
+        env,
+    )
     assert rc == 0, out[-4000:]
     for layers in ([1, 2, 3], [3, 5, 7]):
-        ds = HsdumpDataset(str(work / "sweep" / "tiny-llama" / f"layers-{'-'.join(map(str, layers))}"))
+        ds = HsdumpDataset(
+            str(work / "sweep" / "tiny-llama" / f"layers-{'-'.join(map(str, layers))}")
+        )
         assert ds.layers == layers and len(ds) == 2
     assert list(work.glob("outputs/.hydra/multirun-*/0/extract.log"))  # the job is "extract"

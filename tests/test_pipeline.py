@@ -6,13 +6,12 @@ import sys
 
 import pytest
 import torch
+from factories import ROOT, compose_config, hf_hidden_states, shards
+from tolerance import per_sample_ok, rel_err
 
 from hsdump.config import register_configs, to_config
 from hsdump.pipeline import run
-from hsdump.reader import HsdumpDataset
-
-from factories import ROOT, compose_config, hf_hidden_states, shards
-from tolerance import per_sample_ok, rel_err
+from hsdump.store.reader import HsdumpDataset
 
 register_configs()
 
@@ -26,10 +25,18 @@ def test_composition_and_presets():
     assert c.model.tp_size == 8 and c.model.default_layers == [3, 31, 59]
     assert c.output.dir == "outputs/kimi-k2.5/layers-3-31-59"
     assert c.engine.device == "cuda" and c.engine.chunked_prefill_size == 16384
-    c = to_config(config("capture.layers=[1,2,3]", "dataset.max_samples=7", "output.root=/x",
-                         "+engine.extra.context_length=512"))
+    c = to_config(
+        config(
+            "capture.layers=[1,2,3]",
+            "dataset.max_samples=7",
+            "output.root=/x",
+            "+engine.extra.context_length=512",
+        )
+    )
     assert c.capture.layers == [1, 2, 3] and c.dataset.max_samples == 7
-    assert c.output.dir == "/x/tiny-llama/layers-1-2-3" and c.engine.extra == {"context_length": 512}
+    assert c.output.dir == "/x/tiny-llama/layers-1-2-3" and c.engine.extra == {
+        "context_length": 512
+    }
     assert to_config(config()).output.dir == "outputs/tiny-llama/layers-eagle3"
     with pytest.raises(Exception, match="output.dtype='int3'"):
         to_config(config("output.dtype=int3"))
@@ -40,15 +47,32 @@ def test_composition_and_presets():
 @pytest.mark.engine
 def test_extract_writes_a_valid_dataset_and_resumes(tmp_path, tiny_llama):
     out = tmp_path / "ds"
-    cfg = config("dataset.max_samples=12", f"output.dir={out}", "progress=false",
-                 "dataset.on_bad_row=skip", "output.shard_bytes=200000")
+    cfg = config(
+        "dataset.max_samples=12",
+        f"output.dir={out}",
+        "progress=false",
+        "dataset.on_bad_row=skip",
+        "output.shard_bytes=200000",
+    )
     s = run(to_config(cfg))
     assert s.written + sum(s.skipped.values()) == 12 and s.written >= 10
 
     manifest = json.loads((out / "manifest.json").read_text())
-    for key in ("format", "format_version", "hsdump_version", "sglang_version", "model",
-                "layers", "convention", "storage_dtype", "tokenizer", "dataset", "max_seq_len",
-                "truncation", "config"):
+    for key in (
+        "format",
+        "format_version",
+        "hsdump_version",
+        "sglang_version",
+        "model",
+        "layers",
+        "convention",
+        "storage_dtype",
+        "tokenizer",
+        "dataset",
+        "max_seq_len",
+        "truncation",
+        "config",
+    ):
         assert key in manifest, key
     assert manifest["convention"] == "hf_hidden_states_index"
     assert manifest["layers"] == [2, 4, 5]  # EAGLE-3 default for the 8-layer tiny model
@@ -75,15 +99,31 @@ def test_extract_writes_a_valid_dataset_and_resumes(tmp_path, tiny_llama):
 
     # another layer set into the same folder is refused before any work, naming the field
     with pytest.raises(ValueError, match=r"layers: \[2, 4, 5\] -> \[1, 2, 3\]"):
-        run(to_config(config("dataset.max_samples=12", f"output.dir={out}", "progress=false",
-                             "dataset.on_bad_row=skip", "capture.layers=[1,2,3]")))
+        run(
+            to_config(
+                config(
+                    "dataset.max_samples=12",
+                    f"output.dir={out}",
+                    "progress=false",
+                    "dataset.on_bad_row=skip",
+                    "capture.layers=[1,2,3]",
+                )
+            )
+        )
 
 
 @pytest.mark.engine
 def test_multirun_sweeps_layer_sets_into_separate_datasets(tmp_path, tiny_llama):
-    cmd = [sys.executable, "extract.py", "-m", "capture.layers=[1,2,3],[3,5,7]",
-           "dataset.max_samples=3", f"output.root={tmp_path}", "progress=false",
-           f"hydra.sweep.dir={tmp_path}/hydra"]
+    cmd = [
+        sys.executable,
+        "extract.py",
+        "-m",
+        "capture.layers=[1,2,3],[3,5,7]",
+        "dataset.max_samples=3",
+        f"output.root={tmp_path}",
+        "progress=false",
+        f"hydra.sweep.dir={tmp_path}/hydra",
+    ]
     p = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert p.returncode == 0, p.stderr[-3000:]
     for layers in ([1, 2, 3], [3, 5, 7]):
@@ -93,28 +133,30 @@ def test_multirun_sweeps_layer_sets_into_separate_datasets(tmp_path, tiny_llama)
 
 
 def test_refusals_before_the_engine_starts(tmp_path, tiny_llama, monkeypatch):
-    from hsdump import engine
+    from hsdump.capture import serving
+    from hsdump.capture.layers import ModelInfo, read_model_info
     from hsdump.config import EngineConfig, ModelConfig
-    from hsdump.layers import ModelInfo, read_model_info
 
     info = read_model_info(tiny_llama)
     ok = EngineConfig(device="cpu")
     m = ModelConfig(path=tiny_llama)
     with pytest.raises(ValueError, match="prefix-cache hit"):
-        engine.check_supported(info, EngineConfig(device="cpu",
-                                                  extra={"disable_radix_cache": False}), m)
+        serving.check_supported(
+            info, EngineConfig(device="cpu", extra={"disable_radix_cache": False}), m
+        )
     with pytest.raises(ValueError, match="pp_size must be 1"):
-        engine.check_supported(info, EngineConfig(device="cpu", extra={"pp_size": 2}), m)
+        serving.check_supported(info, EngineConfig(device="cpu", extra={"pp_size": 2}), m)
     with pytest.raises(ValueError, match="enable_mixed_chunk is not supported"):
-        engine.check_supported(info, EngineConfig(device="cpu",
-                                                  extra={"enable_mixed_chunk": True}), m)
+        serving.check_supported(
+            info, EngineConfig(device="cpu", extra={"enable_mixed_chunk": True}), m
+        )
     cohere = ModelInfo("CohereForCausalLM", 64, 8, 2048)
     with pytest.raises(ValueError, match="CohereForCausalLM .* has no EAGLE-3 aux capture"):
-        engine.check_supported(cohere, ok, m)
-    assert engine.check_supported(info, ok, m) == "0.5.23"
-    monkeypatch.setattr(engine, "sglang_version", lambda: "0.5.20")
+        serving.check_supported(cohere, ok, m)
+    assert serving.check_supported(info, ok, m) == "0.5.23"
+    monkeypatch.setattr(serving, "sglang_version", lambda: "0.5.20")
     with pytest.raises(RuntimeError, match="sglang 0.5.20 is not supported.*0.5.17, 0.5.23"):
-        engine.check_supported(info, ok, m)
+        serving.check_supported(info, ok, m)
     # out-of-range layers stop the run before tokenization or the engine
     with pytest.raises(ValueError, match=r"\[9\] out of range"):
         run(to_config(config("capture.layers=[1,9]", f"output.dir={tmp_path}/x")))

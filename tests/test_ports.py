@@ -1,4 +1,4 @@
-"""The TCP port a one-node DP-attention engine gets (engine.dp_attention_port).
+"""The TCP port a one-node DP-attention engine gets (serving.dp_attention_port).
 
 Under DP attention SGLang derives its TCP ports from `port` alone (port + 13 for the DP
 controller's handshake, port + 233 + 0..6 for its sockets), so a
@@ -7,12 +7,16 @@ not available in 30 seconds"). hsdump picks a `port` whose derived ports are fre
 user gave one or the engine spans nodes."""
 
 import socket
-from types import SimpleNamespace
 
 import pytest
 
+from hsdump.capture.serving import (
+    dp_attention_offsets,
+    dp_attention_port,
+    engine_kwargs,
+    engine_layout,
+)
 from hsdump.config import EngineConfig, ModelConfig
-from hsdump.engine import dp_attention_offsets, dp_attention_port, engine_kwargs, engine_layout
 
 
 class InOrder:
@@ -68,8 +72,9 @@ def test_skips_a_port_whose_derived_ports_are_taken(taken):
 def test_engine_kwargs_carry_the_port():
     def kwargs(extra):
         c = EngineConfig(device="cpu", extra=extra)
-        return engine_kwargs(c, "/m", ModelConfig(path="/m"), "0.5.17", [1, 2], False, None,
-                             engine_layout(c))
+        return engine_kwargs(
+            c, "/m", ModelConfig(path="/m"), "0.5.17", [1, 2], False, None, engine_layout(c)
+        )
 
     assert "port" not in kwargs({})
     got = kwargs({"dp_size": 2, "enable_dp_attention": True})

@@ -4,10 +4,10 @@ import re
 import subprocess
 import sys
 
-from hsdump.preview import groups
-from hsdump.preview import main as preview_main
-
 from factories import ROOT
+
+from hsdump.tools.preview import groups
+from hsdump.tools.preview import main as preview_main
 
 
 def test_groups():
@@ -30,9 +30,11 @@ def test_preview_marks_assistant_text(capsys):
 
 def test_preview_color_and_skipped_rows(tmp_path, capsys):
     p = tmp_path / "d.jsonl"
-    p.write_text('{"messages": [{"role": "user", "content": "hi"}]}\n'
-                 '{"messages": [{"role": "user", "content": "hi"}, '
-                 '{"role": "assistant", "content": "hello"}]}\n')
+    p.write_text(
+        '{"messages": [{"role": "user", "content": "hi"}]}\n'
+        '{"messages": [{"role": "user", "content": "hi"}, '
+        '{"role": "assistant", "content": "hello"}]}\n'
+    )
     assert preview_main([f"dataset.path={p}", "--color", "always"]) == 0
     out = capsys.readouterr().out
     assert "row 0: skipped (no_assistant_tokens)" in out
@@ -40,12 +42,36 @@ def test_preview_color_and_skipped_rows(tmp_path, capsys):
 
 
 def test_preview_errors_and_cli(tmp_path):
-    r = subprocess.run([sys.executable, "-m", "hsdump", "preview", "-n", "1",
-                        f"dataset.path={tmp_path / 'missing.jsonl'}"],
-                       cwd=ROOT, capture_output=True, text=True)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "hsdump",
+            "preview",
+            "-n",
+            "1",
+            f"dataset.path={tmp_path / 'missing.jsonl'}",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+    )
     assert r.returncode == 2 and "no such file" in r.stderr
-    r = subprocess.run([sys.executable, "-m", "hsdump", "preview", "-n", "1", "--max-tokens", "30",
-                        "model.chat_template=qwen3_nothink.jinja"],
-                       cwd=ROOT, capture_output=True, text=True)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "hsdump",
+            "preview",
+            "-n",
+            "1",
+            "--max-tokens",
+            "30",
+            "model.chat_template=qwen3_nothink.jinja",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+    )
     assert r.returncode == 0, r.stderr
     assert "qwen3_nothink.jinja" in r.stdout and "more tokens" in r.stdout

@@ -1,4 +1,4 @@
-"""Several jobs, one dataset, through Ray (hsdump/ray_launch.py): a real one-node Ray cluster
+"""Several jobs, one dataset, through Ray (hsdump/launch/ray.py): a real one-node Ray cluster
 that the tests start on this machine (`ray start --head --block`) and stop, two real CPU
 extraction jobs as Ray tasks with one of them SIGKILLed on its first attempt and re-run by Ray,
 and a job that uses up its retries."""
@@ -18,11 +18,10 @@ from pathlib import Path
 import pytest
 import ray  # noqa: F401  (pinned in requirements.lock: no skip where it is missing)
 import torch
-
-from hsdump import ray_launch
-from hsdump.reader import HsdumpDataset
-
 from factories import JOB_ARGS, ROOT
+
+from hsdump.launch import ray as ray_launch
+from hsdump.store.reader import HsdumpDataset
 
 LAUNCH = ["-m", "hsdump", "ray"]
 
@@ -31,8 +30,14 @@ def run(args, env=None, timeout=600):
     """`python ARGS` from the repo root; returns (returncode, stdout + stderr)."""
     e = {k: v for k, v in os.environ.items() if not k.startswith(("HSDUMP_FAULT", "RAY_"))}
     e.update(env or {})
-    p = subprocess.Popen([sys.executable, *args], cwd=ROOT, env=e, stdout=subprocess.PIPE,
-                         stderr=subprocess.STDOUT, text=True)
+    p = subprocess.Popen(
+        [sys.executable, *args],
+        cwd=ROOT,
+        env=e,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     try:
         out, _ = p.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
@@ -57,11 +62,25 @@ def cluster():
     env = {k: v for k, v in os.environ.items() if not k.startswith(("HSDUMP_FAULT", "RAY_"))}
     env.update(auth)
     head = subprocess.Popen(
-        [str(Path(sys.executable).with_name("ray")), "start", "--head", "--block",
-         f"--port={port}", "--num-cpus=2", "--num-gpus=0",
-         f"--temp-dir={tmp}", "--include-dashboard=false", "--disable-usage-stats",
-         "--object-store-memory=100000000"],
-        cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        [
+            str(Path(sys.executable).with_name("ray")),
+            "start",
+            "--head",
+            "--block",
+            f"--port={port}",
+            "--num-cpus=2",
+            "--num-gpus=0",
+            f"--temp-dir={tmp}",
+            "--include-dashboard=false",
+            "--disable-usage-stats",
+            "--object-store-memory=100000000",
+        ],
+        cwd=ROOT,
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
     try:
         deadline = time.time() + 120
         while "Ray runtime started" not in (Path(tmp) / "ray-start.log").read_text():
@@ -84,8 +103,13 @@ def cluster():
 def test_arguments_and_config_are_checked_before_any_task():
     assert ray_launch.split_overrides(["a=1", "dist.num_jobs=4"], None) == (["a=1"], 4)
     assert ray_launch.split_overrides(["a=1"], 3) == (["a=1"], 3)
-    for bad, n in ((["dist.job_index=1"], 2), (["dist.num_jobs=2"], 3), ([], None),
-                   (["-m"], 2), ([], 0)):
+    for bad, n in (
+        (["dist.job_index=1"], 2),
+        (["dist.num_jobs=2"], 3),
+        ([], None),
+        (["-m"], 2),
+        ([], 0),
+    ):
         with pytest.raises(ValueError):
             ray_launch.split_overrides(bad, n)
     # GPUs per job follow the engine: one replica of tp_size GPUs, times SGLang's dp_size
@@ -99,10 +123,19 @@ def test_arguments_and_config_are_checked_before_any_task():
     assert ray_launch.main(["--num-jobs", "2", "model.no_such_key=1"]) == 2
     assert ray_launch.main(["--num-jobs", "2", "output.overwrite=true"]) == 2
     assert ray_launch.main(["--num-jobs", "2", "--only", "2", "output.dir=/tmp/x"]) == 2
-    opts = ray_launch.ray_options(ray_launch.parse_args(
-        ["--num-cpus", "8", "--max-retries", "5", "--resources", '{"H200": 1}', "x=1"]), 1.0)
-    assert opts == {"num_cpus": 8.0, "num_gpus": 1.0, "max_retries": 5,
-                    "retry_exceptions": [ray_launch.JobFailed], "resources": {"H200": 1}}
+    opts = ray_launch.ray_options(
+        ray_launch.parse_args(
+            ["--num-cpus", "8", "--max-retries", "5", "--resources", '{"H200": 1}', "x=1"]
+        ),
+        1.0,
+    )
+    assert opts == {
+        "num_cpus": 8.0,
+        "num_gpus": 1.0,
+        "max_retries": 5,
+        "retry_exceptions": [ray_launch.JobFailed],
+        "resources": {"H200": 1},
+    }
 
 
 def test_failed_job_is_retried_then_reported_and_relative_dirs_refused(cluster, tmp_path):
@@ -112,42 +145,82 @@ def test_failed_job_is_retried_then_reported_and_relative_dirs_refused(cluster, 
     assert rc == 2 and "is relative" in log, log[-3000:]
     # job 1's python cannot start (exit status 1) on every attempt: 1 retry, then the driver
     # names the job and the command that re-runs it; job 0 is not run (--only)
-    rc, log = run([*LAUNCH, "--num-jobs", "2", "--only", "1", "--max-retries", "1",
-                   "--env", "PYTHONHOME=/nonexistent", "--log-dir", str(tmp_path / "logs"),
-                   *JOB_ARGS, f"output.dir={tmp_path}/out"], env=env, timeout=300)
+    rc, log = run(
+        [
+            *LAUNCH,
+            "--num-jobs",
+            "2",
+            "--only",
+            "1",
+            "--max-retries",
+            "1",
+            "--env",
+            "PYTHONHOME=/nonexistent",
+            "--log-dir",
+            str(tmp_path / "logs"),
+            *JOB_ARGS,
+            f"output.dir={tmp_path}/out",
+        ],
+        env=env,
+        timeout=300,
+    )
     assert rc == 1, log[-3000:]
     assert "job 1/2: FAILED (exit status 1) after 2 attempt(s)" in log, log[-3000:]
     assert "job 0/2" not in log
     assert "failed after their retries: 1" in log and "--only 1 --num-jobs 2" in log
-    assert sorted(p.name for p in (tmp_path / "logs").iterdir()) == \
-        ["job1-attempt1", "job1-attempt2"]
+    assert sorted(p.name for p in (tmp_path / "logs").iterdir()) == [
+        "job1-attempt1",
+        "job1-attempt2",
+    ]
 
 
 # ----------------------------------------------------------------------------- real jobs
 @pytest.mark.engine
-def test_two_ray_jobs_write_one_dataset_one_killed_and_rerun_by_ray(cluster, tmp_path,
-                                                                     tiny_llama):
+def test_two_ray_jobs_write_one_dataset_one_killed_and_rerun_by_ray(cluster, tmp_path, tiny_llama):
     ref, out, logs = tmp_path / "ref", tmp_path / "out", tmp_path / "logs"
     # the reference (one plain job) runs meanwhile, into its own folder
     reference = subprocess.Popen(
-        [sys.executable, "extract.py", *JOB_ARGS, f"output.dir={ref}", f"hydra.run.dir={tmp_path}/run"],
-        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        [
+            sys.executable,
+            "extract.py",
+            *JOB_ARGS,
+            f"output.dir={ref}",
+            f"hydra.run.dir={tmp_path}/run",
+        ],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
         # one thread, like each Ray task of 1 CPU (Ray sets OMP_NUM_THREADS=1): three engines
         # share this machine's cores meanwhile
-        env={**{k: v for k, v in os.environ.items() if k != "HSDUMP_FAULT"},
-             "OMP_NUM_THREADS": "1"})
+        env={
+            **{k: v for k, v in os.environ.items() if k != "HSDUMP_FAULT"},
+            "OMP_NUM_THREADS": "1",
+        },
+    )
     try:
         # two jobs as Ray tasks of 1 CPU each; job 1 SIGKILLs itself at its 3rd sample on its
         # first attempt only (HSDUMP_RAY_FAULT), so Ray must run it again
-        rc, log = run([*LAUNCH, "--num-jobs", "2", "--num-cpus", "1", "--log-dir", str(logs),
-                       *JOB_ARGS, f"output.dir={out}"],
-                      env={**cluster, "HSDUMP_RAY_FAULT": "1:sample@3"})
+        rc, log = run(
+            [
+                *LAUNCH,
+                "--num-jobs",
+                "2",
+                "--num-cpus",
+                "1",
+                "--log-dir",
+                str(logs),
+                *JOB_ARGS,
+                f"output.dir={out}",
+            ],
+            env={**cluster, "HSDUMP_RAY_FAULT": "1:sample@3"},
+        )
         ref_log, _ = reference.communicate(timeout=600)
     finally:
         if reference.poll() is None:
             reference.kill()
             reference.wait()
-    report = log[log.rfind("python -m hsdump ray: 2 jobs in"):]  # the driver's last lines
+    report = log[log.rfind("python -m hsdump ray: 2 jobs in") :]  # the driver's last lines
     assert rc == 0, log[-5000:]
     assert reference.returncode == 0, ref_log[-3000:]
 
@@ -155,15 +228,21 @@ def test_two_ray_jobs_write_one_dataset_one_killed_and_rerun_by_ray(cluster, tmp
     # (job 0 ran once, unless something else failed it: then Ray re-ran it too, as it should)
     assert re.search(r"^job 0/2: ok after \d attempt", report, re.M), report
     assert re.search(r"^job 1/2: ok after [2-4] attempt", report, re.M), report
-    assert re.search(r"^job 1/2: .*\n +attempt 1 on \S+: killed by SIGKILL after \d+ s; "
-                     r"attempt 2 on \S+: ok", report, re.M), report
-    assert {"job0-attempt1", "job1-attempt1", "job1-attempt2"} <= \
-        {p.name for p in logs.iterdir()}, report
+    assert re.search(
+        r"^job 1/2: .*\n +attempt 1 on \S+: killed by SIGKILL after \d+ s; "
+        r"attempt 2 on \S+: ok",
+        report,
+        re.M,
+    ), report
+    assert {"job0-attempt1", "job1-attempt1", "job1-attempt2"} <= {
+        p.name for p in logs.iterdir()
+    }, report
     first = (logs / "job1-attempt1" / "output.log").read_text()
     again = (logs / "job1-attempt2" / "output.log").read_text()
     assert "samples written:" not in first, first[-2000:]  # killed before its summary
-    assert "samples written:" in again and "already committed before this run:" in again, \
-        again[-3000:]
+    assert "samples written:" in again and "already committed before this run:" in again, again[
+        -3000:
+    ]
 
     # one dataset: every sample exactly once, equal to the single-job run
     rc, vlog = run(["-m", "hsdump", "verify", str(out)])
@@ -190,18 +269,39 @@ def test_engine_over_two_nodes_runs_one_task_per_node_with_its_rank(tmp_path):
     the job FAILED, after both nodes' tasks ran, without retrying a node alone."""
     from ray.cluster_utils import Cluster
 
-    spec = ray_launch.JobSpec(index=1, num_jobs=2, overrides=["model=kimi_k25"], nodes=2,
-                              rank=1, dist_init_addr="10.0.0.5:29500", log_dir="L")
+    spec = ray_launch.JobSpec(
+        index=1,
+        num_jobs=2,
+        overrides=["model=kimi_k25"],
+        nodes=2,
+        rank=1,
+        dist_init_addr="10.0.0.5:29500",
+        log_dir="L",
+    )
     cmd = spec.command(1)
-    for o in ("dist.num_jobs=2", "dist.job_index=1", "dist.nodes_per_engine=2",
-              "engine.nnodes=2", "engine.node_rank=1", "engine.dist_init_addr=10.0.0.5:29500"):
+    for o in (
+        "dist.num_jobs=2",
+        "dist.job_index=1",
+        "dist.nodes_per_engine=2",
+        "engine.nnodes=2",
+        "engine.node_rank=1",
+        "engine.dist_init_addr=10.0.0.5:29500",
+    ):
         assert o in cmd, (o, cmd)
     assert spec.attempt_dir(1) == "L/job1-node1-attempt1"
     with pytest.raises(ValueError, match="dist.nodes_per_engine"):
         ray_launch.split_overrides(["engine.node_rank=1"], 2)
-    cfg = ray_launch.compose(["model=kimi_k25", "engine=gpu", "model.tp_size=16",
-                              "dist.nodes_per_engine=2", "+engine.extra.dp_size=16",
-                              "+engine.extra.enable_dp_attention=true"], 2)
+    cfg = ray_launch.compose(
+        [
+            "model=kimi_k25",
+            "engine=gpu",
+            "model.tp_size=16",
+            "dist.nodes_per_engine=2",
+            "+engine.extra.dp_size=16",
+            "+engine.extra.enable_dp_attention=true",
+        ],
+        2,
+    )
     assert ray_launch.default_gpus(cfg) == 8  # 16 GPUs of the engine over 2 nodes
 
     cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1})
@@ -209,16 +309,35 @@ def test_engine_over_two_nodes_runs_one_task_per_node_with_its_rank(tmp_path):
         cluster.add_node(num_cpus=1)
         cluster.wait_for_nodes()
         env = {"RAY_ADDRESS": cluster.address}
-        rc, log = run([*LAUNCH, "--num-jobs", "1", "--num-cpus", "1",
-                       "--env", "PYTHONHOME=/nonexistent", "--log-dir", str(tmp_path / "logs"),
-                       "dist.nodes_per_engine=2", *JOB_ARGS, f"output.dir={tmp_path}/out"],
-                      env=env, timeout=300)
+        rc, log = run(
+            [
+                *LAUNCH,
+                "--num-jobs",
+                "1",
+                "--num-cpus",
+                "1",
+                "--env",
+                "PYTHONHOME=/nonexistent",
+                "--log-dir",
+                str(tmp_path / "logs"),
+                "dist.nodes_per_engine=2",
+                *JOB_ARGS,
+                f"output.dir={tmp_path}/out",
+            ],
+            env=env,
+            timeout=300,
+        )
     finally:
         cluster.shutdown()
     assert rc == 1, log[-3000:]
     assert "job 0/1: FAILED (exit status 1)" in log, log[-3000:]
     for rank in (0, 1):
-        assert re.search(rf"engine\.nnodes=2 engine\.node_rank={rank} "
-                         r"engine\.dist_init_addr=[\d.]+:\d+", log), log[-3000:]
-    assert sorted(p.name for p in (tmp_path / "logs").iterdir()) == \
-        ["job0-node0-attempt1", "job0-node1-attempt1"]
+        assert re.search(
+            rf"engine\.nnodes=2 engine\.node_rank={rank} "
+            r"engine\.dist_init_addr=[\d.]+:\d+",
+            log,
+        ), log[-3000:]
+    assert sorted(p.name for p in (tmp_path / "logs").iterdir()) == [
+        "job0-node0-attempt1",
+        "job0-node1-attempt1",
+    ]

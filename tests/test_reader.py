@@ -2,13 +2,19 @@ import pickle
 
 import pytest
 import torch
+from factories import LAYERS, H, make_dataset, stored_sample
 
-from hsdump import fp8
-from hsdump.reader import (HsdumpDataset, PadCollator, SpeculatorsV1Dataset, pad_collate,
-                           read_safetensors_header, resolve_final_state, v1_record)
-from hsdump.writer import DatasetWriter
-
-from factories import H, LAYERS, make_dataset, stored_sample
+from hsdump.store import fp8
+from hsdump.store.reader import (
+    HsdumpDataset,
+    PadCollator,
+    SpeculatorsV1Dataset,
+    pad_collate,
+    read_safetensors_header,
+    resolve_final_state,
+    v1_record,
+)
+from hsdump.store.writer import DatasetWriter
 
 LENS = {0: 5, 3: 17, 4: 9, 7: 40, 8: 1, 11: 12}
 
@@ -41,7 +47,7 @@ def test_random_access_order_len_and_iteration(ds_path):
 
 def test_lengths_come_from_headers_and_filter(ds_path, monkeypatch):
     ds = HsdumpDataset(str(ds_path))
-    monkeypatch.setattr("hsdump.reader.safe_open", None)  # lengths must not open tensors
+    monkeypatch.setattr("hsdump.store.reader.safe_open", None)  # lengths must not open tensors
     assert ds.lengths == [LENS[s] for s in sorted(LENS)]
     assert ds.num_tokens == sum(LENS.values()) and ds.hidden_size == H
     short = HsdumpDataset(str(ds_path), max_len=12)
@@ -55,15 +61,23 @@ def test_lengths_come_from_headers_and_filter(ds_path, monkeypatch):
 
 def test_tensors_are_memory_mapped_not_copied(tmp_path):
     n, big = 256, 4096
-    path = make_dataset(tmp_path / "big", {0: (torch.zeros(n, dtype=torch.int64),
-                                               torch.ones(n, dtype=torch.int64),
-                                               [torch.randn(n, big) for _ in LAYERS], {})})
+    path = make_dataset(
+        tmp_path / "big",
+        {
+            0: (
+                torch.zeros(n, dtype=torch.int64),
+                torch.ones(n, dtype=torch.int64),
+                [torch.randn(n, big) for _ in LAYERS],
+                {},
+            )
+        },
+    )
     ds = HsdumpDataset(str(path))
     h = ds.get(0)["hidden_states"][1]
     shard = path / "shard-00000.safetensors"
-    maps = [l for l in open("/proc/self/maps") if l.rstrip().endswith(str(shard))]
+    maps = [ln for ln in open("/proc/self/maps") if ln.rstrip().endswith(str(shard))]
     assert maps, "hidden states are not backed by a mapping of the shard file"
-    ranges = [[int(x, 16) for x in l.split()[0].split("-")] for l in maps]
+    ranges = [[int(x, 16) for x in ln.split()[0].split("-")] for ln in maps]
     assert any(lo <= h.data_ptr() < hi for lo, hi in ranges)
     assert h.untyped_storage().nbytes() == n * big * 2  # no larger hidden buffer either
 
@@ -73,8 +87,7 @@ def test_dataloader_workers_and_pad_collate(ds_path):
     pickle.dumps(ds)  # picklable for worker processes
     ds.get(0)
     assert pickle.loads(pickle.dumps(ds))._handles == {}
-    loader = torch.utils.data.DataLoader(ds, batch_size=4, collate_fn=PadCollator(),
-                                         num_workers=2)
+    loader = torch.utils.data.DataLoader(ds, batch_size=4, collate_fn=PadCollator(), num_workers=2)
     batches = list(loader)
     assert [b["ids"].tolist() for b in batches] == [[0, 3, 4, 7], [8, 11]]
     b = batches[0]
@@ -99,8 +112,11 @@ def test_fp8_dataset_is_dequantized_transparently(tmp_path):
     path = make_dataset(tmp_path / "fp8", samples, storage="fp8")
     head = read_safetensors_header(path / "shard-00000.safetensors")
     assert head["0/hidden_states/1"]["dtype"] == "F8_E4M3"
-    assert head["0/hidden_states/1/scale"] == {**head["0/hidden_states/1/scale"],
-                                               "dtype": "F32", "shape": [5]}
+    assert head["0/hidden_states/1/scale"] == {
+        **head["0/hidden_states/1/scale"],
+        "dtype": "F32",
+        "shape": [5],
+    }
     assert head["__metadata__"]["storage_dtype"] == "float8_e4m3fn"
     ds = HsdumpDataset(str(path))
     assert ds.lengths == [LENS[s] for s in sorted(LENS)]  # scales are not mistaken for samples
@@ -110,13 +126,15 @@ def test_fp8_dataset_is_dequantized_transparently(tmp_path):
         for a, b in zip(r["hidden_states"], hs):
             assert a.dtype == torch.bfloat16 and a.shape == b.shape
             assert fp8.rel_error(a, b) < 0.05
-    assert HsdumpDataset(str(path), dtype=torch.float32)[0]["hidden_states"][0].dtype == \
-        torch.float32
+    assert (
+        HsdumpDataset(str(path), dtype=torch.float32)[0]["hidden_states"][0].dtype == torch.float32
+    )
 
 
 def test_final_states_and_the_v1_view(tmp_path):
-    samples = {sid: stored_sample(sid, n, final=("pre_norm", "post_norm"))
-               for sid, n in LENS.items()}
+    samples = {
+        sid: stored_sample(sid, n, final=("pre_norm", "post_norm")) for sid, n in LENS.items()
+    }
     ds = HsdumpDataset(str(make_dataset(tmp_path / "f", samples)))
     assert ds.final_kinds == ["pre_norm", "post_norm"]
     r = ds.get(7)
@@ -147,8 +165,14 @@ def test_v1_view_without_a_final_state_refuses_or_warns(ds_path):
 
 
 def test_reads_what_the_writer_writes(tmp_path):
-    w = DatasetWriter(str(tmp_path), {"format": "hsdump/speculators-v1", "layers": LAYERS},
-                      {"m": 1}, layers=LAYERS, hidden_size=H, shard_bytes=1500)
+    w = DatasetWriter(
+        str(tmp_path),
+        {"format": "hsdump/speculators-v1", "layers": LAYERS},
+        {"m": 1},
+        layers=LAYERS,
+        hidden_size=H,
+        shard_bytes=1500,
+    )
     for sid, n in LENS.items():
         ids, mask, hs, _ = stored_sample(sid, n)
         w.add(sid, ids.tolist(), mask.tolist(), hs)
@@ -167,8 +191,9 @@ def test_fp8_raw_for_gpu_dequantize(tmp_path):
     assert [s.shape for s in r["hidden_states_scale"]] == [(40,)] * 3
     assert r["final_scale"]["post_norm"].shape == (40,)
     deq = HsdumpDataset(str(path)).get(7)
-    assert torch.equal(fp8.dequantize(r["hidden_states"][1], r["hidden_states_scale"][1]),
-                       deq["hidden_states"][1])
+    assert torch.equal(
+        fp8.dequantize(r["hidden_states"][1], r["hidden_states_scale"][1]), deq["hidden_states"][1]
+    )
     b = PadCollator()([raw.get(3), r])
     assert b["hidden_states"][0].dtype == torch.float8_e4m3fn
     assert b["hidden_states"][0].shape == (2, 40, H)
@@ -192,10 +217,16 @@ def test_pread_mode_gives_the_same_records_unmapped(tmp_path):
 
 
 def test_reads_the_writers_fp8_and_final_states(tmp_path):
-    w = DatasetWriter(str(tmp_path), {"format": "hsdump/speculators-v1", "layers": LAYERS,
-                                      "storage_dtype": "fp8"},
-                      {"m": 2}, layers=LAYERS, hidden_size=H, shard_bytes=1500, dtype="fp8",
-                      final=["pre_norm", "post_norm"])
+    w = DatasetWriter(
+        str(tmp_path),
+        {"format": "hsdump/speculators-v1", "layers": LAYERS, "storage_dtype": "fp8"},
+        {"m": 2},
+        layers=LAYERS,
+        hidden_size=H,
+        shard_bytes=1500,
+        dtype="fp8",
+        final=["pre_norm", "post_norm"],
+    )
     data = {sid: stored_sample(sid, n, final=("pre_norm", "post_norm")) for sid, n in LENS.items()}
     for sid, (ids, mask, hs, fin) in data.items():
         assert w.add(sid, ids.tolist(), mask.tolist(), hs, fin)

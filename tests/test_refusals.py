@@ -1,41 +1,53 @@
 """Issue 24, the everyday mistakes: each refusal says exactly what to do, before the heavy
 imports, and leaves nothing behind."""
 
-import json
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import torch
-
-from hsdump import export as ex
-from hsdump.config import DatasetConfig
-from hsdump.sources import load_rows, read_json_records
-from hsdump.verify import verify
-from hsdump.writer import DatasetWriter
-
 from factories import H
+
+from hsdump.config import DatasetConfig
+from hsdump.corpus.sources import load_rows, read_json_records
+from hsdump.store.writer import DatasetWriter
+from hsdump.tools import export as ex
+from hsdump.tools.verify import verify
 
 LAYERS = [1, 2, 3]
 
 
 def dataset(path, final=()):
-    m = {"format": "hsdump/speculators-v1", "format_version": 2, "layers": LAYERS,
-         "storage_dtype": "bfloat16", "model": {"path": "m", "hidden_size": H}}
+    m = {
+        "format": "hsdump/speculators-v1",
+        "format_version": 2,
+        "layers": LAYERS,
+        "storage_dtype": "bfloat16",
+        "model": {"path": "m", "hidden_size": H},
+    }
     w = DatasetWriter(str(path), m, {"k": 1}, layers=LAYERS, hidden_size=H, final=list(final))
     for sid in range(3):
-        w.add(sid, [1, 2, 3], [0, 1, 1], [torch.randn(3, H) for _ in LAYERS],
-              {k: torch.randn(3, H) for k in final})
+        w.add(
+            sid,
+            [1, 2, 3],
+            [0, 1, 1],
+            [torch.randn(3, H) for _ in LAYERS],
+            {k: torch.randn(3, H) for k in final},
+        )
     w.close()
     return path
 
 
 def hsdump(*args, cwd=None):
     """The installed console script, as a user runs it: (rc, stdout, stderr)."""
-    p = subprocess.run([str(Path(sys.executable).parent / "hsdump"), *map(str, args)],
-                       capture_output=True, text=True, cwd=cwd, timeout=300)
+    p = subprocess.run(
+        [str(Path(sys.executable).parent / "hsdump"), *map(str, args)],
+        capture_output=True,
+        text=True,
+        cwd=cwd,
+        timeout=300,
+    )
     return p.returncode, p.stdout, p.stderr
 
 
@@ -69,23 +81,27 @@ def test_usage_says_hsdump(tool):
     assert rc == 0 and out.startswith(f"usage: hsdump {tool}"), out
 
 
-@pytest.mark.parametrize("tool,rc", [("verify", 1), ("inspect", 2), ("export", 2),
-                                     ("compact", 2)])
+@pytest.mark.parametrize("tool,rc", [("verify", 1), ("inspect", 2), ("export", 2), ("compact", 2)])
 def test_a_folder_that_is_no_dataset_is_refused_before_torch_loads(tmp_path, tool, rc):
-    args = [str(tmp_path)] + ([str(tmp_path / "x"), "--to", "speculators"]
-                              if tool == "export" else [])
-    code = ("import sys; from hsdump.cli import main; rc = main(sys.argv[1:]); "
-            "print('torch' in sys.modules); sys.exit(rc)")
-    p = subprocess.run([sys.executable, "-c", code, tool, *args], capture_output=True,
-                       text=True, timeout=120)
+    args = [str(tmp_path)] + (
+        [str(tmp_path / "x"), "--to", "speculators"] if tool == "export" else []
+    )
+    code = (
+        "import sys; from hsdump.cli import main; rc = main(sys.argv[1:]); "
+        "print('torch' in sys.modules); sys.exit(rc)"
+    )
+    p = subprocess.run(
+        [sys.executable, "-c", code, tool, *args], capture_output=True, text=True, timeout=120
+    )
     assert p.returncode == rc and p.stdout.split()[-1] == "False", (p.stdout, p.stderr)
     assert "manifest.json" in p.stdout + p.stderr
 
 
 def test_verify_knows_hsdumps_own_files(tmp_path):
     src = dataset(tmp_path / "hs")
-    from hsdump.stats import _write
     import numpy as np
+
+    from hsdump.store.stats import _write
 
     _write(np.array([0, 3, 3]), 3, str(src), 10, "input_ids where loss_mask == 1")
     rc, out, err = hsdump("vocab", src, "-n", "2")
@@ -106,8 +122,11 @@ def test_a_corrupt_index_is_a_warning_in_one_line(tmp_path):
 
 def test_a_txt_source_is_refused_by_name(tmp_path):
     (tmp_path / "plain.txt").write_text("hello\n")
-    with pytest.raises(ValueError, match=r"'.*plain.txt': a .txt file is not a format hsdump "
-                                         r"reads; give a .jsonl or .json file"):
+    with pytest.raises(
+        ValueError,
+        match=r"'.*plain.txt': a .txt file is not a format hsdump "
+        r"reads; give a .jsonl or .json file",
+    ):
         load_rows(DatasetConfig(path=str(tmp_path / "plain.txt")))
 
 

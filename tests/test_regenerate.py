@@ -1,7 +1,6 @@
 """`regenerate.turns`: the target model rewrites the answers, then hsdump captures the rewritten
 conversations, with a real CPU engine (tiny Llama, DeepSeek tokenizer and template)."""
 
-import json
 import os
 import signal
 import subprocess
@@ -9,23 +8,34 @@ import sys
 
 import pytest
 import torch
-
-from hsdump.config import DatasetConfig, RegenerateConfig
-from hsdump.reader import HsdumpDataset
-from hsdump.regenerate import regenerate, stop_token_ids, to_sample, turns_to_rewrite
-
 from factories import ROOT, hf_hidden_states
 from tolerance import per_sample_ok, rel_err
-ARGS = ["dataset.max_samples=5", "regenerate.max_new_tokens=16", "progress=false",
-        "dataset.max_seq_len=512", "output.shard_bytes=30000"]
+
+from hsdump.config import DatasetConfig, RegenerateConfig
+from hsdump.corpus.regenerate import regenerate, stop_token_ids, to_sample, turns_to_rewrite
+from hsdump.store.reader import HsdumpDataset
+
+ARGS = [
+    "dataset.max_samples=5",
+    "regenerate.max_new_tokens=16",
+    "progress=false",
+    "dataset.max_seq_len=512",
+    "output.shard_bytes=30000",
+]
 
 
 def extract(out, *extra, fault=None):
     env = {k: v for k, v in os.environ.items() if k != "HSDUMP_FAULT"}
     if fault:
         env["HSDUMP_FAULT"] = fault
-    p = subprocess.run([sys.executable, "extract.py", *ARGS, f"output.dir={out}", *extra],
-                       cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
+    p = subprocess.run(
+        [sys.executable, "extract.py", *ARGS, f"output.dir={out}", *extra],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     return p.returncode, p.stdout + p.stderr
 
 
@@ -34,8 +44,8 @@ def tokenizer():
     from omegaconf import OmegaConf
 
     from hsdump.config import ModelConfig
+    from hsdump.corpus.tokenizer import load_tokenizer
     from hsdump.tiny import resolve_model_path
-    from hsdump.tokenizer import load_tokenizer
 
     raw = OmegaConf.to_container(OmegaConf.load(ROOT / "conf" / "model" / "tiny.yaml"))
     raw.pop("defaults", None)
@@ -56,13 +66,16 @@ def test_ids_masks_and_states_are_those_of_the_stored_conversation(regenerated, 
     out, log = regenerated
     assert "regenerated:" in log and "tokens generated" in log
     tok = tokenizer()
-    from hsdump.masks import tokenize_conversation
+    from hsdump.corpus.masks import tokenize_conversation
 
     ds = HsdumpDataset(str(out))
     assert len(ds) == 5
-    from hsdump.formats import _record, row_to_sample
-    from hsdump.sources import load_rows
-    rows = load_rows(DatasetConfig(path=str(ROOT / "hsdump/data/tiny_chat.jsonl"), max_samples=5))
+    from hsdump.corpus.formats import _record, row_to_sample
+    from hsdump.corpus.sources import load_rows
+
+    rows = load_rows(
+        DatasetConfig(path=str(ROOT / "hsdump/corpus/data/tiny_chat.jsonl"), max_samples=5)
+    )
     differs = 0
     for sid in ds.ids:
         rec, conv = ds.get(sid), ds.conversation(sid)
@@ -72,8 +85,9 @@ def test_ids_masks_and_states_are_those_of_the_stored_conversation(regenerated, 
         # the source conversation's own answers were replaced, every one of them
         src, _ = row_to_sample(_record(rows[sid]), "sharegpt", "conversations")
         assert [m["role"] for m in conv] == [m["role"] for m in src]
-        assert all(a["content"] != b["content"] for a, b in zip(conv, src)
-                   if a["role"] == "assistant")
+        assert all(
+            a["content"] != b["content"] for a, b in zip(conv, src) if a["role"] == "assistant"
+        )
         differs += ids != tokenize_conversation(tok, src)[0]
         # hand-checked spans: each run of 1s is one assistant answer plus the end of turn
         runs, cur = [], []
@@ -97,7 +111,7 @@ def test_ids_masks_and_states_are_those_of_the_stored_conversation(regenerated, 
     # token_freq.json counts the stored (regenerated) tokens, not the source's
     from collections import Counter
 
-    from hsdump.stats import COMMITTED, read_token_freq
+    from hsdump.store.stats import COMMITTED, read_token_freq
 
     want = Counter()
     for sid in ds.ids:
@@ -121,7 +135,7 @@ def test_greedy_regeneration_is_the_same_across_a_kill_and_resume(regenerated, t
     assert f"already committed before this run: {len(partial)}" in log
     a, b = HsdumpDataset(str(ref)), HsdumpDataset(str(out))
     assert a.ids == b.ids
-    from hsdump.stats import read_token_freq  # counted over all 5, not the resumed run's
+    from hsdump.store.stats import read_token_freq  # counted over all 5, not the resumed run's
 
     assert read_token_freq(str(out)) == read_token_freq(str(ref))
     for sid in a.ids:
@@ -138,11 +152,12 @@ def test_greedy_regeneration_is_the_same_across_a_kill_and_resume(regenerated, t
 @pytest.mark.engine
 def test_last_turn_and_truncation(tmp_path):
     out = tmp_path / "ds"
-    rc, log = extract(out, "regenerate.turns=last", "dataset.max_seq_len=48",
-                      "regenerate.max_new_tokens=24")
+    rc, log = extract(
+        out, "regenerate.turns=last", "dataset.max_seq_len=48", "regenerate.max_new_tokens=24"
+    )
     assert rc == 0, log[-3000:]
     tok = tokenizer()
-    from hsdump.masks import tokenize_conversation
+    from hsdump.corpus.masks import tokenize_conversation
 
     ds = HsdumpDataset(str(out))
     assert len(ds) > 0
@@ -163,8 +178,13 @@ def test_a_rewrite_too_long_for_the_policy_is_recorded_as_skipped(tmp_path):
     regenerated (96 new tokens where the source answer was short) is recorded as skipped,
     never captured, and a resumed run does not generate it again."""
     out = tmp_path / "ds"
-    args = ["dataset.max_samples=20", "regenerate.turns=last", "dataset.truncation=skip",
-            "dataset.max_seq_len=256", "regenerate.max_new_tokens=96"]
+    args = [
+        "dataset.max_samples=20",
+        "regenerate.turns=last",
+        "dataset.truncation=skip",
+        "dataset.max_seq_len=256",
+        "regenerate.max_new_tokens=96",
+    ]
     rc, log = extract(out, *args)
     assert rc == 0, log[-3000:]
     ds = HsdumpDataset(str(out))
@@ -181,48 +201,60 @@ def test_an_empty_or_immediately_stopped_answer():
     """The model's first token ends its turn: the answer is empty, the sample still holds the
     end-of-turn token in the loss (what the drafter must learn to predict there)."""
     tok = tokenizer()
-    from hsdump.chat import chat_template_of
+    from hsdump.corpus.chat import chat_template_of
 
     template = chat_template_of(tok)
     stop = stop_token_ids(tok)
-    msgs = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "old"},
-            {"role": "user", "content": "again"}, {"role": "assistant", "content": "old 2"}]
+    msgs = [
+        {"role": "user", "content": "hi"},
+        {"role": "assistant", "content": "old"},
+        {"role": "user", "content": "again"},
+        {"role": "assistant", "content": "old 2"},
+    ]
     seen = []
 
     def generate(reqs):  # the engine's answer: its stop token at once, then nothing at all
         seen.extend(reqs)
-        return {key: {"output_ids": [stop[0]] if key[1] == 1 else [], "text": ""}
-                for key, _, _ in reqs}
+        return {
+            key: {"output_ids": [stop[0]] if key[1] == 1 else [], "text": ""} for key, _, _ in reqs
+        }
 
     new = regenerate([(7, msgs, None)], tok, template, RegenerateConfig(turns="all"), generate)
     assert [m["content"] for m in new[7]] == ["hi", "", "again", ""]
     assert [key for key, _, _ in seen] == [(7, 1), (7, 3)]  # in order, one round each
     # round 2's prompt holds round 1's (empty) answer, not the source's
-    from hsdump.regenerate import prompt_ids
+    from hsdump.corpus.regenerate import prompt_ids
+
     assert seen[1][1] == prompt_ids(tok, template, new[7][:3])
     ids, mask = to_sample(tok, template, new[7], None, DatasetConfig(path="x"))
-    assert sum(mask) == 2 and tok.decode([t for t, m in zip(ids, mask) if m]) == \
-        tok.eos_token * 2
+    assert sum(mask) == 2 and tok.decode([t for t, m in zip(ids, mask) if m]) == tok.eos_token * 2
     # temperature 0 sends no seed; sampling sends one per (sample, turn)
     assert "sampling_seed" not in seen[0][2]
-    from hsdump.regenerate import sampling_params
+    from hsdump.corpus.regenerate import sampling_params
+
     a = sampling_params(RegenerateConfig(turns="all", temperature=0.7, seed=1), stop, 7, 1)
     b = sampling_params(RegenerateConfig(turns="all", temperature=0.7, seed=1), stop, 7, 3)
     assert a["sampling_seed"] != b["sampling_seed"] and a["stop_token_ids"] == stop
 
 
 def test_which_turns_and_config_errors():
-    m = [{"role": "system", "content": "s"}, {"role": "user", "content": "u"},
-         {"role": "assistant", "content": "a", "tool_calls": [{"function": {"name": "f"}}]},
-         {"role": "tool", "content": "r"}, {"role": "assistant", "content": "b"},
-         {"role": "user", "content": "u2"}, {"role": "assistant", "content": "c"}]
+    m = [
+        {"role": "system", "content": "s"},
+        {"role": "user", "content": "u"},
+        {"role": "assistant", "content": "a", "tool_calls": [{"function": {"name": "f"}}]},
+        {"role": "tool", "content": "r"},
+        {"role": "assistant", "content": "b"},
+        {"role": "user", "content": "u2"},
+        {"role": "assistant", "content": "c"},
+    ]
     assert turns_to_rewrite(m, "all") == [4, 6]  # a tool-calling turn is kept as written
     assert turns_to_rewrite(m, "last") == [6] and turns_to_rewrite(m, "none") == []
     with pytest.raises(ValueError, match="regenerate.turns='some'"):
         RegenerateConfig(turns="some")
     with pytest.raises(ValueError, match="reasoning"):
         RegenerateConfig(reasoning="maybe")
-    from hsdump.regenerate import clean
+    from hsdump.corpus.regenerate import clean
+
     assert clean("<think>x\ny</think>\n\nanswer", "drop") == "answer"
     assert clean("<think>x</think>answer", "keep") == "<think>x</think>answer"
 
@@ -240,7 +272,7 @@ def test_two_jobs_count_token_freq_once_when_the_dataset_is_complete(regenerated
     rc, log = extract(out, "regenerate.turns=all", "dist.num_jobs=2", "dist.job_index=1")
     assert rc == 0, log[-3000:]
     assert "token_freq.json: counted over the committed samples" in log, log[-3000:]
-    from hsdump.stats import read_token_freq
+    from hsdump.store.stats import read_token_freq
 
     assert HsdumpDataset(str(out)).ids == HsdumpDataset(str(ref)).ids
     assert read_token_freq(str(out)) == read_token_freq(str(ref))

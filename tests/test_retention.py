@@ -1,7 +1,7 @@
 """The caller lets go of captured rows as soon as they are handed on.
 
 On the GPU (8B shape, 32K-token samples in two 16K chunks) the caller's RSS grew 2.22 GB
-more than the rows the receiver and the writer held (BENCHMARKS.md section 13).
+more than the rows the receiver and the writer held (docs/performance.md, "Host memory").
 `bench/mem_bench.py --caller-only` itemised it on the CPU: the previous sample kept alive by
 the run loop after the writer had it (0.81 GB), the last message's frames kept by the
 receiver thread (up to 0.40 GB), and every chunk kept while the whole sample was stitched
@@ -16,9 +16,9 @@ from types import SimpleNamespace
 
 import torch
 
-from hsdump import rows
-from hsdump.engine import CaptureEngine
-from hsdump.rows import Receiver, Sender
+from hsdump.capture import rows
+from hsdump.capture.engine import CaptureEngine
+from hsdump.capture.rows import Receiver, Sender
 
 
 def test_drive_drops_a_sample_once_the_sink_has_it():
@@ -60,8 +60,9 @@ def test_receiver_lets_chunks_and_frames_go(tmp_path, monkeypatch):
     def cat(ts, *a, **k):
         if threading.current_thread() is threading.main_thread() and len(ts) == 2:
             s = len(alive_at_cat)  # slot s: slots 0..s-1 were stitched already
-            alive_at_cat.append([chunks[m * slots + j]() is not None
-                                 for m in range(2) for j in range(s)])
+            alive_at_cat.append(
+                [chunks[m * slots + j]() is not None for m in range(2) for j in range(s)]
+            )
         return real_cat(ts, *a, **k)
 
     monkeypatch.setattr(rows, "frame_tensor", frame_tensor)

@@ -1,5 +1,5 @@
-"""Rows between nodes (issue 25): the CURVE-authenticated TCP transport of hsdump.rows and the
-multi-node helpers of hsdump.nodes. CPU only, loopback only, no SGLang.
+"""Rows between nodes (issue 25): the CURVE-authenticated TCP transport of hsdump.capture.rows and the
+multi-node helpers of hsdump.capture.nodes. CPU only, loopback only, no SGLang.
 
 Two processes stand for two nodes' schedulers where it matters (spawned, as SGLang starts
 its schedulers). Module-level imports stay light: the spawned children import this module.
@@ -45,14 +45,14 @@ def same(a, b) -> bool:
 
 @pytest.fixture
 def keys():
-    from hsdump.rows import new_run_keys
+    from hsdump.capture.rows import new_run_keys
 
     return new_run_keys()
 
 
 @pytest.fixture
 def tcp_rx(keys):
-    from hsdump.rows import Receiver
+    from hsdump.capture.rows import Receiver
 
     rx = Receiver("tcp://127.0.0.1:0", keys=keys)
     rx.start()
@@ -70,13 +70,17 @@ def free_port() -> int:
 def test_rows_over_curve_tcp_stitch_exactly_like_ipc(tmp_path, keys):
     import torch
 
-    from hsdump.rows import Receiver, Sender
+    from hsdump.capture.rows import Receiver, Sender
 
     # request a: three chunks (one of 0 rows), a NaN row in slot 1; request b: float32, whole
     nan = chunk(3, 4)
     nan[1, 2, 5] = float("nan")
-    sends = [("a", 0, chunk(1, 5), []), ("a", 5, chunk(2, 0), []), ("a", 5, nan, [1]),
-             ("b", 0, chunk(4, 7, "float32"), [])]
+    sends = [
+        ("a", 0, chunk(1, 5), []),
+        ("a", 5, chunk(2, 0), []),
+        ("a", 5, nan, [1]),
+        ("b", 0, chunk(4, 7, "float32"), []),
+    ]
     got = {}
     for kind in ("ipc", "tcp"):
         if kind == "ipc":
@@ -107,7 +111,7 @@ def test_rows_over_curve_tcp_stitch_exactly_like_ipc(tmp_path, keys):
 
 
 def test_tcp_needs_keys_on_both_ends(keys):
-    from hsdump.rows import Receiver, Sender
+    from hsdump.capture.rows import Receiver, Sender
 
     with pytest.raises(ValueError, match="unauthenticated"):
         Receiver("tcp://127.0.0.1:0")
@@ -116,13 +120,19 @@ def test_tcp_needs_keys_on_both_ends(keys):
     with pytest.raises(ValueError, match="unauthenticated"):
         Sender("tcp://127.0.0.1:5", "x")
     with pytest.raises(ValueError, match="not a Z85 CURVE key"):
-        Sender.from_spec({"endpoint": "tcp://127.0.0.1:5", "server_key": "short",
-                          "client_public": keys["client_public"],
-                          "client_secret": keys["client_secret"]}, "x")
+        Sender.from_spec(
+            {
+                "endpoint": "tcp://127.0.0.1:5",
+                "server_key": "short",
+                "client_public": keys["client_public"],
+                "client_secret": keys["client_secret"],
+            },
+            "x",
+        )
 
 
 def test_clients_without_this_runs_keys_deliver_nothing(tcp_rx, keys):
-    from hsdump.rows import DeliveryError, Receiver, Sender, new_run_keys
+    from hsdump.capture.rows import DeliveryError, Receiver, Sender, new_run_keys
 
     good = tcp_rx.sender_spec()
     other = new_run_keys()
@@ -130,19 +140,32 @@ def test_clients_without_this_runs_keys_deliver_nothing(tcp_rx, keys):
     stale = stale_rx.sender_spec()
     stale_rx.stop()
     bad_specs = {
-        "stale": {**good, "client_public": stale["client_public"],
-                  "client_secret": stale["client_secret"]},  # a stale run's key file
-        "forged": {**good, "client_public": other["server_public"],
-                   "client_secret": other["server_secret"]},  # a keypair of its own
+        "stale": {
+            **good,
+            "client_public": stale["client_public"],
+            "client_secret": stale["client_secret"],
+        },  # a stale run's key file
+        "forged": {
+            **good,
+            "client_public": other["server_public"],
+            "client_secret": other["server_secret"],
+        },  # a keypair of its own
         "wrong-server": {**good, "server_key": other["server_public"]},
     }
     # a client without keys (plain ZMQ, no CURVE) and a raw TCP client writing junk
     plain = zmq.Context.instance().socket(zmq.PUSH)
     plain.connect(good["endpoint"])
-    header = {"rid": "evil-plain", "start": 0, "n": 2, "hidden": H, "dtype": "float32",
-              "nonfinite": [], "src": "evil"}
+    header = {
+        "rid": "evil-plain",
+        "start": 0,
+        "n": 2,
+        "hidden": H,
+        "dtype": "float32",
+        "nonfinite": [],
+        "src": "evil",
+    }
     plain.send_multipart([json.dumps(header).encode()] + [b"\0" * (2 * H * 4)] * S)
-    host, port = good["endpoint"][len("tcp://"):].rsplit(":", 1)
+    host, port = good["endpoint"][len("tcp://") :].rsplit(":", 1)
     junk = socket.create_connection((host, int(port)))
     junk.sendall(b"\xff" + b"\0" * 8 + b"\x7f" + os.urandom(4096))
 
@@ -176,7 +199,7 @@ def test_clients_without_this_runs_keys_deliver_nothing(tcp_rx, keys):
 
 
 def test_lost_message_and_error_report_name_the_sender_and_its_node(keys):
-    from hsdump.rows import CaptureError, Receiver, Sender
+    from hsdump.capture.rows import CaptureError, Receiver, Sender
 
     host = socket.gethostname()
     for what in ("lost", "error"):
@@ -202,7 +225,7 @@ def test_lost_message_and_error_report_name_the_sender_and_its_node(keys):
 # --------------------------------------------------------------------------- two nodes
 def _node1_scheduler(spec, cmds, done):
     """Node 1's row-owning scheduler: sends what the test asks, over CURVE TCP."""
-    from hsdump.rows import Sender
+    from hsdump.capture.rows import Sender
 
     tx = Sender.from_spec(spec, "n1-dp1-tp2", send_timeout=10)
     for rid, start, n, seed in iter(cmds.get, None):
@@ -214,7 +237,7 @@ def _node1_scheduler(spec, cmds, done):
 def test_two_nodes_one_source_per_request_no_overlap_no_repeat(tcp_rx):
     import torch
 
-    from hsdump.rows import CaptureError, Sender
+    from hsdump.capture.rows import CaptureError, Sender
 
     ctx = mp.get_context("spawn")
     cmds, done = ctx.Queue(), ctx.Queue()
@@ -237,13 +260,18 @@ def test_two_nodes_one_source_per_request_no_overlap_no_repeat(tcp_rx):
         assert all(same(a[s], chunk(1, 4)[s]) and same(b[s], want_b[s]) for s in range(S))
         with tcp_rx.cond:
             assert {k: v["rows"] for k, v in tcp_rx.sources.items()} == {
-                "n0-dp0-tp0": 4, "n1-dp1-tp2": 5}
+                "n0-dp0-tp0": 4,
+                "n1-dp1-tp2": 5,
+            }
 
         # one request's chunks from both nodes
         node0.rows("c", 0, chunk(4, 2), [])
         on_node1("c", 2, 2, 5)
-        with pytest.raises(CaptureError, match="rows came from 2 scheduler processes "
-                                               r"\(n0-dp0-tp0, n1-dp1-tp2\)"):
+        with pytest.raises(
+            CaptureError,
+            match="rows came from 2 scheduler processes "
+            r"\(n0-dp0-tp0, n1-dp1-tp2\)",
+        ):
             tcp_rx.take("c", 4, 30)
 
         # overlapping chunks from node 1
@@ -257,9 +285,12 @@ def test_two_nodes_one_source_per_request_no_overlap_no_repeat(tcp_rx):
         tcp_rx.take("e", 3, 30)
         node0.rows("e", 0, chunk(8, 3), [])
         node0.rows("f", 0, chunk(9, 1), [])  # one socket: in order, after the repeat
-        with pytest.raises(CaptureError, match=rf"arrived from n0-dp0-tp0 on "
-                                               rf"{socket.gethostname()} after the sample was "
-                                               "complete; they were first sent by n1-dp1-tp2"):
+        with pytest.raises(
+            CaptureError,
+            match=rf"arrived from n0-dp0-tp0 on "
+            rf"{socket.gethostname()} after the sample was "
+            "complete; they were first sent by n1-dp1-tp2",
+        ):
             tcp_rx.take("f", 1, 30)
     finally:
         cmds.put(None)
@@ -285,7 +316,7 @@ def _bare_receiver(keys, q):
 
 
 def test_sender_raises_within_its_bound_when_the_receiver_freezes_or_dies(keys):
-    from hsdump.rows import DeliveryError, Sender
+    from hsdump.capture.rows import DeliveryError, Sender
 
     ctx = mp.get_context("spawn")
     q = ctx.Queue()
@@ -293,15 +324,20 @@ def test_sender_raises_within_its_bound_when_the_receiver_freezes_or_dies(keys):
     node0.start()
     try:
         endpoint = q.get(timeout=30)
-        spec = {"endpoint": endpoint, "server_key": keys["server_public"],
-                "client_public": keys["client_public"], "client_secret": keys["client_secret"]}
+        spec = {
+            "endpoint": endpoint,
+            "server_key": keys["server_public"],
+            "client_public": keys["client_public"],
+            "client_secret": keys["client_secret"],
+        }
         tx = Sender.from_spec(spec, "n1-dp1-tp2", send_timeout=1.0, hwm=2)
         big = chunk(1, 2**16, "float32")  # 3 x 4 MB frames
         tx.rows("r", 0, big, [])
         os.kill(node0.pid, signal.SIGSTOP)  # frozen: the queue and the socket buffers fill
         t0 = time.monotonic()
-        with pytest.raises(DeliveryError, match="within 1 s: the receiver is connected but "
-                                                "took no rows"):
+        with pytest.raises(
+            DeliveryError, match="within 1 s: the receiver is connected but took no rows"
+        ):
             for i in range(1, 64):
                 tx.rows("r", i, big, [])
         assert time.monotonic() - t0 < 10
@@ -322,7 +358,7 @@ def test_sender_raises_within_its_bound_when_the_receiver_freezes_or_dies(keys):
 
 
 def test_sender_raises_when_the_receiver_stopped_or_never_ran(keys):
-    from hsdump.rows import DeliveryError, Receiver, Sender
+    from hsdump.capture.rows import DeliveryError, Receiver, Sender
 
     rx = Receiver("tcp://127.0.0.1:0", keys=keys)
     rx.start()
@@ -331,8 +367,10 @@ def test_sender_raises_when_the_receiver_stopped_or_never_ran(keys):
     rx.take("r", 2, 10)
     rx.stop()
     t0 = time.monotonic()
-    with pytest.raises(DeliveryError, match="n1-dp1-tp2 on .*: rows .* of request s could not "
-                                            "be delivered .* within 0.5 s"):
+    with pytest.raises(
+        DeliveryError,
+        match="n1-dp1-tp2 on .*: rows .* of request s could not be delivered .* within 0.5 s",
+    ):
         for i in range(64):
             tx.rows("s", i, chunk(2, 1), [])
             time.sleep(0.05)
@@ -352,8 +390,8 @@ def test_sender_raises_when_the_receiver_stopped_or_never_ran(keys):
 
 # --------------------------------------------------------------------------- key handover
 def test_run_keys_file_round_trip_is_private_and_atomic(tmp_path, tcp_rx):
-    from hsdump.nodes import read_run_keys, remove_run_keys, write_run_keys
-    from hsdump.rows import Sender
+    from hsdump.capture.nodes import read_run_keys, remove_run_keys, write_run_keys
+    from hsdump.capture.rows import Sender
 
     path = write_run_keys(tmp_path / "keys.json", tcp_rx.sender_spec(), run="slurm-7.0-r0")
     assert stat.S_IMODE(path.stat().st_mode) == 0o600
@@ -373,22 +411,32 @@ def test_run_keys_file_round_trip_is_private_and_atomic(tmp_path, tcp_rx):
 
 @pytest.mark.parametrize("mode", [0o640, 0o604, 0o620, 0o644])
 def test_run_keys_readable_by_others_are_refused(tmp_path, keys, mode):
-    from hsdump.nodes import read_run_keys, write_run_keys
+    from hsdump.capture.nodes import read_run_keys, write_run_keys
 
-    spec = {"endpoint": "tcp://127.0.0.1:5", "server_key": keys["server_public"],
-            "client_public": keys["client_public"], "client_secret": keys["client_secret"]}
+    spec = {
+        "endpoint": "tcp://127.0.0.1:5",
+        "server_key": keys["server_public"],
+        "client_public": keys["client_public"],
+        "client_secret": keys["client_secret"],
+    }
     path = write_run_keys(tmp_path / "keys.json", spec)
     os.chmod(path, mode)
-    with pytest.raises(PermissionError, match=f"mode {mode:04o}: run keys readable or "
-                                              "writable by group or others are refused"):
+    with pytest.raises(
+        PermissionError,
+        match=f"mode {mode:04o}: run keys readable or writable by group or others are refused",
+    ):
         read_run_keys(path, timeout=5)
 
 
 def test_run_keys_of_another_user_or_behind_a_link_are_refused(tmp_path, keys, monkeypatch):
-    from hsdump.nodes import read_run_keys, write_run_keys
+    from hsdump.capture.nodes import read_run_keys, write_run_keys
 
-    spec = {"endpoint": "tcp://127.0.0.1:5", "server_key": keys["server_public"],
-            "client_public": keys["client_public"], "client_secret": keys["client_secret"]}
+    spec = {
+        "endpoint": "tcp://127.0.0.1:5",
+        "server_key": keys["server_public"],
+        "client_public": keys["client_public"],
+        "client_secret": keys["client_secret"],
+    }
     path = write_run_keys(tmp_path / "keys.json", spec)
     (tmp_path / "link.json").symlink_to(path)
     with pytest.raises(PermissionError, match="symbolic link"):
@@ -400,10 +448,14 @@ def test_run_keys_of_another_user_or_behind_a_link_are_refused(tmp_path, keys, m
 
 
 def test_read_run_keys_waits_past_a_stale_file_for_this_launchs(tmp_path, keys):
-    from hsdump.nodes import read_run_keys, write_run_keys
+    from hsdump.capture.nodes import read_run_keys, write_run_keys
 
-    spec = {"endpoint": "tcp://127.0.0.1:5", "server_key": keys["server_public"],
-            "client_public": keys["client_public"], "client_secret": keys["client_secret"]}
+    spec = {
+        "endpoint": "tcp://127.0.0.1:5",
+        "server_key": keys["server_public"],
+        "client_public": keys["client_public"],
+        "client_secret": keys["client_secret"],
+    }
     path = tmp_path / "keys.json"
     with pytest.raises(TimeoutError, match="none was written"):
         read_run_keys(path, timeout=0.2)
@@ -423,35 +475,42 @@ def test_read_run_keys_waits_past_a_stale_file_for_this_launchs(tmp_path, keys):
 
 
 # --------------------------------------------------------------------------- node layout
-@pytest.mark.parametrize("nodelist, hosts", [
-    ("gpu[01-02,05]", ["gpu01", "gpu02", "gpu05"]),
-    ("a1,b2", ["a1", "b2"]),
-    ("node-[3-4]", ["node-3", "node-4"]),
-    ("h[8-11]", ["h8", "h9", "h10", "h11"]),
-    ("gpu[09-10],cpu7", ["gpu09", "gpu10", "cpu7"]),
-    ("r[1-2]n[1-2]", ["r1n1", "r1n2", "r2n1", "r2n2"]),
-    ("single", ["single"]),
-])
+@pytest.mark.parametrize(
+    "nodelist, hosts",
+    [
+        ("gpu[01-02,05]", ["gpu01", "gpu02", "gpu05"]),
+        ("a1,b2", ["a1", "b2"]),
+        ("node-[3-4]", ["node-3", "node-4"]),
+        ("h[8-11]", ["h8", "h9", "h10", "h11"]),
+        ("gpu[09-10],cpu7", ["gpu09", "gpu10", "cpu7"]),
+        ("r[1-2]n[1-2]", ["r1n1", "r1n2", "r2n1", "r2n2"]),
+        ("single", ["single"]),
+    ],
+)
 def test_slurm_nodelist_expands(nodelist, hosts):
-    from hsdump.nodes import expand_nodelist
+    from hsdump.capture.nodes import expand_nodelist
 
     assert expand_nodelist(nodelist) == hosts
 
 
 @pytest.mark.parametrize("bad", ["gpu[01-02", "gpu]1[", "gpu[a-b]", "gpu[5-3]", ""])
 def test_slurm_nodelist_unreadable_is_an_error(bad):
-    from hsdump.nodes import expand_nodelist
+    from hsdump.capture.nodes import expand_nodelist
 
     with pytest.raises(ValueError):
         expand_nodelist(bad)
 
 
-SLURM = {"SLURM_JOB_ID": "4242", "SLURM_NNODES": "2", "SLURM_NODEID": "1",
-         "SLURM_JOB_NODELIST": "gpu[07-08]"}
+SLURM = {
+    "SLURM_JOB_ID": "4242",
+    "SLURM_NNODES": "2",
+    "SLURM_NODEID": "1",
+    "SLURM_JOB_NODELIST": "gpu[07-08]",
+}
 
 
 def test_layout_from_slurm_explicit_or_single(monkeypatch):
-    from hsdump import nodes
+    from hsdump.capture import nodes
 
     monkeypatch.setattr(nodes.shutil, "which", lambda name: None)  # no scontrol: parsed
     lay = nodes.find_layout(env=SLURM)
@@ -462,13 +521,14 @@ def test_layout_from_slurm_explicit_or_single(monkeypatch):
     assert nodes.find_layout(2, 1, "10.0.0.1:7000", env=SLURM).dist_init_addr == "10.0.0.1:7000"
     assert nodes.find_layout(env={}) == nodes.NodeLayout(1, 0, None, "single")
     assert nodes.find_layout(2, 0, "[fd00::1]:7000", env={}) == nodes.NodeLayout(
-        2, 0, "[fd00::1]:7000", "explicit")
+        2, 0, "[fd00::1]:7000", "explicit"
+    )
     assert nodes.split_addr("[fd00::1]:7000") == ("fd00::1", 7000)
     assert nodes.run_id(SLURM) == "slurm-4242.x-r0" and nodes.run_id({}) is None
 
 
 def test_layout_uses_scontrol_when_on_path(tmp_path, monkeypatch):
-    from hsdump import nodes
+    from hsdump.capture import nodes
 
     fake = tmp_path / "scontrol"
     fake.write_text("#!/bin/sh\necho fromscontrol1\necho fromscontrol2\n")
@@ -477,21 +537,24 @@ def test_layout_uses_scontrol_when_on_path(tmp_path, monkeypatch):
     assert nodes.find_layout(env=SLURM, port=6000).dist_init_addr == "fromscontrol1:6000"
 
 
-@pytest.mark.parametrize("kw, env, match", [
-    ({"nnodes": 2, "node_rank": 2, "dist_init_addr": "h:1"}, {}, r"node_rank=2 with nnodes=2"),
-    ({"nnodes": 2, "node_rank": 1}, {}, "nnodes=2 needs dist_init_addr"),
-    ({"nnodes": 0}, {}, "at least one node"),
-    ({"nnodes": 2, "node_rank": -1, "dist_init_addr": "h:1"}, {}, "must be in 0..1"),
-    ({"nnodes": 2, "dist_init_addr": "h"}, {}, "is not host:port"),
-    ({"nnodes": 2, "dist_init_addr": "h:70000"}, {}, "not in 1..65535"),
-    ({"nnodes": 4}, SLURM, "nnodes=4 was given, but this SLURM step says 2"),
-    ({"node_rank": 0}, SLURM, "node_rank=0 was given, but this SLURM step says 1"),
-    ({}, {**SLURM, "SLURM_STEP_NUM_TASKS": "16"}, "one process per node"),
-    ({}, {**SLURM, "SLURM_JOB_NODELIST": "gpu[01-02,05]"}, "names 3 host"),
-    ({}, {**SLURM, "SLURM_NODEID": "2"}, "node_rank=2 with nnodes=2"),
-])
+@pytest.mark.parametrize(
+    "kw, env, match",
+    [
+        ({"nnodes": 2, "node_rank": 2, "dist_init_addr": "h:1"}, {}, r"node_rank=2 with nnodes=2"),
+        ({"nnodes": 2, "node_rank": 1}, {}, "nnodes=2 needs dist_init_addr"),
+        ({"nnodes": 0}, {}, "at least one node"),
+        ({"nnodes": 2, "node_rank": -1, "dist_init_addr": "h:1"}, {}, "must be in 0..1"),
+        ({"nnodes": 2, "dist_init_addr": "h"}, {}, "is not host:port"),
+        ({"nnodes": 2, "dist_init_addr": "h:70000"}, {}, "not in 1..65535"),
+        ({"nnodes": 4}, SLURM, "nnodes=4 was given, but this SLURM step says 2"),
+        ({"node_rank": 0}, SLURM, "node_rank=0 was given, but this SLURM step says 1"),
+        ({}, {**SLURM, "SLURM_STEP_NUM_TASKS": "16"}, "one process per node"),
+        ({}, {**SLURM, "SLURM_JOB_NODELIST": "gpu[01-02,05]"}, "names 3 host"),
+        ({}, {**SLURM, "SLURM_NODEID": "2"}, "node_rank=2 with nnodes=2"),
+    ],
+)
 def test_layout_inconsistent_values_are_errors(kw, env, match, monkeypatch):
-    from hsdump import nodes
+    from hsdump.capture import nodes
 
     monkeypatch.setattr(nodes.shutil, "which", lambda name: None)
     with pytest.raises(ValueError, match=match):
@@ -499,21 +562,23 @@ def test_layout_inconsistent_values_are_errors(kw, env, match, monkeypatch):
 
 
 def test_node_address_and_receiver_endpoint():
-    from hsdump import nodes
+    from hsdump.capture import nodes
 
     assert nodes.node_address("127.0.0.1:5000") == "127.0.0.1"
     assert nodes.node_address("127.0.0.1") == "127.0.0.1"
     assert nodes.tcp_endpoint("10.0.0.1") == "tcp://10.0.0.1:0"
     assert nodes.tcp_endpoint("fd00::1", 5) == "tcp://[fd00::1]:5"
     # dist_init_addr on the loopback: every node on this host (a simulated multi-node run)
-    assert nodes.receiver_endpoint(nodes.NodeLayout(2, 0, "127.0.0.1:5000", "explicit")) == \
-        "tcp://127.0.0.1:0"
+    assert (
+        nodes.receiver_endpoint(nodes.NodeLayout(2, 0, "127.0.0.1:5000", "explicit"))
+        == "tcp://127.0.0.1:0"
+    )
 
 
 def test_receiver_endpoint_refuses_a_host_name_that_leads_to_loopback(monkeypatch):
     # node0 is named in dist_init_addr, but /etc/hosts maps this host's name to 127.0.1.1:
     # the other nodes could not reach a receiver bound there
-    from hsdump import nodes
+    from hsdump.capture import nodes
 
     monkeypatch.setattr(nodes, "node_address", lambda toward: "127.0.1.1")
     with pytest.raises(ValueError, match="loopback address 127.0.1.1"):
@@ -521,7 +586,7 @@ def test_receiver_endpoint_refuses_a_host_name_that_leads_to_loopback(monkeypatc
 
 
 def test_sender_spec_names_the_address_senders_connect_to(keys):
-    from hsdump.rows import Receiver
+    from hsdump.capture.rows import Receiver
 
     rx = Receiver("tcp://127.0.0.1:0", keys=keys)  # (a bind to 0.0.0.0 must name it)
     try:

@@ -7,20 +7,23 @@ import shutil
 
 import pytest
 import torch
+from factories import COMPAT, LAYERS, H, sample
 
-from hsdump.verify import UNLISTED, main, read_header, verify
-from hsdump.writer import DatasetWriter
+from hsdump.store.writer import DatasetWriter
+from hsdump.tools.verify import UNLISTED, main, read_header, verify
 
-from factories import COMPAT, H, LAYERS, sample
-
-MANIFEST = {"format": "hsdump/speculators-v1", "format_version": 1, "layers": LAYERS,
-            "convention": "hf_hidden_states_index", "storage_dtype": "bfloat16",
-            "model": {"path": "m", "hidden_size": H, "num_hidden_layers": 8}}
+MANIFEST = {
+    "format": "hsdump/speculators-v1",
+    "format_version": 1,
+    "layers": LAYERS,
+    "convention": "hf_hidden_states_index",
+    "storage_dtype": "bfloat16",
+    "model": {"path": "m", "hidden_size": H, "num_hidden_layers": 8},
+}
 
 
 def make(path, sizes=((0, 5), (3, 17), (7, 40), (8, 1), (9, 6)), manifest=MANIFEST, data=None):
-    w = DatasetWriter(str(path), manifest, COMPAT, layers=LAYERS, hidden_size=H,
-                      shard_bytes=1000)
+    w = DatasetWriter(str(path), manifest, COMPAT, layers=LAYERS, hidden_size=H, shard_bytes=1000)
     for sid, n in sizes:
         assert w.add(sid, *(data[sid] if data else sample(sid, n)))
     w.close()
@@ -29,11 +32,13 @@ def make(path, sizes=((0, 5), (3, 17), (7, 40), (8, 1), (9, 6)), manifest=MANIFE
 
 def view(path):
     """The commit records as {"samples": {"sid": shard}, "shards": {shard: record}}."""
-    from hsdump import commits
+    from hsdump.store import commits
 
     c = commits.load(path)
-    return {"samples": {str(k): v for k, v in c.samples.items()},
-            "shards": {k: {**v, "samples": len(v["ids"])} for k, v in c.shards.items()}}
+    return {
+        "samples": {str(k): v for k, v in c.samples.items()},
+        "shards": {k: {**v, "samples": len(v["ids"])} for k, v in c.shards.items()},
+    }
 
 
 def edit_index(path, fn):
@@ -118,8 +123,10 @@ def test_truncated_shard_is_named(ds):
     p.write_bytes(p.read_bytes()[: p.stat().st_size // 2])
     r = verify(out)
     mine = [x.what for x in r.problems if x.where == name]
-    assert any("truncated" in w and f"the index records {index['shards'][name]['bytes']}" in w
-               for w in mine)
+    assert any(
+        "truncated" in w and f"the index records {index['shards'][name]['bytes']}" in w
+        for w in mine
+    )
     assert any("sha256 mismatch" in w for w in mine)
     assert any("header is unusable" in w or "cannot open" in w for w in mine)
     assert not verify(out, quick=True).ok
@@ -132,8 +139,10 @@ def test_deleted_shard_is_named(ds):
     (out / name).unlink()
     r = verify(out)
     assert f"{name}: missing: listed in the index but not on disk" in lines(r)
-    assert any(p.where == name and "samples (0" in p.what and "cannot be read" in p.what
-               for p in r.problems)
+    assert any(
+        p.where == name and "samples (0" in p.what and "cannot be read" in p.what
+        for p in r.problems
+    )
     assert main([str(out), "--quick"]) == 1
 
 
@@ -156,7 +165,8 @@ def test_loss_mask_and_wrong_shape_are_named(tmp_path):
     make(out, sizes=[(1, 4)], data={1: (ids, [0, 2, 1, 1], hs)})
     assert lines(verify(out, quick=True)) == [
         "shards/main/0000/main-000000.safetensors: 1/loss_mask: values outside {0, 1} (first at "
-        "position 1: 2)"]
+        "position 1: 2)"
+    ]
     out2 = tmp_path / "ds2"
     make(out2, sizes=[(1, 4)], manifest={**MANIFEST, "model": {"hidden_size": 16}})
     r = verify(out2, quick=True)
@@ -170,42 +180,60 @@ def test_index_entry_for_a_sample_absent_from_its_shard(ds):
     def add99(idx):  # one more sample id in `name`'s record
         sh, sa = idx["shards"], idx["samples"]
         k = sh["path"].index(name)
-        end = sum(sh["count"][:k + 1])
+        end = sum(sh["count"][: k + 1])
         sh["count"][k] += 1
         for col, v in (("id", 99), ("length", 4), ("masked", 2)):
             sa[col].insert(end, v)
+
     edit_index(out, add99)
     r = verify(out)
-    assert lines(r) == [f"{name}: sample 99: absent from its shard: the index lists it but the "
-                        "shard holds none of its tensors"]
+    assert lines(r) == [
+        f"{name}: sample 99: absent from its shard: the index lists it but the "
+        "shard holds none of its tensors"
+    ]
     assert r.samples_listed == 6 and r.samples_checked == r.samples_ok == 5
 
 
 def test_v1_index_sample_in_an_unlisted_shard(tmp_path):
     out = tmp_path / "v1"
-    hand_built(out, {"shard-00000.safetensors": {
-        "0/input_ids": torch.zeros(2, dtype=torch.int64),
-        "0/loss_mask": torch.ones(2, dtype=torch.int64),
-        **{f"0/hidden_states/{j}": torch.zeros(2, H, dtype=torch.bfloat16) for j in range(3)}}},
-        MANIFEST)
+    hand_built(
+        out,
+        {
+            "shard-00000.safetensors": {
+                "0/input_ids": torch.zeros(2, dtype=torch.int64),
+                "0/loss_mask": torch.ones(2, dtype=torch.int64),
+                **{
+                    f"0/hidden_states/{j}": torch.zeros(2, H, dtype=torch.bfloat16)
+                    for j in range(3)
+                },
+            }
+        },
+        MANIFEST,
+    )
     assert verify(out).ok
     idx = json.loads((out / "index.json").read_text())
     idx["samples"]["0"] = "shard-00042.safetensors"
     (out / "index.json").write_text(json.dumps(idx))
     problems = lines(verify(out, quick=True))
-    assert any(p.startswith("sample 0: index.json places it in 'shard-00042.safetensors'")
-               for p in problems)
+    assert any(
+        p.startswith("sample 0: index.json places it in 'shard-00042.safetensors'")
+        for p in problems
+    )
 
 
 def test_record_outside_the_dataset_folder_is_refused(ds):
     out, index = ds
     with open(out / "commits" / "main.jsonl", "a") as f:
-        f.write(json.dumps({"shard": "../elsewhere.safetensors", "bytes": 1, "sha256": "0",
-                            "ids": [50]}) + "\n")
+        f.write(
+            json.dumps(
+                {"shard": "../elsewhere.safetensors", "bytes": 1, "sha256": "0", "ids": [50]}
+            )
+            + "\n"
+        )
     r = verify(out, quick=True)
     assert [p.what for p in r.problems] == [
-        "shard path '../elsewhere.safetensors' is not a .safetensors path inside the dataset "
-        "folder"]
+        "shard path '../elsewhere.safetensors' is not a .safetensors path inside the dataset folder"
+    ]
     assert r.problems[0].where.startswith("commits/main.jsonl byte ")
 
 
@@ -219,18 +247,44 @@ def test_duplicate_sample_in_two_shards(ds, tmp_path):
     shutil.copy(other / src, out / dup)
     data = (out / dup).read_bytes()
     with open(out / "commits" / "extra.jsonl", "w") as f:  # a second writer's log
-        f.write(json.dumps({"shard": dup, "bytes": len(data), "ids": [10], "lengths": [3],
-                            "masked": [2], "sha256": hashlib.sha256(data).hexdigest()}) + "\n")
+        f.write(
+            json.dumps(
+                {
+                    "shard": dup,
+                    "bytes": len(data),
+                    "ids": [10],
+                    "lengths": [3],
+                    "masked": [2],
+                    "sha256": hashlib.sha256(data).hexdigest(),
+                }
+            )
+            + "\n"
+        )
     r = verify(out)
-    assert lines(r) == [f"{dup}: holds tensors of sample 0, which the index places in "
-                        f"{index['samples']['0']} (duplicate sample in two shards)"]
+    assert lines(r) == [
+        f"{dup}: holds tensors of sample 0, which the index places in "
+        f"{index['samples']['0']} (duplicate sample in two shards)"
+    ]
     assert r.samples_ok == 6
     # the same sample committed by two records
     with open(out / "commits" / "extra.jsonl", "a") as f:
-        f.write(json.dumps({"shard": dup + "x.safetensors", "bytes": 1, "sha256": "0",
-                            "ids": [10], "lengths": [3], "masked": [2]}) + "\n")
-    assert any(p.startswith(f"sample 10: committed in {dup} and again in ") and
-               "(duplicate sample)" in p for p in lines(verify(out, quick=True)))
+        f.write(
+            json.dumps(
+                {
+                    "shard": dup + "x.safetensors",
+                    "bytes": 1,
+                    "sha256": "0",
+                    "ids": [10],
+                    "lengths": [3],
+                    "masked": [2],
+                }
+            )
+            + "\n"
+        )
+    assert any(
+        p.startswith(f"sample 10: committed in {dup} and again in ") and "(duplicate sample)" in p
+        for p in lines(verify(out, quick=True))
+    )
 
 
 def test_torn_record_is_info_and_a_corrupt_one_a_problem(ds):
@@ -239,17 +293,21 @@ def test_torn_record_is_info_and_a_corrupt_one_a_problem(ds):
     with open(log, "ab") as f:
         f.write(b'{"shard":"shards/main/0000/main-0000')  # a crash in the middle of a commit
     r = verify(out)
-    assert r.ok and (f"commits/main.jsonl", "a torn last record of 36 bytes (a crash during a "
-                     "commit; ignored, and cut when that writer resumes)") in \
-        {(p.where, p.what) for p in r.info}
+    assert r.ok and (
+        "commits/main.jsonl",
+        "a torn last record of 36 bytes (a crash during a "
+        "commit; ignored, and cut when that writer resumes)",
+    ) in {(p.where, p.what) for p in r.info}
     (out / "index.json").unlink()  # the log alone holds the dataset
     text = log.read_bytes()
     lines_ = text.split(b"\n")
     lines_[1] = b"#" + lines_[1][1:]  # a damaged record in the middle
     log.write_bytes(b"\n".join(lines_))
     r = verify(out, quick=True)
-    assert any(p.where == "commits/main.jsonl" and "a record that does not parse at byte" in p.what
-               for p in r.problems)
+    assert any(
+        p.where == "commits/main.jsonl" and "a record that does not parse at byte" in p.what
+        for p in r.problems
+    )
 
 
 def test_record_lengths_and_masks_must_match_the_shard(ds):
@@ -261,6 +319,7 @@ def test_record_lengths_and_masks_must_match_the_shard(ds):
         k = sa["id"].index(7)
         sa["length"][k] += 1
         sa["masked"][k] -= 1
+
     edit_index(out, lie)
     got = lines(verify(out, quick=True))
     assert f"{name}: sample 7: commit record says 41 tokens, the shard holds [40]" in got
@@ -276,9 +335,11 @@ def test_unlisted_garbage_is_info_not_failure(ds, capsys):
     r = verify(out)
     assert r.ok
     assert {(p.where, p.what) for p in r.info} == {
-        ("shard-00077.safetensors", UNLISTED), ("index.json.tmp.55", UNLISTED),
+        ("shard-00077.safetensors", UNLISTED),
+        ("index.json.tmp.55", UNLISTED),
         ("shards/main/0000/main-000077.safetensors", UNLISTED),
-        ("shards/main/0000/main-000078.safetensors.tmp.h.1.2", UNLISTED)}
+        ("shards/main/0000/main-000078.safetensors.tmp.h.1.2", UNLISTED),
+    }
     assert main([str(out)]) == 0
     assert f"info    shard-00077.safetensors: {UNLISTED}" in capsys.readouterr().out
 
@@ -297,23 +358,34 @@ def hand_built(path, shards, manifest):
     from safetensors.torch import save
 
     path.mkdir()
-    index = {"format": manifest["format"], "format_version": 1, "samples": {}, "shards": {},
-             "skipped": {}}
-    meta = {"format": manifest["format"], "format_version": "1",
-            "layers": json.dumps(manifest["layers"])}
+    index = {
+        "format": manifest["format"],
+        "format_version": 1,
+        "samples": {},
+        "shards": {},
+        "skipped": {},
+    }
+    meta = {
+        "format": manifest["format"],
+        "format_version": "1",
+        "layers": json.dumps(manifest["layers"]),
+    }
     for name, tensors in shards.items():
         data = save(tensors, metadata=meta)
         (path / name).write_bytes(data)
         sids = sorted({int(k.split("/")[0]) for k in tensors})
-        index["shards"][name] = {"bytes": len(data), "samples": len(sids),
-                                 "sha256": hashlib.sha256(data).hexdigest()}
+        index["shards"][name] = {
+            "bytes": len(data),
+            "samples": len(sids),
+            "sha256": hashlib.sha256(data).hexdigest(),
+        }
         index["samples"].update({str(sid): name for sid in sids})
     (path / "index.json").write_text(json.dumps(index))
     (path / "manifest.json").write_text(json.dumps(manifest))
 
 
 def test_fp8_storage_and_final_states(tmp_path):
-    from hsdump import fp8
+    from hsdump.store import fp8
 
     tensors = {}
     for sid, n in [(0, 4), (1, 6)]:
@@ -339,7 +411,8 @@ def test_fp8_storage_and_final_states(tmp_path):
     assert lines(verify(tmp_path / "bad")) == [
         f"{name}: 0/hidden_states/2/scale: missing",
         f"{name}: sample 1: has final-layer states [], but sample 0 has ['pre_norm']",
-        f"{name}: 1/hidden_states/0/scale: 1 non-finite or non-positive scales, first in row 2"]
+        f"{name}: 1/hidden_states/0/scale: 1 non-finite or non-positive scales, first in row 2",
+    ]
     # unscaled storage: the scales are unexpected and the dtype is wrong
     (tmp_path / "ok" / "manifest.json").write_text(json.dumps(MANIFEST))
     r = verify(tmp_path / "ok", quick=True)
@@ -348,12 +421,14 @@ def test_fp8_storage_and_final_states(tmp_path):
 
 
 def test_retokenize(tmp_path, tiny_llama, monkeypatch):
-    import hsdump.data
     from hsdump.config import Config, DatasetConfig, ModelConfig, OutputConfig
-    from hsdump.data import load_rows, template_sha256, tokenize_dataset
+    from hsdump.corpus import tokenizer
+    from hsdump.corpus.chat import template_sha256
+    from hsdump.corpus.sources import load_rows
+    from hsdump.corpus.tokenization import tokenize_dataset
 
     # the tokenizer is loaded once (slow), then handed to verify's own load_tokenizer calls
-    real, loaded = hsdump.data.load_tokenizer, {}
+    real, loaded = tokenizer.load_tokenizer, {}
 
     def load_tokenizer(model, path):
         key = (repr(model), path)
@@ -361,23 +436,36 @@ def test_retokenize(tmp_path, tiny_llama, monkeypatch):
             loaded[key] = real(model, path)
         return loaded[key]
 
-    monkeypatch.setattr(hsdump.data, "load_tokenizer", load_tokenizer)
+    monkeypatch.setattr(tokenizer, "load_tokenizer", load_tokenizer)
 
     src = tmp_path / "chat.jsonl"
-    convs = [[{"from": "human", "value": f"Question {i}?"},
-              {"from": "gpt", "value": f"Answer number {i}."}] for i in range(3)]
+    convs = [
+        [
+            {"from": "human", "value": f"Question {i}?"},
+            {"from": "gpt", "value": f"Answer number {i}."},
+        ]
+        for i in range(3)
+    ]
     src.write_text("".join(json.dumps({"conversations": c}) + "\n" for c in convs))
     out = tmp_path / "ds"
-    cfg = Config(model=ModelConfig(path="tiny:llama"), dataset=DatasetConfig(path=str(src)),
-                 output=OutputConfig(dir=str(out)))
+    cfg = Config(
+        model=ModelConfig(path="tiny:llama"),
+        dataset=DatasetConfig(path=str(src)),
+        output=OutputConfig(dir=str(out)),
+    )
     tok = load_tokenizer(cfg.model, tiny_llama)
     t = tokenize_dataset(load_rows(cfg.dataset), tok, cfg.dataset)
     assert t.ids == [0, 1, 2]
     g = torch.Generator().manual_seed(0)
-    data = {sid: (ids, mask, [torch.randn(len(ids), H, generator=g) for _ in LAYERS])
-            for sid, ids, mask in zip(t.ids, t.input_ids, t.loss_mask)}
-    manifest = {**MANIFEST, "config": dataclasses.asdict(cfg),
-                "tokenizer": {"path": tiny_llama, "chat_template_sha256": template_sha256(tok)}}
+    data = {
+        sid: (ids, mask, [torch.randn(len(ids), H, generator=g) for _ in LAYERS])
+        for sid, ids, mask in zip(t.ids, t.input_ids, t.loss_mask)
+    }
+    manifest = {
+        **MANIFEST,
+        "config": dataclasses.asdict(cfg),
+        "tokenizer": {"path": tiny_llama, "chat_template_sha256": template_sha256(tok)},
+    }
     make(out, sizes=[(sid, 0) for sid in t.ids], manifest=manifest, data=data)
 
     r = verify(out, retokenize=True)
@@ -390,8 +478,10 @@ def test_retokenize(tmp_path, tiny_llama, monkeypatch):
     stored = t.input_ids[1][3]
     patch(out / name, off + 8 * 3, (stored + 1).to_bytes(8, "little"))
     r = verify(out, retokenize=True, quick=True)
-    assert lines(r) == ["sample 1: --retokenize: input_ids differ from a fresh tokenization of "
-                        f"row 1 at position 3 (stored {stored + 1}, fresh {stored})"]
+    assert lines(r) == [
+        "sample 1: --retokenize: input_ids differ from a fresh tokenization of "
+        f"row 1 at position 3 (stored {stored + 1}, fresh {stored})"
+    ]
     assert r.samples_retokenized == 2
     assert verify(out, quick=True).ok  # only re-tokenizing can see this one
     assert len(loaded) == 1  # verify asked for the very tokenizer the data was made with
@@ -409,4 +499,5 @@ def test_regenerated_conversations_are_checked(tmp_path):
     assert bad != data
     (out / name).write_bytes(bad)
     assert lines(verify(out, quick=True)) == [
-        f"{name}: __metadata__ conversations name samples ['7'] that the shard does not hold"]
+        f"{name}: __metadata__ conversations name samples ['7'] that the shard does not hold"
+    ]

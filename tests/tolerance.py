@@ -28,7 +28,7 @@ weights; the scale of what bf16 costs is transformers' own bf16 forward on the s
        request).
    Per-prompt ratios are not used: in an MoE a near-tied router flips experts for a few tokens
    in either bf16 run, so on the H200 one 33-token prompt had 0.040 (SGLang) against 0.0078
-   (HF bf16) while the other prompts had HF bf16 at or above SGLang. See BENCHMARKS.md.
+   (HF bf16) while the other prompts had HF bf16 at or above SGLang. See docs/performance.md, "Fidelity on the GPU".
 
 3. Final states (capture.final; tests/test_families.py): pre_norm / post_norm through the last
    layer and the final norm <= PER_SAMPLE_FACTOR * the last layer's scale + FINAL_EPS (the MoE
@@ -82,31 +82,52 @@ def final_state_ok(err: float, last_layer_scale: float) -> bool:
     return err <= PER_SAMPLE_FACTOR * last_layer_scale + FINAL_EPS
 
 
-def moe_layer_failures(k, errs: Sequence[float], ref: Sequence[float],
-                       prompt_lens: Sequence[int], factor: float = TOL_FACTOR,
-                       mean_factor: float = TOL_MEAN_FACTOR, eps: float = TOL_EPS) -> List[str]:
+def moe_layer_failures(
+    k,
+    errs: Sequence[float],
+    ref: Sequence[float],
+    prompt_lens: Sequence[int],
+    factor: float = TOL_FACTOR,
+    mean_factor: float = TOL_MEAN_FACTOR,
+    eps: float = TOL_EPS,
+) -> List[str]:
     """Rule 2 at one layer: `errs` SGLang's errors per prompt, `ref` HF-bf16's; [] passes."""
     bad = []
     m_sgl, m_ref = sum(errs) / len(errs), sum(ref) / len(ref)
     if not m_sgl <= mean_factor * m_ref + eps:
-        bad.append(f"layer {k}: mean sglang err {m_sgl:.4f} > {mean_factor} * mean "
-                   f"hf-bf16 err {m_ref:.4f} + {eps}")
+        bad.append(
+            f"layer {k}: mean sglang err {m_sgl:.4f} > {mean_factor} * mean "
+            f"hf-bf16 err {m_ref:.4f} + {eps}"
+        )
     for p, e in enumerate(errs):
         if not e <= factor * max(ref) + eps:
-            bad.append(f"layer {k}, prompt {p} (len {prompt_lens[p]}): sglang err "
-                       f"{e:.4f} > {factor} * max hf-bf16 err {max(ref):.4f} + {eps}")
+            bad.append(
+                f"layer {k}, prompt {p} (len {prompt_lens[p]}): sglang err "
+                f"{e:.4f} > {factor} * max hf-bf16 err {max(ref):.4f} + {eps}"
+            )
     return bad
 
 
-def tolerance_failures(res: Dict, factor: float = TOL_FACTOR,
-                       mean_factor: float = TOL_MEAN_FACTOR, eps: float = TOL_EPS) -> List[str]:
+def tolerance_failures(
+    res: Dict,
+    factor: float = TOL_FACTOR,
+    mean_factor: float = TOL_MEAN_FACTOR,
+    eps: float = TOL_EPS,
+) -> List[str]:
     """Rule 2 over a result {"sglang_vs_hf_fp32": {layer: [err per prompt]},
     "hf_bf16_vs_hf_fp32": {layer: [...]}, "prompt_lens": [...], "problems": [...]}; an empty
     list means the case passes."""
     bad = list(res.get("problems", []))
     for k, errs in res.get("sglang_vs_hf_fp32", {}).items():
-        bad += moe_layer_failures(k, errs, res["hf_bf16_vs_hf_fp32"][k],
-                                  res.get("prompt_lens", []), factor, mean_factor, eps)
+        bad += moe_layer_failures(
+            k,
+            errs,
+            res["hf_bf16_vs_hf_fp32"][k],
+            res.get("prompt_lens", []),
+            factor,
+            mean_factor,
+            eps,
+        )
     if not res.get("sglang_vs_hf_fp32"):
         bad.append("nothing was compared")
     return bad

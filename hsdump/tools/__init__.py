@@ -1,0 +1,1 @@
+"""The dataset commands: verify, inspect, export, vocab, preview (each a `main(argv) -> int`)."""

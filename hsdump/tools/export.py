@@ -1,0 +1,417 @@
+"""`python -m hsdump export OUT DEST --to FORMAT`: write an hsdump dataset in a peer's layout.
+
+Formats (layouts read from the peers' own loaders, see docs/trainers.md, "Exports"):
+
+  speculators     speculators 0.5-0.9: DEST/hidden_states/hs_{i}.safetensors with
+                  `hidden_states` [seq, K+1, H] (K captured layers, then the verifier's final
+                  state) and `token_ids` int64 [seq]; DEST itself is an Arrow dataset
+                  (`datasets.save_to_disk`, torch format) with columns input_ids, loss_mask,
+                  seq_len, row i describing hs_{i}; DEST/token_freq.pt is a dict
+                  token id -> count over loss-masked tokens.
+  speculators-v1  speculators 0.3-0.4: DEST/data_{i}.pt = torch.save({"input_ids",
+                  "hidden_states": [K+1 tensors [seq, H]], "loss_mask"}), plus
+                  data_config.json and sample_lengths.json (no .pt besides the samples:
+                  that loader takes every *.pt under DEST as a sample).
+  specforge       SpecForge: DEST/rows_{g}-{g+2000}/data_{i}.ckpt = torch.save({"input_ids"
+                  [seq], "loss_mask" [seq], "aux_hidden_state" [1, seq, K*H],
+                  "hidden_state" [1, seq, H]}), g = i - i % 2000.
+  messages        the conversations a `regenerate.turns` run rewrote with the target model:
+                  DEST/conversations.jsonl, one {"id", "messages"} object per sample (the
+                  messages/ShareGPT-style input of SpecForge, speculators or hsdump itself);
+                  no hidden states.
+
+`i` is the sample's position in hsdump id order (0..n-1, after --min-len/--max-len), because
+speculators pairs Arrow row i with hs_{i}; DEST/hsdump_export.json records the hsdump sample
+id of every position.
+
+The verifier's final state (`--final-state`): speculators applies the verifier's final norm
+itself, so it gets the pre-norm final state; SpecForge stores the post-norm one. A dataset
+without that capture is refused unless `--final-state last-layer` (a stand-in for plumbing
+tests; see hsdump.store.reader.resolve_final_state).
+
+Streaming: one sample at a time (read with pread, not mapped, so nothing stays resident; one
+output file built and written), so memory stays at a few times one sample. Resumable: each file is
+written under a hidden temporary name, fsynced and renamed; a rerun with the same arguments
+skips every final file that exists, and deletes stale temporaries.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Callable, Dict, List, Optional
+
+from hsdump import __version__
+from hsdump.store.commits import read_manifest
+from hsdump.store.files import read_json_object
+
+LAST_LAYER = "last-layer"  # hsdump.store.reader.LAST_LAYER (torch is imported only to export)
+
+FORMATS = ("speculators", "speculators-v1", "specforge", "messages")
+STATE = "hsdump_export.json"
+SPECFORGE_GROUP = 2000
+PREFER = {"speculators": "pre_norm", "speculators-v1": "pre_norm", "specforge": "post_norm"}
+MESSAGES = "conversations.jsonl"
+
+
+def rel_path(fmt: str, i: int) -> str:
+    """Where sample position `i` goes under DEST."""
+    if fmt == "speculators":
+        return f"hidden_states/hs_{i}.safetensors"
+    if fmt == "speculators-v1":
+        return f"data_{i}.pt"
+    if fmt == "specforge":
+        g = i - i % SPECFORGE_GROUP
+        return f"rows_{g}-{g + SPECFORGE_GROUP}/data_{i}.ckpt"
+    raise ValueError(f"unknown format {fmt!r}; use one of {FORMATS}")
+
+
+def _tmp_of(path: Path) -> Path:
+    # a leading dot and a .tmp suffix: no peer loader's file pattern matches it
+    return path.with_name(f".{path.name}.tmp")
+
+
+def _commit(path: Path, write: Callable[[Path], None]) -> int:
+    """`write(tmp)`, fsync, rename to `path`; returns the bytes written."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = _tmp_of(path)
+    write(tmp)
+    fd = os.open(tmp, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    size = tmp.stat().st_size
+    os.replace(tmp, path)
+    return size
+
+
+def _torch_save(obj) -> Callable[[Path], None]:
+    import torch
+
+    return lambda tmp: torch.save(obj, tmp)
+
+
+def _json(obj) -> Callable[[Path], None]:
+    return lambda tmp: tmp.write_text(json.dumps(obj, indent=1) + "\n")
+
+
+# ---------------------------------------------------------------------- per-format records
+def sample_writer(fmt: str, rec: dict, final: Optional[str]) -> Callable[[Path], None]:
+    """A function writing sample `rec` in format `fmt` to a path."""
+    import torch
+
+    from hsdump.store.reader import verifier_state
+
+    hs: List[torch.Tensor] = list(rec["hidden_states"])
+    v = verifier_state(rec, final)
+    if fmt == "speculators":
+        from safetensors.torch import save_file
+
+        stacked = torch.stack(hs + [v], dim=1)  # [seq, K+1, H]
+        ids = rec["input_ids"].to(torch.int64).contiguous()
+        return lambda tmp: save_file({"hidden_states": stacked, "token_ids": ids}, str(tmp))
+    if fmt == "speculators-v1":
+        return _torch_save(
+            {
+                "input_ids": rec["input_ids"],
+                "hidden_states": hs + [v],
+                "loss_mask": rec["loss_mask"],
+            }
+        )
+    if fmt == "specforge":
+        return _torch_save(
+            {
+                "input_ids": rec["input_ids"],
+                "loss_mask": rec["loss_mask"],
+                "aux_hidden_state": torch.cat(hs, dim=-1).unsqueeze(0),
+                "hidden_state": v.contiguous().unsqueeze(0),
+            }
+        )
+    raise ValueError(f"unknown format {fmt!r}")
+
+
+# ---------------------------------------------------------------------- the export
+class ExportError(ValueError):
+    pass
+
+
+def _prepare_dest(dest: Path, state: dict, overwrite: bool) -> None:
+    spath = dest / STATE
+    if spath.exists():
+        try:
+            old = read_json_object(spath)
+        except ValueError as e:
+            if not overwrite:
+                raise ExportError(
+                    f"{e}: {dest} holds an export whose state cannot be read; "
+                    "use --overwrite to start over, or another DEST"
+                ) from None
+            old = {}
+        keys = ("to", "final_state", "layers", "ids")
+        diff = [k for k in keys if old.get(k) != state.get(k)]
+        if diff and not overwrite:
+            what = ", ".join(
+                "ids (the source's samples or the length filter changed)"
+                if k == "ids"
+                else f"{k}: {old.get(k)!r} -> {state.get(k)!r}"
+                for k in diff
+            )
+            raise ExportError(
+                f"{dest} holds a different export ({what}); it cannot resume. "
+                "Use another DEST, or --overwrite to start over."
+            )
+        if diff:
+            shutil.rmtree(dest)
+    elif dest.exists() and any(dest.iterdir()):
+        raise ExportError(
+            f"{dest} is not empty and holds no hsdump export; choose an empty or new folder"
+        )
+    dest.mkdir(parents=True, exist_ok=True)
+    for p in list(dest.rglob(".*.tmp")):  # an interrupted run's half-written files
+        if p.is_dir():
+            shutil.rmtree(p, ignore_errors=True)
+        elif p.exists():
+            p.unlink()
+
+
+def _write_state(dest: Path, state: dict) -> None:
+    _commit(dest / STATE, _json(state))
+
+
+def export(
+    src: str,
+    dest: str,
+    fmt: str,
+    *,
+    final_state: str = "auto",
+    min_len: Optional[int] = None,
+    max_len: Optional[int] = None,
+    overwrite: bool = False,
+    progress: bool = True,
+) -> Dict[str, int]:
+    """Export dataset `src` to `dest` in format `fmt`; returns counts (written, skipped, bytes)."""
+    if fmt not in FORMATS:
+        raise ExportError(f"unknown format {fmt!r}; use one of {', '.join(FORMATS)}")
+    read_manifest(Path(src))  # a folder that is no dataset is refused before torch loads
+    from hsdump.store.reader import HsdumpDataset, resolve_final_state
+
+    ds = HsdumpDataset(src, min_len=min_len, max_len=max_len, mmap=False)
+    if ds.problems:
+        raise ExportError(
+            f"{src}: {len(ds.problems)} damaged commit records (e.g. "
+            f"{': '.join(ds.problems[0])}); an export would silently lack their "
+            f"samples. Run `hsdump verify {src}` for every problem"
+        )
+    if not len(ds):
+        raise ExportError(f"{src}: no sample to export (length filter {min_len}..{max_len})")
+    if fmt == "messages":
+        return export_messages(ds, Path(dest), progress)
+    final = resolve_final_state(ds, final_state, prefer=PREFER[fmt])
+    if final is None:
+        raise ExportError(
+            f"{fmt} needs the verifier's final state: pass --final-state "
+            f"pre_norm, post_norm or {LAST_LAYER}"
+        )
+    dest_p = Path(dest)
+    state = {
+        "tool": "hsdump export",
+        "hsdump_version": __version__,
+        "to": fmt,
+        "source": str(Path(src).resolve()),
+        "final_state": final,
+        "layers": ds.layers,
+        "min_len": min_len,
+        "max_len": max_len,
+        "complete": False,
+        "ids": ds.ids,
+    }
+    _prepare_dest(dest_p, state, overwrite)
+    old = json.loads((dest_p / STATE).read_text()) if (dest_p / STATE).exists() else {}
+    if old.get("complete"):
+        return {"written": 0, "skipped": len(ds), "bytes": 0}
+    _write_state(dest_p, state)
+
+    from tqdm import tqdm
+
+    counts = {"written": 0, "skipped": 0, "bytes": 0}
+    t0 = time.time()
+    bar = tqdm(
+        total=len(ds), unit="sample", desc=f"export {fmt}", disable=not progress, dynamic_ncols=True
+    )
+    try:
+        for i, sid in enumerate(ds.ids):
+            path = dest_p / rel_path(fmt, i)
+            if path.exists():
+                counts["skipped"] += 1
+            else:
+                rec = ds.get(sid)
+                counts["bytes"] += _commit(path, sample_writer(fmt, rec, final))
+                counts["written"] += 1
+                del rec
+            bar.update(1)
+            el = max(time.time() - t0, 1e-9)
+            bar.set_postfix_str(
+                f"{counts['bytes'] / 2**20 / el:,.0f} MiB/s, {counts['skipped']} already done",
+                refresh=False,
+            )
+    finally:
+        bar.close()
+
+    if fmt == "speculators":
+        _write_arrow_and_freq(ds, dest_p)
+    elif fmt == "speculators-v1":
+        lengths = ds.lengths
+        _commit(dest_p / "sample_lengths.json", _json({str(i): n for i, n in enumerate(lengths)}))
+        _commit(
+            dest_p / "data_config.json",
+            _json(
+                {
+                    "format": "speculators-v1",
+                    "source": "hsdump",
+                    "hsdump_source": state["source"],
+                    "layers": ds.layers,
+                    "verifier_state": final,
+                    "hidden_size": ds.hidden_size,
+                    "num_samples": len(ds),
+                    "num_tokens": sum(lengths),
+                }
+            ),
+        )
+    state["complete"] = True
+    _write_state(dest_p, state)
+    return counts
+
+
+def export_messages(ds, dest: Path, progress: bool) -> Dict[str, int]:
+    """DEST/conversations.jsonl: each sample's regenerated conversation, in id order (one
+    shard header read per shard; written under a temporary name, then renamed). A dataset
+    without any is refused before DEST is made."""
+    from tqdm import tqdm
+
+    if not any(
+        "conversations" in (ds.header(name).get("__metadata__") or {}) for name in ds.commits.names
+    ):
+        raise ExportError(
+            f"{ds.path} holds no regenerated conversations (it was extracted "
+            "with regenerate.turns=none: its source dataset has the messages)"
+        )
+
+    missing = 0
+    n = 0
+
+    def write(tmp: Path) -> None:
+        nonlocal missing, n
+        with open(tmp, "w") as f:
+            for sid in tqdm(ds.ids, unit="sample", desc="export messages", disable=not progress):
+                conv = ds.conversation(sid)
+                if conv is None:
+                    missing += 1
+                    continue
+                f.write(json.dumps({"id": sid, "messages": conv}, ensure_ascii=False) + "\n")
+                n += 1
+
+    nbytes = _commit(dest / MESSAGES, write)  # fsyncs and renames
+    if missing == len(ds):
+        (dest / MESSAGES).unlink()
+        raise ExportError(
+            f"{ds.path} holds no regenerated conversations (it was extracted "
+            "with regenerate.turns=none: its source dataset has the messages)"
+        )
+    return {"written": n, "skipped": missing, "bytes": nbytes}
+
+
+def _write_arrow_and_freq(ds, dest: Path) -> None:
+    """The Arrow dataset (row i <-> hs_{i}) and token_freq.pt, from ids and masks only."""
+    import datasets
+
+    datasets.disable_progress_bars()
+    freq: Counter = Counter()
+
+    def rows():
+        for sid in ds.ids:
+            r = ds.get(sid, hidden=False)
+            ids, mask = r["input_ids"], r["loss_mask"]
+            u, c = ids[mask.bool()].unique(return_counts=True)
+            freq.update(dict(zip(u.tolist(), c.tolist())))
+            yield {"input_ids": ids.tolist(), "loss_mask": mask.tolist(), "seq_len": len(ids)}
+
+    features = datasets.Features(
+        {
+            "input_ids": datasets.List(datasets.Value("int64")),
+            "loss_mask": datasets.List(datasets.Value("int64")),
+            "seq_len": datasets.Value("int64"),
+        }
+    )
+    work = dest / ".arrow.tmp"
+    shutil.rmtree(work, ignore_errors=True)
+    try:
+        # a fresh cache folder: no fingerprint can make datasets reuse a stale table
+        table = datasets.Dataset.from_generator(
+            rows, features=features, cache_dir=str(work / "cache")
+        )
+        table.set_format("torch")
+        table.save_to_disk(str(work / "out"))
+        for p in dest.glob("data-*-of-*.arrow"):
+            p.unlink()
+        names = sorted(os.listdir(work / "out"), key=lambda n: n == "state.json")
+        for name in names:  # state.json last: it names the arrow files
+            os.replace(work / "out" / name, dest / name)
+        _commit(dest / "token_freq.pt", _torch_save(dict(freq)))
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+# ---------------------------------------------------------------------- CLI
+def main(argv=None) -> int:
+    from hsdump.command import prog
+
+    p = argparse.ArgumentParser(
+        prog=prog("export"),
+        description="Write an hsdump dataset in a peer trainer's layout (streaming, resumable).",
+    )
+    p.add_argument("out", help="the hsdump dataset (output.dir of an extraction)")
+    p.add_argument("dest", help="where to write the export")
+    p.add_argument("--to", required=True, choices=FORMATS)
+    p.add_argument(
+        "--final-state",
+        default="auto",
+        choices=("auto", "pre_norm", "post_norm", LAST_LAYER),
+        help="what fills the verifier's final-state slot; auto: pre_norm for "
+        "speculators*, post_norm for specforge (refused if not captured); "
+        f"{LAST_LAYER}: the last captured layer as a stand-in (tests only)",
+    )
+    p.add_argument("--min-len", type=int, default=None, help="skip samples shorter than this")
+    p.add_argument("--max-len", type=int, default=None, help="skip samples longer than this")
+    p.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace an export made with other arguments at DEST",
+    )
+    p.add_argument("--no-progress", action="store_true")
+    a = p.parse_args(argv)
+    try:
+        c = export(
+            a.out,
+            a.dest,
+            a.to,
+            final_state=a.final_state,
+            min_len=a.min_len,
+            max_len=a.max_len,
+            overwrite=a.overwrite,
+            progress=not a.no_progress,
+        )
+    except (ValueError, OSError, KeyError) as e:  # ExportError is a ValueError
+        print(f"{prog('export')}: {e}", file=sys.stderr)
+        return 2
+    print(
+        f"exported to {a.dest} ({a.to}): {c['written']} samples written "
+        f"({c['bytes'] / 2**20:,.1f} MiB), {c['skipped']} already there"
+    )
+    return 0
