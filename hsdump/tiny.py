@@ -12,7 +12,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
-TEMPLATES = Path(__file__).with_name("templates")
+TEMPLATES = Path(__file__).parent / "corpus" / "templates"
 
 ARCHS = ("llama", "qwen3")
 

@@ -67,6 +67,11 @@ FAMILIES = (
     ),
 )
 
+LAYER_FLAG_CAPTURE = ("Qwen3_5ForCausalLM", "Qwen3_5MoeForCausalLM")
+"""Classes SGLang 0.5.17 gives no `set_eagle3_layers_to_capture`, though their decoder stack
+records the stream entering every layer flagged `_is_layer_to_capture` and the model hands those
+rows on to its logits processor: hsdump sets the flags itself (hsdump.capture.patch)."""
+
 _BY_ARCH: Dict[str, Family] = {a: f for f in FAMILIES for a in f.architectures}
 
 

@@ -214,14 +214,18 @@ def _install_patch(spec: dict) -> None:
         if getattr(self, "is_draft_worker", False):
             return out
         model = self.model
-        if not hasattr(model, "set_eagle3_layers_to_capture"):
-            raise RuntimeError(f"hsdump: {type(model).__name__} has no EAGLE-3 aux capture")
-        model.set_eagle3_layers_to_capture([k - 1 for k in layers])
         stack = decoder_stack(model)
+        # a stack that captures through per-layer flags (Qwen3.5) gets them from the same list:
+        # SGLang 0.5.17's wrapper setter leaves them unset, and its text class has no setter
+        flags = hasattr(stack, "set_eagle3_layers_to_capture") or hasattr(
+            stack, "set_dflash_layers_to_capture"
+        )
+        if hasattr(model, "set_eagle3_layers_to_capture"):
+            model.set_eagle3_layers_to_capture([k - 1 for k in layers])
+        elif not flags:
+            raise RuntimeError(f"hsdump: {type(model).__name__} has no EAGLE-3 aux capture")
         stack.layers_to_capture = list(layers)  # entry i = stream entering layer i = HF hs[i]
-        if hasattr(stack, "set_eagle3_layers_to_capture"):
-            # a stack that captures through per-layer flags (Qwen3.5) gets them from the same
-            # list: SGLang 0.5.17's wrapper setter leaves them unset (unverified family)
+        if flags:
             for i, layer in enumerate(stack.layers):
                 layer._is_layer_to_capture = i in layers
         if spec.get("tap_input_norm"):

@@ -9,6 +9,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import TYPE_CHECKING, List, Optional, Sequence
 
+from hsdump.capture.families import LAYER_FLAG_CAPTURE
 from hsdump.capture.layers import ModelInfo
 from hsdump.capture.nodes import (
     KEY_FILE,
@@ -64,7 +65,9 @@ def check_supported(info: ModelInfo, engine_cfg: "EngineConfig", model_cfg: "Mod
         cls, _ = ModelRegistry.resolve_model_cls([info.architecture])
     except Exception as e:  # SGLang raises ValueError with its own list
         raise ValueError(f"SGLang has no model class for {info.architecture}: {e}") from e
-    if not hasattr(cls, "set_eagle3_layers_to_capture"):
+    if not hasattr(cls, "set_eagle3_layers_to_capture") and info.architecture not in (
+        LAYER_FLAG_CAPTURE
+    ):
         raise ValueError(
             f"{info.architecture} ({cls.__name__}) has no EAGLE-3 aux capture in "
             f"sglang {version}; hsdump cannot capture its layers. The classes "

@@ -49,7 +49,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 EXTRACT = ROOT / "extract.py"  # a checkout; an installed hsdump runs `python -m hsdump extract`
 PROG = "python -m hsdump ray"
 TAIL_LINES = 40
