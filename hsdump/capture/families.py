@@ -55,6 +55,16 @@ FAMILIES = (
     ),
     Family("Qwen3-Next", ("Qwen3NextForCausalLM",), GPU_PROBE + ", MoE rule"),
     Family(
+        "Qwen3.5",
+        ("Qwen3_5ForCausalLM", "Qwen3_5ForConditionalGeneration"),
+        GPU_PROBE + ", per-layer flags",
+    ),
+    Family(
+        "Qwen3.5-MoE",
+        ("Qwen3_5MoeForCausalLM", "Qwen3_5MoeForConditionalGeneration"),
+        GPU_PROBE + ", per-layer flags",
+    ),
+    Family(
         "Gemma-3",
         ("Gemma3ForCausalLM", "Gemma3ForConditionalGeneration"),
         CPU_TEST + "; " + GPU_PROBE,

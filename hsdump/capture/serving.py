@@ -65,9 +65,8 @@ def check_supported(info: ModelInfo, engine_cfg: "EngineConfig", model_cfg: "Mod
         cls, _ = ModelRegistry.resolve_model_cls([info.architecture])
     except Exception as e:  # SGLang raises ValueError with its own list
         raise ValueError(f"SGLang has no model class for {info.architecture}: {e}") from e
-    if not hasattr(cls, "set_eagle3_layers_to_capture") and info.architecture not in (
-        LAYER_FLAG_CAPTURE
-    ):
+    # by the class SGLang resolved (its transformers fallback class is no flag-capture class)
+    if not hasattr(cls, "set_eagle3_layers_to_capture") and cls.__name__ not in LAYER_FLAG_CAPTURE:
         raise ValueError(
             f"{info.architecture} ({cls.__name__}) has no EAGLE-3 aux capture in "
             f"sglang {version}; hsdump cannot capture its layers. The classes "
