@@ -42,6 +42,7 @@ from hsdump.store.layout import (
     ID_LIMIT,
     INDEX,
     LINE_LIMIT,
+    LOCK,
     LOG_DIR,
     LOG_SUFFIX,
     MANIFEST,
@@ -608,7 +609,7 @@ def dataset_lock(d: Path, wait: bool = True):
     """The folder's `.lock` (taken to create or check manifest.json, to compact and to replace
     a regenerated dataset's token_freq.json, never while committing). Yields False, without
     the lock, if `wait` is off and it is taken."""
-    with open(Path(d) / ".lock", "a") as f:
+    with open(Path(d) / LOCK, "a") as f:
         try:
             fcntl.flock(f, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
         except BlockingIOError:

@@ -60,6 +60,10 @@ FINAL_KINDS = ("pre_norm", "post_norm")
 output before the model's final norm, `{i}/final/post_norm` after it."""
 
 
+LAST_LAYER = "last-layer"
+"""A reader's stand-in for a final state that was not captured: the last captured layer."""
+
+
 def final_name(sid: int, kind: str) -> str:
     return f"{sid}/final/{kind}"
 

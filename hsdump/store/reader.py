@@ -32,14 +32,13 @@ from hsdump.store.files import open_inside, parse_json, real_file
 from hsdump.store.layout import (
     FINAL_KINDS,
     FORMAT,
+    LAST_LAYER,
     MAX_LAYERS,
     TORCH_NAME,
     final_name,
     read_header,
     torch_dtype,
 )
-
-LAST_LAYER = "last-layer"  # stand-in for a final state that was not captured (see v1_record)
 
 
 def read_safetensors_header(path, root=None) -> dict:

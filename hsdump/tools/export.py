@@ -50,8 +50,7 @@ from typing import Callable, Dict, List, Optional
 from hsdump import __version__
 from hsdump.store.commits import read_manifest
 from hsdump.store.files import read_json_object
-
-LAST_LAYER = "last-layer"  # hsdump.store.reader.LAST_LAYER (torch is imported only to export)
+from hsdump.store.layout import FINAL_KINDS, LAST_LAYER
 
 FORMATS = ("speculators", "speculators-v1", "specforge", "messages")
 STATE = "hsdump_export.json"
@@ -382,7 +381,7 @@ def main(argv=None) -> int:
     p.add_argument(
         "--final-state",
         default="auto",
-        choices=("auto", "pre_norm", "post_norm", LAST_LAYER),
+        choices=("auto", *FINAL_KINDS, LAST_LAYER),
         help="what fills the verifier's final-state slot; auto: pre_norm for "
         "speculators*, post_norm for specforge (refused if not captured); "
         f"{LAST_LAYER}: the last captured layer as a stand-in (tests only)",

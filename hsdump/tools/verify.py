@@ -214,7 +214,11 @@ def _check_manifest(m: dict, r: Report) -> Tuple[Optional[List[int]], Optional[i
     sd = m.get("storage_dtype")
     fp8_names = _fp8().STORAGE_ALIASES
     stored = {name: ST_CODE[name] for name in STORAGE.values()}
-    st = ("F8_E4M3" if sd in fp8_names else stored.get(sd)) if isinstance(sd, str) else None
+    st = (
+        (ST_CODE[STORAGE["fp8"]] if sd in fp8_names else stored.get(sd))
+        if isinstance(sd, str)
+        else None
+    )
     if st is None:
         r.problem(
             MANIFEST,
