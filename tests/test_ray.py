@@ -228,6 +228,13 @@ def test_two_ray_jobs_write_one_dataset_one_killed_and_rerun_by_ray(cluster, tmp
     # (job 0 ran once, unless something else failed it: then Ray re-ran it too, as it should)
     assert re.search(r"^job 0/2: ok after \d attempt", report, re.M), report
     assert re.search(r"^job 1/2: ok after [2-4] attempt", report, re.M), report
+    # each line carries the job's summary, read from the JSON it wrote (HSDUMP_SUMMARY)
+    assert re.search(
+        r"^job 1/2: ok after .*\| samples written: \d+, already committed before this run: "
+        r"\d+ \| wall time: [\d.]+ s",
+        report,
+        re.M,
+    ), report
     assert re.search(
         r"^job 1/2: .*\n +attempt 1 on \S+: killed by SIGKILL after \d+ s; "
         r"attempt 2 on \S+: ok",
