@@ -70,7 +70,7 @@ def test_ids_masks_and_states_are_those_of_the_stored_conversation(regenerated, 
 
     ds = HsdumpDataset(str(out))
     assert len(ds) == 5
-    from hsdump.corpus.formats import _record, row_to_sample
+    from hsdump.corpus.formats import dataset_record, row_to_sample
     from hsdump.corpus.sources import load_rows
 
     rows = load_rows(
@@ -83,7 +83,7 @@ def test_ids_masks_and_states_are_those_of_the_stored_conversation(regenerated, 
         # exactly the template applied to the stored (regenerated) conversation
         assert (ids, mask) == tokenize_conversation(tok, conv)
         # the source conversation's own answers were replaced, every one of them
-        src, _ = row_to_sample(_record(rows[sid]), "sharegpt", "conversations")
+        src, _ = row_to_sample(dataset_record(rows[sid]), "sharegpt", "conversations")
         assert [m["role"] for m in conv] == [m["role"] for m in src]
         assert all(
             a["content"] != b["content"] for a, b in zip(conv, src) if a["role"] == "assistant"
