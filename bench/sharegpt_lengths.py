@@ -42,7 +42,9 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
 
     from hsdump.config import ModelConfig
-    from hsdump.data import load_rows, load_tokenizer, tokenize_dataset
+    from hsdump.corpus.sources import load_rows
+    from hsdump.corpus.tokenization import tokenize_dataset
+    from hsdump.corpus.tokenizer import load_tokenizer
     from hsdump.tools.preview import compose_config
 
     cfg = compose_config(
