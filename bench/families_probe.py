@@ -358,8 +358,13 @@ def main(argv=None) -> int:
         "and layer",
         "results": {},
     }
-    if args.merge and out.exists():
-        report["results"] = json.loads(out.read_text()).get("results", {})
+    if args.merge and out.exists():  # the other families' results and the file's other keys
+        kept = json.loads(out.read_text())
+        report = {
+            **kept,
+            **{k: v for k, v in report.items() if k != "results"},
+            "results": kept.get("results", {}),
+        }
     if args.relabel:
         report = json.loads(out.read_text())
         for name, r in report["results"].items():
