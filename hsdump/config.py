@@ -184,8 +184,18 @@ class RegenerateConfig:
         return key
 
 
+ENGINE_KINDS = ("sglang", "dry")
+
+
 @dataclass
 class EngineConfig:
+    kind: str = "sglang"
+    """sglang: SGLang captures the model's hidden states. dry (`engine=dry`): no SGLang, no GPU;
+    rows of the model's real shapes computed from the token ids (hsdump.capture.dry), to check
+    a launch, the sharding, the disk estimate, resume and `verify` first. A dry dataset says
+    so in its manifest, and `hsdump export` and the loader refuse it unless asked."""
+    dry_tokens_per_s: float = 0.0
+    """engine=dry only: tokens per second it pretends to prefill (0: as fast as it can)."""
     device: str = "cuda"
     attention_backend: Optional[str] = None
     sampling_backend: Optional[str] = None
@@ -233,6 +243,11 @@ class EngineConfig:
     """Further `sglang.Engine` keyword arguments, passed through unchanged."""
 
     def __post_init__(self) -> None:
+        if self.kind not in ENGINE_KINDS:
+            raise ValueError(
+                f"engine.kind={self.kind!r}: use one of {', '.join(ENGINE_KINDS)} "
+                "(engine=dry checks a run without SGLang)"
+            )
         if self.inflight_tokens < 1:
             raise ValueError("engine.inflight_tokens must be >= 1")
         for key in ("nnodes", "node_rank", "dist_init_addr"):

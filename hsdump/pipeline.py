@@ -25,6 +25,8 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional
 
 from hsdump import __version__
+from hsdump.capture.base import Engine, EngineDied
+from hsdump.capture.dry import KIND as DRY
 from hsdump.capture.families import Family, check_verified
 from hsdump.capture.layers import CONVENTION, ModelInfo, read_model_info, resolve_layers
 from hsdump.capture.nodes import NodeLayout, find_layout
@@ -358,6 +360,9 @@ def follow_node(cfg: Config, model: Model, layout, t0: float) -> Summary:
         layout.origin,
         layout.dist_init_addr,
     )
+    if cfg.engine.kind == DRY:
+        log.info("engine=dry: node %d has no engine share to run", layout.node_rank)
+        return Summary(out_dir=cfg.output.dir, layers=model.layers, wall_s=time.time() - t0)
     with sglang_output(sglang_verbose(cfg.engine.log_level)):
         from hsdump.capture.engine import follow  # the sglang import happens only now
 
@@ -452,9 +457,12 @@ def dataset_keys(cfg: Config, model: Model, corpus: Corpus, resolved_config: Opt
     }
     if cfg.regenerate.enabled:  # absent when off: older datasets still resume
         compat["regenerate"] = cfg.regenerate.key()
+    if cfg.engine.kind == DRY:  # a real run never resumes (mixes its rows into) a dry dataset
+        compat["engine"] = DRY
     manifest = {
         "format": FORMAT,
         "format_version": VERSION,
+        "engine": cfg.engine.kind,
         "versions": _versions(),
         "hsdump_version": __version__,
         "sglang_version": _versions()["sglang"],
@@ -552,27 +560,38 @@ def open_dataset(
     return job
 
 
-def start_engine(cfg: Config, model: Model, job: Job):
-    """SGLang's engine with the capture patch; its own output hidden unless asked for."""
+def start_engine(cfg: Config, model: Model, job: Job) -> Engine:
+    """SGLang's engine with the capture patch, its own output hidden unless asked for; or, with
+    engine=dry, hsdump.capture.dry's engine (no SGLang)."""
     verbose = sglang_verbose(cfg.engine.log_level)
     engine_cfg = dataclasses.replace(
         cfg.engine,
         inflight_tokens=job.inflight,
         log_level=cfg.engine.log_level if verbose else "error",
     )
-    log.info(
-        "engine: starting SGLang %s on %s, tp_size %d%s",
-        _versions()["sglang"],
-        cfg.engine.device,
-        cfg.model.tp_size,
-        "" if verbose else " (its own log: engine.log_level=info)",
-    )
+    dry = cfg.engine.kind == DRY
+    if dry:
+        log.info(
+            "engine: dry (engine=dry): no SGLang; the rows are a function of the token ids, not "
+            "the model's hidden states (export and the loader refuse them unless asked)"
+        )
+    else:
+        log.info(
+            "engine: starting SGLang %s on %s, tp_size %d%s",
+            _versions()["sglang"],
+            cfg.engine.device,
+            cfg.model.tp_size,
+            "" if verbose else " (its own log: engine.log_level=info)",
+        )
     t = time.time()
     try:
-        with sglang_output(verbose):
-            from hsdump.capture.engine import CaptureEngine  # the sglang import happens only now
+        with contextlib.nullcontext() if dry else sglang_output(verbose):
+            if dry:
+                from hsdump.capture.dry import DryEngine as EngineClass
+            else:  # the sglang import happens only now
+                from hsdump.capture.engine import CaptureEngine as EngineClass
 
-            engine = CaptureEngine(
+            engine: Engine = EngineClass(
                 model.path,
                 cfg.model,
                 engine_cfg,
@@ -590,12 +609,10 @@ def start_engine(cfg: Config, model: Model, job: Job):
     return engine
 
 
-def capture(cfg: Config, model: Model, corpus: Corpus, job: Job, engine):
+def capture(cfg: Config, model: Model, corpus: Corpus, job: Job, engine: Engine):
     """Every sample left to do through the engine into the writer, with a progress bar.
     Returns (completed, stop signal name or None, EngineDied or None)."""
     from tqdm import tqdm
-
-    from hsdump.capture.engine import EngineDied
 
     data, writer, summary, layers = corpus.data, job.writer, job.summary, model.layers
     log.info(

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Callable, Dict, Iterable, List, Optional, Sequ
 
 import torch
 
+from hsdump.capture.base import EngineDied, Sink
 from hsdump.capture.families import family_of
 from hsdump.capture.layers import ModelInfo
 from hsdump.capture.nodes import (
@@ -51,16 +52,8 @@ from hsdump.store.layout import FINAL_KINDS
 
 log = logging.getLogger(__name__)
 
-# sink(sample_id, input_ids, hidden_states, nonfinite): nonfinite lists the indices into
-# hidden_states whose rows hold NaN or Inf, found on the device where the rows were captured
-Sink = Callable[[int, List[int], List[torch.Tensor], List[int]], None]
-
 _ACTIVE: Optional["CaptureEngine"] = None
 ROWS_TIMEOUT_S = 120.0
-
-
-class EngineDied(RuntimeError):
-    """An SGLang process exited while hsdump was running."""
 
 
 # --------------------------------------------------------------------------- caller side
@@ -194,7 +187,8 @@ def follow(
 
 
 class CaptureEngine:
-    """open -> run(samples, sink) -> close. Samples are (sample_id, input_ids)."""
+    """open -> run(samples, sink) -> close. Samples are (sample_id, input_ids). Implements
+    hsdump.capture.base.Engine with SGLang."""
 
     def __init__(
         self,

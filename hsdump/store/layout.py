@@ -239,3 +239,23 @@ def _tensor_problem(t, data: int) -> str:
             f"{count * item:,}"
         )
     return ""
+
+
+DRY = "dry"
+"""The manifest's `engine` of a dataset written by engine=dry (hsdump.capture.dry)."""
+
+
+class DryDatasetError(ValueError):
+    """The dataset was written by `engine=dry`: its rows are not a model's hidden states."""
+
+
+def check_not_dry(path, m: dict, allow: bool, how: str) -> None:
+    """Refuse a dry dataset (manifest `engine: dry`) unless `allow`: training on its rows
+    would teach a drafter nothing. `how` names the explicit way to read it anyway."""
+    if m.get("engine") == DRY and not allow:
+        raise DryDatasetError(
+            f"{path} was written by engine=dry: its rows are a function of the token ids, not "
+            f"the model's hidden states, so no drafter can learn from them. Extract it again "
+            f"with a real engine (engine=cpu or engine=gpu) to train; to read it anyway (tests, "
+            f"checking a launch) use {how}"
+        )

@@ -30,6 +30,7 @@ from hsdump.store import commits, fp8
 from hsdump.store.commits import IdTable
 from hsdump.store.files import open_inside, parse_json, real_file
 from hsdump.store.layout import (
+    check_not_dry,
     FINAL_KINDS,
     FORMAT,
     LAST_LAYER,
@@ -114,6 +115,7 @@ class HsdumpDataset(torch.utils.data.Dataset):
         dtype: Optional[torch.dtype] = None,
         dequantize: bool = True,
         mmap: bool = True,
+        allow_dry: bool = False,
     ):
         self.path = Path(path)
         self.dequantize = dequantize
@@ -121,6 +123,7 @@ class HsdumpDataset(torch.utils.data.Dataset):
         c = commits.load(self.path)  # FileNotFoundError / ValueError name the problem
         self.manifest = commits.read_manifest(self.path)
         check_manifest(self.path, self.manifest)
+        check_not_dry(self.path, self.manifest, allow_dry, "HsdumpDataset(..., allow_dry=True)")
         self.version = c.version
         self.commits = c
         """the commit records (hsdump.store.commits.Commits): shard names, sizes, checksums"""

@@ -176,7 +176,7 @@ def committed_counts(out_dir: str) -> Tuple[np.ndarray, int]:
     input_ids, read back from the shards (ids and masks only, no hidden states)."""
     from hsdump.store.reader import HsdumpDataset
 
-    ds = HsdumpDataset(out_dir)
+    ds = HsdumpDataset(out_dir, allow_dry=True)
     counts = np.zeros(0, dtype=np.int64)
     for sid in ds.ids:
         rec = ds.get(sid, hidden=False)

@@ -50,7 +50,7 @@ from typing import Callable, Dict, List, Optional
 from hsdump import __version__
 from hsdump.store.commits import read_manifest
 from hsdump.store.files import read_json_object
-from hsdump.store.layout import FINAL_KINDS, LAST_LAYER
+from hsdump.store.layout import FINAL_KINDS, LAST_LAYER, check_not_dry
 
 FORMATS = ("speculators", "speculators-v1", "specforge", "messages")
 STATE = "hsdump_export.json"
@@ -194,14 +194,17 @@ def export(
     max_len: Optional[int] = None,
     overwrite: bool = False,
     progress: bool = True,
+    allow_dry: bool = False,
 ) -> Dict[str, int]:
-    """Export dataset `src` to `dest` in format `fmt`; returns counts (written, skipped, bytes)."""
+    """Export dataset `src` to `dest` in format `fmt`; returns counts (written, skipped, bytes).
+    A dataset of engine=dry is refused unless `allow_dry`."""
     if fmt not in FORMATS:
         raise ExportError(f"unknown format {fmt!r}; use one of {', '.join(FORMATS)}")
-    read_manifest(Path(src))  # a folder that is no dataset is refused before torch loads
+    # a folder that is no dataset, or a dry one, is refused before torch loads
+    check_not_dry(src, read_manifest(Path(src)), allow_dry, "hsdump export --allow-dry")
     from hsdump.store.reader import HsdumpDataset, resolve_final_state
 
-    ds = HsdumpDataset(src, min_len=min_len, max_len=max_len, mmap=False)
+    ds = HsdumpDataset(src, min_len=min_len, max_len=max_len, mmap=False, allow_dry=allow_dry)
     if ds.problems:
         raise ExportError(
             f"{src}: {len(ds.problems)} damaged commit records (e.g. "
@@ -393,6 +396,11 @@ def main(argv=None) -> int:
         action="store_true",
         help="replace an export made with other arguments at DEST",
     )
+    p.add_argument(
+        "--allow-dry",
+        action="store_true",
+        help="export a dataset of engine=dry too (its rows are not hidden states: tests only)",
+    )
     p.add_argument("--no-progress", action="store_true")
     a = p.parse_args(argv)
     try:
@@ -405,6 +413,7 @@ def main(argv=None) -> int:
             max_len=a.max_len,
             overwrite=a.overwrite,
             progress=not a.no_progress,
+            allow_dry=a.allow_dry,
         )
     except (ValueError, OSError, KeyError) as e:  # ExportError is a ValueError
         print(f"{prog('export')}: {e}", file=sys.stderr)

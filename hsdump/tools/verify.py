@@ -37,6 +37,7 @@ from typing import Dict, List, Optional, Set, Tuple
 from hsdump.store import commits
 from hsdump.store.files import UnsafeFile, read_json_object, real_file
 from hsdump.store.layout import (
+    DRY,
     FINAL_KINDS,
     FORMAT,
     INDEX,
@@ -730,6 +731,12 @@ def verify(path, retokenize: bool = False, quick: bool = False) -> Report:
         )
         return r
     layers, hidden, st_dtype = _check_manifest(m, r)
+    if m.get("engine") == DRY:
+        r.note(
+            MANIFEST,
+            "engine=dry: the rows are a function of the token ids, not hidden states "
+            "(export and the loader refuse this dataset unless asked)",
+        )
     if c.version == 1:
         idx = _load_json(d / INDEX, r)
         if idx is None:
