@@ -17,8 +17,6 @@ import uuid
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Dict, Iterable, List, Optional, Sequence, Tuple
 
-import torch
-
 from hsdump.capture.base import EngineDied, Sink
 from hsdump.capture.families import family_of
 from hsdump.capture.layers import ModelInfo

@@ -30,12 +30,12 @@ from hsdump.store import commits, fp8
 from hsdump.store.commits import IdTable
 from hsdump.store.files import open_inside, parse_json, real_file
 from hsdump.store.layout import (
-    check_not_dry,
     FINAL_KINDS,
     FORMAT,
     LAST_LAYER,
     MAX_LAYERS,
     TORCH_NAME,
+    check_not_dry,
     final_name,
     read_header,
     torch_dtype,
