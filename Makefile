@@ -7,7 +7,7 @@ PYTHON := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 ARGS ?=
 
-.PHONY: setup extract test lint format test-gpu bench clean
+.PHONY: setup extract test test-fast lint format test-gpu bench clean
 
 # The pinned dependencies, then hsdump itself, editable and with --no-deps (the lock's pins
 # stay): that puts the `hsdump` command in .venv/bin. The venv's own setuptools builds it when
@@ -26,8 +26,13 @@ setup: $(STAMP)
 extract: setup
 	$(PYTHON) extract.py $(ARGS)
 
+# every test the CPU can run (CI runs this), with the 25 slowest listed; docs/development.md
 test: setup
-	$(PYTHON) -m pytest -q -ra tests $(ARGS)
+	$(PYTHON) -m pytest -q -ra --durations=25 tests $(ARGS)
+
+# the tests that start no SGLang engine (a few minutes): the inner loop while developing
+test-fast: setup
+	$(PYTHON) -m pytest -q -ra --durations=10 -m "not engine and not gpu" tests $(ARGS)
 
 # ruff (configured in pyproject.toml): `make lint` checks, `make format` rewrites
 lint: setup

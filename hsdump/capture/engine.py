@@ -54,6 +54,21 @@ _ACTIVE: Optional["CaptureEngine"] = None
 ROWS_TIMEOUT_S = 120.0
 
 
+FORBID_ENV = "HSDUMP_FORBID_ENGINE"
+"""Set (by the tests' conftest.py for a test not marked `engine`): starting SGLang raises."""
+
+
+def forbid_engine() -> None:
+    """The test tiers' guard: a test that is not marked `engine` (it runs in `make test-fast`)
+    must not start SGLang, in its own process or in one it starts."""
+    who = os.environ.get(FORBID_ENV)
+    if who:
+        raise RuntimeError(
+            f"{who} started a real SGLang engine but is not marked `engine`: run its "
+            "bookkeeping on engine=dry, or mark it @pytest.mark.engine (docs/development.md)"
+        )
+
+
 # --------------------------------------------------------------------------- caller side
 def _finish_reason(out: dict, what: str):
     """A finished request's finish_reason; CaptureError if SGLang aborted it."""
@@ -101,6 +116,7 @@ def follow(
     returns when this node's schedulers exit (node 0 shut the engine down) or node 0 removed
     its key file (it closed). Raises EngineDied, after killing this node's schedulers, when
     node 0 stops taking heartbeats for engine.node_timeout seconds or a scheduler dies."""
+    forbid_engine()
     layout = engine_layout(engine_cfg)
     if layout.is_head:
         raise ValueError("follow() runs on the nodes after node 0")
@@ -203,6 +219,7 @@ class CaptureEngine:
         """generates: the run will call `generate` (decode steps), not only `run` (prefill).
         run_dir, job_tag: the output folder and the job's tag, where an engine over several
         nodes hands its row keys to the other nodes (hsdump.capture.nodes.write_run_keys)."""
+        forbid_engine()
         self.version = check_supported(info, engine_cfg, model_cfg)
         self.generates = generates
         self.layers = list(layers)
