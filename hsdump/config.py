@@ -7,6 +7,7 @@ these schemas, so a typo in an override fails at composition time.
 from __future__ import annotations
 
 import dataclasses
+import re
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional
 
@@ -25,7 +26,8 @@ class ModelConfig:
     path: str = MISSING
     """HF folder or hub id of the target model; `tiny:llama` / `tiny:qwen3` build a tiny random one."""
     name: str = "model"
-    """Short name used in the default output directory."""
+    """Short name used in the default output directory. In the presets: the preset's name while
+    model.path is the preset's checkpoint, else one derived from model.path (`preset_value`)."""
     tokenizer: Optional[str] = None
     """Tokenizer folder or hub id; defaults to `path`."""
     chat_template: Optional[str] = None
@@ -40,6 +42,11 @@ class ModelConfig:
     """The preset's recommended capture layers, used when `capture.layers` is unset."""
     trust_remote_code: bool = False
     """Run code shipped with the model or tokenizer. Off unless you trust the source."""
+    preset: Dict[str, Any] = field(default_factory=dict)
+    """What a preset says about its own checkpoint: `path`, and the `name` and `chat_template`
+    that belong to it. conf/config.yaml takes model.name and model.chat_template from here only
+    while model.path is preset.path: another checkpoint gets a name of its own and the
+    tokenizer's own chat template (unless the user names one)."""
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPES:
@@ -73,8 +80,10 @@ class DatasetConfig:
     """Column holding the input; default per format: conversations, messages or text."""
     max_samples: Optional[int] = None
     """Use only the first N rows of the split."""
-    max_seq_len: int = 2048
-    """Token budget per sample after the chat template."""
+    max_seq_len: Optional[int] = 2048
+    """Token budget per sample after the chat template. null: the model's context less one
+    (the engine's context_length when engine.extra sets it), the longest prompt SGLang takes.
+    In the presets: the preset's limit while dataset.path is the preset's, else null."""
     truncation: str = "truncate"
     """What to do with longer samples: `truncate` or `skip`."""
     min_seq_len: int = 0
@@ -88,20 +97,23 @@ class DatasetConfig:
     """Worker processes for tokenization (`datasets.map`)."""
     cache: bool = True
     """Reuse the cached tokenization of the same rows, tokenizer, template and length policy."""
+    preset: Dict[str, Any] = field(default_factory=dict)
+    """What a preset says about its own dataset: `path`, and the `max_seq_len` that belongs to
+    it (conf/config.yaml applies it only while dataset.path is preset.path)."""
 
     def __post_init__(self) -> None:
         if self.truncation not in ("truncate", "skip"):
             raise ValueError(f"dataset.truncation={self.truncation!r}: use 'truncate' or 'skip'")
         if self.on_bad_row not in ON_BAD:
             raise ValueError(f"dataset.on_bad_row={self.on_bad_row!r}: use one of {ON_BAD}")
-        if self.max_seq_len < 2:
+        if self.max_seq_len is not None and self.max_seq_len < 2:
             raise ValueError(f"dataset.max_seq_len={self.max_seq_len}: must be >= 2")
         if self.format is not None and self.format not in ROW_FORMATS:
             raise ValueError(
                 f"dataset.format={self.format!r}: use one of {ROW_FORMATS}, or "
                 "leave it unset to detect it"
             )
-        if self.min_seq_len < 0 or self.min_seq_len > self.max_seq_len:
+        if self.min_seq_len < 0 or self.min_seq_len > (self.max_seq_len or self.min_seq_len):
             raise ValueError(
                 f"dataset.min_seq_len={self.min_seq_len}: must be between 0 and "
                 f"dataset.max_seq_len={self.max_seq_len}"
@@ -352,12 +364,32 @@ def layers_tag(layers: Optional[List[int]], default_layers: Optional[List[int]] 
     return "layers-" + "-".join(str(int(x)) for x in chosen)
 
 
+def name_of(path: str) -> str:
+    """A short name for a checkpoint: its folder's or hub id's last part (`tiny:llama` ->
+    tiny-llama), with characters other than letters, digits, `.`, `_` and `-` made `-`."""
+    tail = str(path).rstrip("/").replace(":", "-").rsplit("/", 1)[-1]
+    return re.sub(r"[^A-Za-z0-9._-]+", "-", tail).strip("-.") or "model"
+
+
+def preset_value(key: str, *, _parent_) -> Any:
+    """conf/config.yaml's `hsdump_preset` resolver: the node's (model's or dataset's)
+    `preset[key]` while its `path` is the preset's own, else the user's default: null, and for
+    `name` a name derived from the path (`name_of`). A value set on the command line replaces
+    the interpolation, so the user's choice always wins."""
+    preset = _parent_.get("preset") or {}
+    if preset.get("path") is not None and str(_parent_.get("path")) == str(preset["path"]):
+        return preset.get(key, name_of(preset["path"]) if key == "name" else None)
+    return name_of(_parent_.get("path")) if key == "name" else None
+
+
 def register_configs() -> None:
     from hydra.core.config_store import ConfigStore
     from omegaconf import OmegaConf
 
     if not OmegaConf.has_resolver("layers_tag"):
         OmegaConf.register_new_resolver("layers_tag", layers_tag)
+    if not OmegaConf.has_resolver("hsdump_preset"):
+        OmegaConf.register_new_resolver("hsdump_preset", preset_value)
     cs = ConfigStore.instance()
     cs.store(name="config_schema", node=Config)
     cs.store(group="model", name="model_schema", node=ModelConfig)

@@ -22,7 +22,7 @@ import tempfile
 import time
 import warnings
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 from hsdump import __version__
 from hsdump.capture.base import Engine, EngineDied
@@ -31,7 +31,8 @@ from hsdump.capture.families import Family, check_verified
 from hsdump.capture.layers import CONVENTION, ModelInfo, read_model_info, resolve_layers
 from hsdump.capture.nodes import NodeLayout, find_layout
 from hsdump.config import Config, OutputConfig
-from hsdump.corpus.chat import template_sha256
+from hsdump.corpus.chat import chat_template_of, template_sha256
+from hsdump.corpus.coherence import check_tokenizer
 from hsdump.corpus.formats import detect_format
 from hsdump.corpus.sources import dataset_fingerprint, load_rows
 from hsdump.corpus.tokenization import Tokenized, tokenize_dataset
@@ -310,6 +311,7 @@ def run(cfg: Config, resolved_config: Optional[dict] = None) -> Summary:
     t0 = time.time()
     check_output_dir(cfg.output.dir)
     model = check_model(cfg)
+    cfg = with_length_limit(cfg, model.info)
     layout = node_layout(cfg)
     if layout.multi:  # the engine takes the layout as resolved here, SLURM's included
         cfg = dataclasses.replace(
@@ -394,17 +396,14 @@ def check_model(cfg: Config) -> Model:
     info = read_model_info(path, cfg.model.trust_remote_code)
     family = check_verified(info.architecture, cfg.capture.allow_unverified)
     layers = resolve_layers(cfg.capture.layers, cfg.model.default_layers, info.num_hidden_layers)
-    if info.max_position_embeddings and cfg.dataset.max_seq_len > info.max_position_embeddings:
-        raise ValueError(
-            f"dataset.max_seq_len={cfg.dataset.max_seq_len} exceeds the model's "
-            f"max_position_embeddings={info.max_position_embeddings}; lower it"
-        )
+    check_length_limit(cfg, info)
     log.info(
-        "model: %s (%s, %d layers, hidden %d), capturing layers %s%s -> %s",
+        "model: %s (%s, %d layers, hidden %d), name %s, capturing layers %s%s -> %s",
         path,
         info.architecture,
         info.num_hidden_layers,
         info.hidden_size,
+        cfg.model.name,
         layers,
         "".join(f" + {k}" for k in cfg.capture.final),
         cfg.output.dir,
@@ -412,9 +411,74 @@ def check_model(cfg: Config) -> Model:
     return Model(path, info, family, layers)
 
 
+def engine_context(cfg: Config, info: ModelInfo) -> Optional[int]:
+    """The longest sequence the engine takes: engine.extra.context_length when set, else the
+    model's max_position_embeddings (None when config.json has neither)."""
+    ctx = cfg.engine.extra.get("context_length")
+    return int(ctx) if ctx is not None else info.max_position_embeddings
+
+
+def length_limit(cfg: Config, info: ModelInfo) -> Tuple[int, str]:
+    """(dataset.max_seq_len as the run uses it, where it came from). Unset (a user's dataset
+    with no limit given): the engine's context less one, SGLang's longest prompt (it refuses an
+    input as long as the context); 2048 when the model's config.json names no context."""
+    if cfg.dataset.max_seq_len is not None:
+        return cfg.dataset.max_seq_len, "dataset.max_seq_len"
+    ctx = engine_context(cfg, info)
+    if ctx is None:
+        return 2048, "default: the model's config.json names no context length"
+    return ctx - 1, f"the engine's context {ctx} less one"
+
+
+def check_length_limit(cfg: Config, info: ModelInfo) -> None:
+    """Refuse a dataset.max_seq_len the engine cannot take, before the engine starts (SGLang
+    would refuse every sample that long after its start, and the run would commit nothing)."""
+    ctx = engine_context(cfg, info)
+    n = cfg.dataset.max_seq_len
+    if ctx is None or n is None or n < ctx:
+        return
+    where = (
+        f"engine.extra.context_length={ctx}"
+        if "context_length" in cfg.engine.extra
+        else f"the model's context (max_position_embeddings={ctx})"
+    )
+    raise ValueError(
+        f"dataset.max_seq_len={n} is not below {where}: SGLang refuses a prompt as long as its "
+        f"context. Set dataset.max_seq_len={ctx - 1} or less (or leave it unset for {ctx - 1})"
+    )
+
+
+def with_length_limit(cfg: Config, info: ModelInfo) -> Config:
+    """cfg with dataset.max_seq_len resolved (length_limit), logged with its origin."""
+    n, origin = length_limit(cfg, info)
+    log.info("length limit: %d tokens a sample (%s)", n, origin)
+    if n == cfg.dataset.max_seq_len:
+        return cfg
+    return dataclasses.replace(cfg, dataset=dataclasses.replace(cfg.dataset, max_seq_len=n))
+
+
 def tokenize(cfg: Config, model: Model) -> Corpus:
     """The tokenizer (checked), the dataset's rows, and every row to a sample or a skip."""
     tok = load_tokenizer(cfg.model, model.path)
+    info = model.info
+    template = (
+        f"model.chat_template={cfg.model.chat_template}"
+        if cfg.model.chat_template
+        else "the tokenizer's own chat template"
+    )
+    check_tokenizer(
+        tok,
+        vocab_size=info.vocab_size,
+        bos_token_id=info.bos_token_id,
+        eos_token_ids=info.eos_token_ids,
+        template_source=template,
+    )
+    log.info(
+        "tokenizer: %s (%s tokens), %s",
+        cfg.model.tokenizer or "the model's own",
+        f"{len(tok):,}",
+        template if chat_template_of(tok) else "no chat template",
+    )
     rows = load_rows(cfg.dataset)
     # refused from the columns, before the whole dataset is tokenized
     if cfg.regenerate.enabled and detect_format(rows, cfg.dataset)[0] == "text":

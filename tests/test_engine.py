@@ -16,21 +16,34 @@ pytestmark = pytest.mark.engine
 
 LAYERS = [5, 1, 3, 7]  # hf_hidden_states_index, deliberately unsorted; the tiny models have 8
 LENGTHS = [5, 17, 40, 64, 128, 3]
+CHUNKED = [64, 10, 50, 5, 33]  # with 16-token chunks: see test_chunked_prefill_rows_are_stitched
+FINAL_LENGTHS = [9, 31, 70]
+FINAL = ["post_norm", "pre_norm"]
 
 
-def capture(model_path, layers, lengths, seed=0, **engine_over):
+def prompts(lengths, seed, first_id=0):
+    g = torch.Generator().manual_seed(seed)
+    return [
+        (first_id + i, torch.randint(10, 120000, (n,), generator=g).tolist())
+        for i, n in enumerate(lengths)
+    ]
+
+
+def capture(model_path, layers, samples, final=(), **engine_over):
+    """{sid: (input_ids, [rows per layer, then per final kind])} from one real CPU engine."""
     from hsdump.capture.engine import CaptureEngine
     from hsdump.capture.layers import read_model_info
     from hsdump.config import ModelConfig
 
     info = read_model_info(model_path)
-    g = torch.Generator().manual_seed(seed)
-    samples = [
-        (i, torch.randint(10, 120000, (n,), generator=g).tolist()) for i, n in enumerate(lengths)
-    ]
     got = {}
     eng = CaptureEngine(
-        model_path, ModelConfig(path=model_path), cpu_engine_config(**engine_over), layers, info
+        model_path,
+        ModelConfig(path=model_path),
+        cpu_engine_config(**engine_over),
+        layers,
+        info,
+        final=final,
     )
     try:
         eng.run(
@@ -38,18 +51,36 @@ def capture(model_path, layers, lengths, seed=0, **engine_over):
         )
     finally:
         eng.close()
+    return got
+
+
+@pytest.fixture(scope="module")
+def llama_run(tiny_llama):
+    """One real engine for the tests that only read its rows (batched capture, chunked prefill,
+    final states): 16-token chunks, so every prompt but the shortest spans several chunks and
+    the short ones beside them are split to fill chunks (the case that loses rows in SGLang's
+    own path), the LAYERS and both final kinds."""
+    samples = {
+        "batched": prompts(LENGTHS, 0),
+        "chunked": prompts(CHUNKED, 1, first_id=100),
+        "final": prompts(FINAL_LENGTHS, 2, first_id=200),
+    }
+    every = [s for group in samples.values() for s in group]
+    got = capture(
+        tiny_llama, LAYERS, every, final=FINAL, chunked_prefill_size=16, max_prefill_tokens=16
+    )
     return samples, got
 
 
 def check_against_transformers(model_path, layers, samples, got):
-    assert sorted(got) == [sid for sid, _ in samples]
+    assert set(sid for sid, _ in samples) <= set(got)
     worst = 0.0
     for sid, ids in samples:
         out_ids, hs = got[sid]
         assert out_ids == ids
         ref = hf_hidden_states(model_path, ids, torch.float32)
         ref16 = hf_hidden_states(model_path, ids, torch.bfloat16)
-        assert len(hs) == len(layers)
+        assert len(hs) >= len(layers)
         for h, k in zip(hs, layers):
             assert h.shape == (len(ids), ref[k].shape[-1]) and h.dtype == torch.bfloat16
             err, scale = rel_err(h, ref[k]), rel_err(ref16[k], ref[k])
@@ -61,59 +92,44 @@ def check_against_transformers(model_path, layers, samples, got):
     return worst
 
 
-@pytest.mark.parametrize("arch", ["llama", "qwen3"])
-def test_batched_capture_matches_transformers(arch, request):
-    path = request.getfixturevalue(f"tiny_{arch}")
-    samples, got = capture(path, LAYERS, LENGTHS)
-    worst = check_against_transformers(path, LAYERS, samples, got)
-    print(f"{arch}: worst relative error {worst:.4f}")
+def test_batched_capture_matches_transformers_llama(llama_run, tiny_llama):
+    samples, got = llama_run
+    worst = check_against_transformers(tiny_llama, LAYERS, samples["batched"], got)
+    print(f"llama: worst relative error {worst:.4f}")
 
 
-def test_chunked_prefill_rows_are_stitched(tiny_llama):
+def test_batched_capture_matches_transformers_qwen3(tiny_qwen3):
+    # its own engine: Qwen3's model class, and prefill without chunks
+    samples = prompts(LENGTHS, 0)
+    got = capture(tiny_qwen3, LAYERS, samples)
+    assert sorted(got) == [sid for sid, _ in samples]
+    worst = check_against_transformers(tiny_qwen3, LAYERS, samples, got)
+    print(f"qwen3: worst relative error {worst:.4f}")
+
+
+def test_chunked_prefill_rows_are_stitched(llama_run, tiny_llama):
     # 16-token chunks: the 64- and 50-token prompts span 4 chunks, and the short prompts
     # beside them get split to fill chunks (the case that loses rows in SGLang's own path).
-    lengths = [64, 10, 50, 5, 33]
-    samples, got = capture(
-        tiny_llama, [2, 6], lengths, seed=1, chunked_prefill_size=16, max_prefill_tokens=16
-    )
-    check_against_transformers(tiny_llama, [2, 6], samples, got)
+    samples, got = llama_run
+    assert sorted(got) == sorted(sid for group in samples.values() for sid, _ in group)
+    check_against_transformers(tiny_llama, LAYERS, samples["chunked"], got)
 
 
-def test_final_layer_states_match_transformers(tiny_llama):
-    from hsdump.capture.engine import CaptureEngine
-    from hsdump.capture.layers import read_model_info
-    from hsdump.config import ModelConfig
-
-    info = read_model_info(tiny_llama)
-    g = torch.Generator().manual_seed(2)
-    samples = [
-        (i, torch.randint(10, 120000, (n,), generator=g).tolist())
-        for i, n in enumerate([9, 31, 70])
-    ]
-    got = {}
-    eng = CaptureEngine(
-        tiny_llama,
-        ModelConfig(path=tiny_llama),
-        cpu_engine_config(),
-        [4],
-        info,
-        final=["post_norm", "pre_norm"],
-    )
-    try:
-        eng.run(samples, lambda sid, ids, hs, bad: got.__setitem__(sid, [h.clone() for h in hs]))
-    finally:
-        eng.close()
+def test_final_layer_states_match_transformers(llama_run, tiny_llama):
+    samples, got = llama_run
     model = hf_model(tiny_llama, torch.float32)
     seen = {}
     hook = model.model.norm.register_forward_hook(
         lambda m, a, out: seen.update(pre=a[0][0].float(), post=out[0].float())
     )
     try:
-        for sid, ids in samples:
+        for sid, ids in samples["final"]:
             with torch.no_grad():
                 hs_ref = model(torch.tensor([ids]), output_hidden_states=True).hidden_states
-            layer4, pre, post = got[sid]  # layers first, then final states in FINAL_KINDS order
-            assert rel_err(layer4, hs_ref[4][0]) < 0.02
+            _, rows = got[sid]  # layers first, then final states in FINAL_KINDS order
+            assert len(rows) == len(LAYERS) + 2
+            layer3, pre, post = rows[LAYERS.index(3)], rows[-2], rows[-1]
+            assert rel_err(layer3, hs_ref[3][0]) < 0.02
             assert rel_err(pre, seen["pre"]) < 0.02, "pre_norm: the last layer's raw output"
             assert rel_err(post, seen["post"]) < 0.02, "post_norm: after the final norm"
             assert rel_err(pre, seen["post"]) > 0.1  # the two are really different tensors

@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import os
 from dataclasses import dataclass
-from typing import List, Optional, Sequence
+from typing import List, Optional, Sequence, Tuple
 
 CONVENTION = "hf_hidden_states_index"
 
@@ -24,6 +24,8 @@ class ModelInfo:
     num_hidden_layers: int
     max_position_embeddings: Optional[int]
     vocab_size: Optional[int] = None
+    bos_token_id: Optional[int] = None
+    eos_token_ids: Tuple[int, ...] = ()
 
 
 def read_model_info(model_path: str, trust_remote_code: bool = False) -> ModelInfo:
@@ -46,7 +48,20 @@ def read_model_info(model_path: str, trust_remote_code: bool = False) -> ModelIn
         num_hidden_layers=int(text["num_hidden_layers"]),
         max_position_embeddings=text.get("max_position_embeddings"),
         vocab_size=text.get("vocab_size"),
+        bos_token_id=_first_set(text, raw, "bos_token_id"),
+        eos_token_ids=_id_tuple(_first_set(text, raw, "eos_token_id")),
     )
+
+
+def _first_set(text: dict, raw: dict, key: str):
+    v = text.get(key)
+    return raw.get(key) if v is None else v
+
+
+def _id_tuple(v) -> Tuple[int, ...]:
+    if v is None:
+        return ()
+    return tuple(int(i) for i in (v if isinstance(v, (list, tuple)) else [v]))
 
 
 def eagle3_default(num_layers: int) -> List[int]:

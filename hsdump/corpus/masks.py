@@ -69,7 +69,37 @@ def encode_conversation(
 ) -> Tuple[List[int], List[int]]:
     """`template` applied to a conversation -> (input_ids, loss_mask on assistant turns)."""
     text, spans = chat_spans(tok, messages, tools, template)
+    check_rendered(text, messages)
     return encode_with_spans(tok, text, spans)
+
+
+def _said(content: str) -> str:
+    # what of a turn's content a template must keep: templates may drop reasoning before
+    # `</think>` from earlier turns (Qwen3, DeepSeek-R1 do) and trim whitespace
+    return content.split("</think>")[-1].strip()
+
+
+def check_rendered(text: str, messages: List[Dict[str, Any]]) -> None:
+    """A bad row when the rendering leaves out a message's content or tool calls (a template
+    that ignores `tool_calls`, say): a sample must hold what the conversation says, or the
+    drafter learns from a turn that never happened (an assistant turn of only `<|im_end|>`)."""
+    for i, m in enumerate(messages):
+        content = m.get("content")
+        if isinstance(content, str) and _said(content) and _said(content) not in text:
+            raise BadRow(
+                "template_drops_content",
+                f"the chat template leaves out the content of message {i} ({m['role']}); "
+                "use a template that renders it (model.chat_template=...)",
+            )
+        for c in m.get("tool_calls") or ():
+            name = ((c.get("function") or {}) if isinstance(c, dict) else {}).get("name")
+            if name and name not in text:
+                raise BadRow(
+                    "template_drops_tool_calls",
+                    f"the chat template leaves out the tool call {name!r} of message {i}; "
+                    "use a template that renders tool_calls (model.chat_template=...), or "
+                    "drop tool-calling rows",
+                )
 
 
 def tokenize_text(tok, text: str) -> Tuple[List[int], List[int]]:
