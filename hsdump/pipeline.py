@@ -137,6 +137,7 @@ class Summary:
     engine_start_s: float = 0.0
     generated_tokens: int = 0
     generate_s: float = 0.0
+    engine: str = "sglang"
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -153,18 +154,29 @@ class Summary:
             if self.generate_s
             else []
         )
-        return regen + [
-            f"dataset: {self.out_dir} (layers {self.layers})",
-            f"samples written: {self.written}, already committed before this run: "
-            f"{self.already_done}",
-            f"samples skipped: {sum(self.skipped.values())} ({skipped})",
-            f"tokens: {self.tokens} ({rate:,.0f} tokens/s over the run)",
-            f"bytes written: {self.bytes:,} ({self.bytes / max(self.written, 1):,.0f} per sample)",
-            f"wall time: {self.wall_s:.1f} s (engine start {self.engine_start_s:.1f} s)",
-            f"check it: {hsdump_command()} verify {shlex.quote(self.out_dir)}",
-            "load it:  from hsdump.store.reader import HsdumpDataset; "
-            f"ds = HsdumpDataset({json.dumps(self.out_dir)}); rec = ds[0]",
-        ]
+        return (
+            regen
+            + [
+                f"dataset: {self.out_dir} (layers {self.layers})",
+                f"samples written: {self.written}, already committed before this run: "
+                f"{self.already_done}",
+                f"samples skipped: {sum(self.skipped.values())} ({skipped})",
+                f"tokens: {self.tokens} ({rate:,.0f} tokens/s over the run)",
+                f"bytes written: {self.bytes:,} ({self.bytes / max(self.written, 1):,.0f} per sample)",
+                f"wall time: {self.wall_s:.1f} s (engine start {self.engine_start_s:.1f} s)",
+                f"check it: {hsdump_command()} verify {shlex.quote(self.out_dir)}",
+                "load it:  from hsdump.store.reader import HsdumpDataset; "
+                f"ds = HsdumpDataset({json.dumps(self.out_dir)}"
+                f"{', allow_dry=True' if self.engine == DRY else ''}); rec = ds[0]",
+            ]
+            + (
+                [
+                    "engine=dry: the rows are not hidden states; extract again with a real engine to train"
+                ]
+                if self.engine == DRY
+                else []
+            )
+        )
 
 
 def hsdump_command() -> str:
@@ -609,6 +621,7 @@ def open_dataset(
         layers=model.layers,
         skipped=dict(data.skipped),
         already_done=len(mine) - len(todo),
+        engine=cfg.engine.kind,
     )
     job = Job(writer, todo, sum(data.lengths[i] for i in todo), inflight, summary, t0)
     need = job.todo_tokens * (slots * (info.hidden_size * STORAGE_BYTES[cfg.output.dtype] + 4) + 16)
