@@ -30,7 +30,7 @@ from hsdump.corpus.tokenizer import tokenizer_sha256
 
 log = logging.getLogger(__name__)
 
-MASK_VERSION = "1"
+MASK_VERSION = "2"  # 2: renderings that drop content or tool calls are bad rows
 """Part of the tokenization cache key: bump when the mask or the rendering logic changes."""
 LENGTH_REASONS = {
     "too_long",
