@@ -22,6 +22,7 @@ import tempfile
 import time
 import warnings
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
 
 from hsdump import __version__
@@ -34,7 +35,7 @@ from hsdump.config import Config, OutputConfig
 from hsdump.corpus.chat import chat_template_of, template_sha256
 from hsdump.corpus.coherence import check_tokenizer
 from hsdump.corpus.formats import detect_format
-from hsdump.corpus.sources import dataset_fingerprint, load_rows
+from hsdump.corpus.sources import content_fingerprint, load_rows
 from hsdump.corpus.tokenization import Tokenized, tokenize_dataset
 from hsdump.corpus.tokenizer import load_tokenizer
 from hsdump.dist import owns, writer_tag
@@ -519,18 +520,17 @@ def dataset_keys(cfg: Config, model: Model, corpus: Corpus, resolved_config: Opt
         "model_dtype": cfg.model.dtype,
         "tokenizer": cfg.model.tokenizer or cfg.model.path,
         "chat_template_sha256": template_sha256(corpus.tok),
-        "dataset": [
-            cfg.dataset.path,
-            cfg.dataset.name,
-            cfg.dataset.split,
-            cfg.dataset.revision,
-            cfg.dataset.column,
-        ],
+        # the rows' content, not their path: an edited file is refused, the same file by
+        # another path resumes (a dataset written before keeps its path key: legacy_dataset_key)
+        "dataset": [content_fingerprint(cfg.dataset, corpus.rows)],
         "max_seq_len": cfg.dataset.max_seq_len,
         "truncation": cfg.dataset.truncation,
         "min_seq_len": cfg.dataset.min_seq_len,
         "format": data.format,
     }
+    legacy = legacy_dataset_key(cfg)
+    if legacy is not None:
+        compat["dataset"] = legacy
     if cfg.regenerate.enabled:  # absent when off: older datasets still resume
         compat["regenerate"] = cfg.regenerate.key()
     if cfg.engine.kind == DRY:  # a real run never resumes (mixes its rows into) a dry dataset
@@ -567,7 +567,7 @@ def dataset_keys(cfg: Config, model: Model, corpus: Corpus, resolved_config: Opt
             "name": cfg.dataset.name,
             "split": cfg.dataset.split,
             "revision": cfg.dataset.revision,
-            "fingerprint": dataset_fingerprint(corpus.rows),
+            "fingerprint": content_fingerprint(cfg.dataset, corpus.rows),
             "rows": data.rows,
             "column": cfg.dataset.column,
             "skipped_rows": data.skipped,
@@ -579,6 +579,21 @@ def dataset_keys(cfg: Config, model: Model, corpus: Corpus, resolved_config: Opt
         "config": resolved_config if resolved_config is not None else dataclasses.asdict(cfg),
     }
     return compat, manifest
+
+
+def legacy_dataset_key(cfg: Config) -> Optional[list]:
+    """The resume key's `dataset` of a dataset in output.dir written before the key held the
+    rows' content ([path, name, split, revision, column]) when this run names the same source:
+    such a dataset resumes as it did (its manifest records no content fingerprint to compare)."""
+    from hsdump.store.commits import read_manifest
+
+    try:
+        key = (read_manifest(Path(cfg.output.dir)).get("resume_key") or {}).get("dataset")
+    except (OSError, ValueError):
+        return None
+    d = cfg.dataset
+    old = [d.path, d.name, d.split, d.revision, d.column]
+    return old if key == old else None
 
 
 def _slots(cfg: Config, layers: List[int]) -> int:

@@ -88,10 +88,22 @@ def write_safetensors(
     return 8 + len(header) + offset, digest.hexdigest()
 
 
+_WHY = {
+    "dataset": "the source rows' content is not the same: the file was edited, or it is "
+    "another file; restore the one the dataset was made from",
+    "engine": "engine=dry rows and a real engine's never mix in one dataset",
+}
+
+
 def compat_diff(old: dict, new: dict) -> List[str]:
-    """Keys of the resume fingerprint that differ, as 'key: old -> new' lines."""
+    """Keys of the resume fingerprint that differ, as 'key: old -> new' lines (with why, where
+    the key alone does not say it)."""
     keys = sorted(set(old) | set(new))
-    return [f"{k}: {old.get(k)!r} -> {new.get(k)!r}" for k in keys if old.get(k) != new.get(k)]
+    return [
+        f"{k}: {old.get(k)!r} -> {new.get(k)!r}" + (f" ({_WHY[k]})" if k in _WHY else "")
+        for k in keys
+        if old.get(k) != new.get(k)
+    ]
 
 
 def check_sample(
