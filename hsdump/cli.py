@@ -66,12 +66,17 @@ def extract_job(cfg) -> None:
     """One extraction with a composed config: the task function of both entry points
     (extract.py and `hsdump extract`). Module-level, so launchers can pickle it."""
     from omegaconf import OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
 
     from hsdump.config import to_config
     from hsdump.pipeline import Interrupted, output_error, run
     from hsdump.store.writer import WriteError
 
-    resolved = OmegaConf.to_container(cfg, resolve=True)
+    try:
+        resolved = OmegaConf.to_container(cfg, resolve=True)
+    except OmegaConfBaseException as e:  # an override's ${...} that does not resolve: usage
+        log.error("%s", e)
+        sys.exit(2)
     try:
         summary = run(to_config(cfg), resolved_config=resolved)
     except Interrupted as e:
@@ -87,6 +92,34 @@ def extract_job(cfg) -> None:
         print(line)
     if os.environ.get(SUMMARY_ENV):  # a launcher's machine-readable copy (hsdump.launch.ray)
         Path(os.environ[SUMMARY_ENV]).write_text(json.dumps(summary.to_dict()) + "\n")
+
+
+def _hydra_usage_error(e: Optional[BaseException]) -> bool:
+    """Hydra's own refusal of the command line: an override it cannot parse, a key the config
+    has no place for or a value of the wrong type, a config group choice that does not exist."""
+    from hydra.errors import ConfigCompositionException, OverrideParseException, SearchPathException
+
+    return isinstance(e, (ConfigCompositionException, OverrideParseException, SearchPathException))
+
+
+def run_app(app) -> None:
+    """Run a `hydra.main` app (extract.py's, `hsdump extract`'s) with docs/errors.md's exit
+    statuses: Hydra's own usage errors (it prints them and exits 1) exit 2, as extract's own
+    refusals do; an unexpected error inside the task keeps Hydra's 1 and its traceback."""
+    try:
+        app()
+    except SystemExit as e:
+        # Hydra's run_and_report calls sys.exit(1) while handling the error: its context
+        if e.code == 1 and _hydra_usage_error(e.__context__):
+            raise SystemExit(2) from None
+        raise
+    except Exception as e:  # HYDRA_FULL_ERROR=1: Hydra re-raises instead of exiting
+        if not _hydra_usage_error(e):
+            raise
+        import traceback
+
+        traceback.print_exc()
+        raise SystemExit(2) from None
 
 
 def _record(mode, run_dir, value):
@@ -123,9 +156,11 @@ def extract(argv: List[str]) -> int:
     saved = sys.argv
     sys.argv = [f"{prog()} extract", *argv]
     try:
-        hydra.main(config_path=str(config_dir()), config_name="config", version_base="1.3")(
-            extract_job
-        )()
+        run_app(
+            hydra.main(config_path=str(config_dir()), config_name="config", version_base="1.3")(
+                extract_job
+            )
+        )
     finally:
         sys.argv = saved
     return 0

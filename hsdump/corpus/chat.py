@@ -12,7 +12,7 @@ import hashlib
 from pathlib import Path
 from typing import List, Optional, Tuple
 
-from hsdump.corpus.formats import BadRow
+from hsdump.corpus.formats import STARTS_WITH_ASSISTANT, BadRow
 
 TEMPLATES = Path(__file__).with_name("templates")
 """The templates shipped with hsdump (package data)."""
@@ -97,7 +97,10 @@ def incremental_spans(
     to the end of `render(messages[:t+1])`, less trailing whitespace (the newline some
     templates put after the end-of-turn token is not generated). Each prefix must be a prefix
     of the full rendering; a template that renders earlier turns differently once later turns
-    follow (Qwen3's official one does) gives the bad row `template_not_incremental`.
+    follow (Qwen3's official one does) gives the bad row `template_not_incremental`. (A
+    conversation that opens with an assistant turn never gets here: `chat_spans` refuses it
+    as `starts_with_assistant`, since a template that adds a default system turn, as ChatML
+    ones do, renders no prefix of it.)
     """
     text, _ = render_template(tok, template, messages, tools)
     spans = []
@@ -122,9 +125,14 @@ def incremental_spans(
 def chat_spans(
     tok, messages, tools=None, template: Optional[str] = None
 ) -> Tuple[str, List[Tuple[int, int]]]:
-    """(rendered text, assistant character spans) for one conversation."""
+    """(rendered text, assistant character spans) for one conversation; one that opens with
+    an assistant turn (after any system turns) is the bad row `starts_with_assistant`, before
+    any rendering (as in hsdump.corpus.formats.row_to_sample)."""
     import jinja2
 
+    first = next((m.get("role") for m in messages if m.get("role") != "system"), None)
+    if first == "assistant":
+        raise BadRow("starts_with_assistant", STARTS_WITH_ASSISTANT)
     template = template or chat_template_of(tok)
     try:
         if has_generation_markers(template):

@@ -33,6 +33,15 @@ FORMATS = ("sharegpt", "messages", "text")
 DEFAULT_COLUMN = {"sharegpt": "conversations", "messages": "messages", "text": "text"}
 
 
+STARTS_WITH_ASSISTANT = (
+    "the conversation opens with an assistant turn (after any system turns), answering no "
+    "user turn: drop the leading assistant turn, or add the user turn it answered"
+)
+"""The detail of the bad row `starts_with_assistant` (checked before any rendering: a template
+that renders a default system turn cannot render it incrementally, and no template renders
+a reply to nothing the way the model saw its replies)."""
+
+
 class BadRow(ValueError):
     """A dataset row that cannot become a training sample; the message names the reason."""
 
@@ -75,6 +84,57 @@ def _turn_kind(v: Any) -> Optional[str]:
     return None
 
 
+TURN_KEYS = {"sharegpt": "from/value", "messages": "role/content"}
+KIND_KEYS = {"sharegpt": "from/value turns", "messages": "role/content turns", "text": "strings"}
+"""What a column of each format holds, for messages."""
+
+
+def _kinds(recs: List[Dict[str, Any]], col: str) -> set:
+    return {k for k in (_turn_kind(r.get(col)) for r in recs) if k}
+
+
+def _format_fix(fmt: str, col: str, columns: List[str]) -> str:
+    """The overrides that read column `col` as format `fmt`, and leaving dataset.format unset
+    where detection would find the same."""
+    if col == DEFAULT_COLUMN[fmt]:
+        if [c for c in DEFAULT_COLUMN.values() if c in columns] == [col]:
+            return f"set dataset.format={fmt}, or leave dataset.format unset to detect it"
+        return f"set dataset.format={fmt}"
+    return f"set dataset.format={fmt} dataset.column={col}"
+
+
+def _named_format_mismatch(recs: List[Dict[str, Any]], columns: List[str], cfg: DatasetConfig):
+    """The message for a dataset.format (and column) that the rows are not in, naming the
+    format (and column) they are in; None when the named format may be right."""
+    fmt = cfg.format
+    col = cfg.column or DEFAULT_COLUMN[fmt]
+    if columns and col not in columns:
+        found = []
+        for c in [c for c in DEFAULT_COLUMN.values() if c in columns] + [
+            c for c in columns if c not in DEFAULT_COLUMN.values()
+        ]:
+            kinds = _kinds(recs, c)
+            if len(kinds) == 1:
+                found.append((c, kinds.pop()))
+        msg = f"dataset.format={fmt}: the rows have no {col!r} column (columns: {columns})"
+        if not found:
+            return msg + "; set dataset.column=NAME, or leave dataset.format unset to detect it"
+        hints = [
+            f"column {c!r} holds {KIND_KEYS[k]} ({k}): "
+            + (f"set dataset.column={c}" if k == fmt else _format_fix(k, c, columns))
+            for c, k in found[:3]
+        ]
+        return msg + "; " + "; ".join(hints)
+    kinds = _kinds(recs, col)
+    if len(kinds) == 1 and fmt not in kinds:
+        k = kinds.pop()
+        return (
+            f"dataset.format={fmt}: column {col!r} holds {KIND_KEYS[k]}, the {k} format, not "
+            f"{KIND_KEYS[fmt]}; {_format_fix(k, col, columns)}"
+        )
+    return None
+
+
 def detect_format(ds, cfg: DatasetConfig) -> Tuple[str, str]:
     """(format, column) from the config, else from the columns and the first rows.
 
@@ -91,13 +151,10 @@ def detect_format(ds, cfg: DatasetConfig) -> Tuple[str, str]:
     else:
         columns = list(ds.column_names)
     if cfg.format is not None:
-        col = cfg.column or DEFAULT_COLUMN[cfg.format]
-        if columns and col not in columns:
-            raise ValueError(
-                f"dataset.format={cfg.format}: the rows have no {col!r} column "
-                f"(columns: {columns}); set dataset.column=NAME"
-            )
-        return cfg.format, col
+        wrong = _named_format_mismatch(recs, columns, cfg)
+        if wrong:
+            raise ValueError(wrong)
+        return cfg.format, cfg.column or DEFAULT_COLUMN[cfg.format]
     if cfg.column is not None:
         if columns and cfg.column not in columns:
             raise ValueError(f"dataset.column={cfg.column!r} is not a column; columns: {columns}")
@@ -189,9 +246,14 @@ def to_messages(turns: Any, fmt: Optional[str] = None) -> List[Dict[str, Any]]:
                 m["tool_calls"] = [_tool_call(c) for c in calls]
             out.append(m)
             continue
-        want = {"sharegpt": "from/value", "messages": "role/content"}.get(
-            fmt, "from/value or role/content"
-        )
+        want = TURN_KEYS.get(fmt, "from/value or role/content")
+        other = {"sharegpt": ("role", "messages"), "messages": ("from", "sharegpt")}.get(fmt)
+        if other and t.get(other[0]) is not None:
+            raise BadRow(
+                "bad_turn",
+                f"turn has no {want} but {TURN_KEYS[other[1]]}, the {other[1]} format: "
+                f"set dataset.format={other[1]}, or leave dataset.format unset to detect it",
+            )
         raise BadRow("bad_turn", f"turn has no {want}: keys {sorted(t)}")
     return out
 
@@ -217,6 +279,9 @@ def row_to_sample(rec: Any, fmt: str, column: str):
     if fmt == "text":
         return _content("text", v, False)
     messages = to_messages(v, fmt)
+    first = next((m["role"] for m in messages if m["role"] != "system"), None)
+    if first == "assistant":
+        raise BadRow("starts_with_assistant", STARTS_WITH_ASSISTANT)
     tools = rec.get("tools")
     if isinstance(tools, str):
         try:

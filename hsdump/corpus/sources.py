@@ -6,6 +6,13 @@ streaming). JSON and JSON Lines files are read by hsdump itself into a cached Ar
 one raw JSON text per record (columns RAW, RAW_LINE), so a broken line or a row whose fields
 have unusual types is one bad row (counted or raised, per `dataset.on_bad_row`), not a failed
 load. Parsing each record is the next stage's job (hsdump.corpus.formats).
+
+`content_fingerprint` identifies what the rows are, not where they were read from: the data
+files' bytes (local files, folders and `pkg://` files), or the hub's fingerprint and revision,
+with the keys that select rows from them. It is the resume key's `dataset` and the manifest's
+`dataset.fingerprint`, which `hsdump verify --retokenize` compares; `load_rows` also sets the
+rows' datasets fingerprint (the tokenization cache's key) from it and the row count, so the
+cache too follows the content wherever the file lies.
 """
 
 from __future__ import annotations
@@ -19,7 +26,7 @@ import tempfile
 from importlib import resources
 from itertools import islice
 from pathlib import Path
-from typing import Any, Dict, List, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 from hsdump.config import DatasetConfig
 from hsdump.store.layout import sha256_file
@@ -31,6 +38,26 @@ RAW = "__hsdump_json__"
 RAW_LINE = "__hsdump_line__"
 """Its line number in the file (JSON Lines) or record number (JSON array), 1-based."""
 LOADER_VERSION = "1"
+CONTENT_VERSION = "1"
+"""Part of `content_fingerprint`: bump when what it hashes changes."""
+ROWS_VERSION = "1"
+"""Part of the rows' datasets fingerprint (the tokenization cache key): bump when
+hsdump.corpus.formats turns the same records into different samples or bad rows."""
+ROWS_PREFIX = "hsdump-rows-"
+"""How the rows' datasets fingerprint (`dataset_fingerprint`) of `load_rows` begins."""
+
+DATA_KINDS = {
+    ".json": "json",
+    ".jsonl": "json",
+    ".ndjson": "json",
+    ".parquet": "parquet",
+    ".csv": "csv",
+    ".tsv": "csv",
+    ".arrow": "arrow",
+    ".txt": "text",
+}
+"""The data files `datasets` reads from a folder, by kind (one builder each); a folder of
+more than one kind is refused (`check_folder_kinds`)."""
 
 
 def cache_root() -> Path:
@@ -59,6 +86,65 @@ def resolve_data_path(path: str) -> str:
         return str(resources.files(module).joinpath(rel))
     except ModuleNotFoundError as e:
         raise FileNotFoundError(f"dataset.path={path!r}: no installed package {module!r}") from e
+
+
+_SHA_MEMO: Dict[Tuple[str, int, int, int, int], str] = {}
+
+
+def file_sha256(path: str) -> str:
+    """A file's sha256 (streamed), remembered for this process while the file's size, mtime
+    and inode stay the same: a run reads a large file's hash once."""
+    real = os.path.realpath(path)
+    st = os.stat(real)
+    key = (real, st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+    if key not in _SHA_MEMO:
+        _SHA_MEMO[key] = sha256_file(real)
+    return _SHA_MEMO[key]
+
+
+_NOT_DATA = {
+    "README.md",
+    "config.json",
+    "dataset_info.json",
+    "dataset_infos.json",
+    "dataset_dict.json",
+}
+"""Files `datasets` leaves out of a folder's data files (datasets.data_files.FILES_TO_IGNORE)."""
+
+
+def folder_data_files(root: str) -> List[str]:
+    """The data files `datasets` would read from a folder (DATA_KINDS, not hidden, not in a
+    hidden or `__` folder, not its metadata files), as paths relative to it, sorted."""
+    out = []
+    for d, dirs, files in os.walk(root):
+        dirs[:] = [x for x in dirs if not x.startswith((".", "__"))]
+        for f in files:
+            if f.startswith(".") or f in _NOT_DATA or Path(f).suffix.lower() not in DATA_KINDS:
+                continue
+            out.append(os.path.relpath(os.path.join(d, f), root).replace(os.sep, "/"))
+    return sorted(out)
+
+
+def check_folder_kinds(path: str, shown: str) -> None:
+    """Refuse a folder of data files of more than one kind (say .jsonl and .parquet):
+    `datasets` reads only the most common kind (the others silently left out) or fails with
+    no cause. `shown` is the dataset.path the user gave."""
+    kinds: Dict[str, List[str]] = {}
+    for rel in folder_data_files(path):
+        kinds.setdefault(DATA_KINDS[Path(rel).suffix.lower()], []).append(rel)
+    if len(kinds) > 1:
+        found = "; ".join(
+            f"{k} ({', '.join(v[:3])}{f' and {len(v) - 3} more' if len(v) > 3 else ''})"
+            for k, v in sorted(kinds.items())
+        )
+        readable = [f for k in ("json", "parquet") for f in kinds.get(k, [])]
+        one = os.path.join(shown, readable[0]) if readable else f"{shown}/FILE.jsonl"
+        raise ValueError(
+            f"dataset.path={shown!r} is a folder that holds data files of {len(kinds)} kinds: "
+            f"{found}. datasets reads one kind of file per folder (the others would be left "
+            "out, or the load fails). Keep one kind of file in the folder (move the others "
+            f"out), or point dataset.path at one file, e.g. dataset.path={one}"
+        )
 
 
 def _is_saved_dataset(path: str) -> bool:
@@ -213,7 +299,7 @@ def load_json_file(path: str, allow_truncated: bool = False, cache: bool = True)
     """
     import datasets
 
-    sha = sha256_file(path)
+    sha = file_sha256(path)
     key = hashlib.sha256(f"{sha}:{int(allow_truncated)}:{LOADER_VERSION}".encode()).hexdigest()[:20]
     fingerprint = f"hsdump-json-{key}"
     dest = cache_root() / "datasets" / f"{Path(path).stem[:40]}-{key}"
@@ -299,6 +385,8 @@ def load_rows(cfg: DatasetConfig):
                     builder, data_files={cfg.split: path}, split=cfg.split, streaming=True
                 )
             else:
+                if os.path.isdir(path):
+                    check_folder_kinds(path, cfg.path)
                 it = datasets.load_dataset(
                     path, cfg.name, split=cfg.split, revision=cfg.revision, streaming=True
                 )
@@ -332,6 +420,8 @@ def load_rows(cfg: DatasetConfig):
         else:
             ds = load_json_file(path, cfg.allow_truncated_json, cache=cfg.cache)
     else:
+        if os.path.isdir(path):  # before datasets reads one kind and drops the others
+            check_folder_kinds(path, cfg.path)
         try:
             ds = datasets.load_dataset(path, cfg.name, split=cfg.split, revision=cfg.revision)
         except (FileNotFoundError, ValueError):
@@ -343,6 +433,7 @@ def load_rows(cfg: DatasetConfig):
                 f"revision={cfg.revision!r}): the {where} could not be loaded: "
                 f"{type(e).__name__}: {e}"
             ) from e
+    source = dataset_fingerprint(ds)  # datasets' own, of the whole split
     if cfg.max_samples is not None and len(ds) > cfg.max_samples:
         ds = ds.select(range(cfg.max_samples))
     if len(ds) == 0 and cfg.on_bad_row == "raise":
@@ -350,8 +441,89 @@ def load_rows(cfg: DatasetConfig):
             f"dataset.path={cfg.path!r} split={cfg.split!r} has no rows "
             "(set dataset.on_bad_row=skip to accept an empty dataset)"
         )
+    ds._hsdump_source = source
+    key = json.dumps([content_fingerprint(cfg, ds), len(ds), ROWS_VERSION])
+    ds._fingerprint = ROWS_PREFIX + hashlib.sha256(key.encode()).hexdigest()[:24]
     return ds
 
 
 def dataset_fingerprint(ds) -> str:
+    """The rows' datasets fingerprint: for rows from `load_rows`, one of their content, the
+    number of rows and ROWS_VERSION (`hsdump-rows-...`), wherever the files lie; the key of
+    the tokenization cache (which, unlike `content_fingerprint`, must tell `max_samples`
+    apart)."""
     return getattr(ds, "_fingerprint", None) or "unknown"
+
+
+def _source_files(path: str, rows) -> Optional[List[Tuple[str, str]]]:
+    """(path relative to the dataset root, file) of each data file the rows come from, sorted;
+    None for a hub dataset. A single file's relative path is empty: its name is not content."""
+    if os.path.isfile(path):
+        return [("", path)]
+    if not os.path.isdir(path):
+        return None
+    if _is_saved_dataset(path):
+        root = os.path.realpath(path)
+        mapped = sorted(
+            {os.path.realpath(c["filename"]) for c in (getattr(rows, "cache_files", None) or [])}
+        )
+        inside = [f for f in mapped if f.startswith(root + os.sep)]
+        if inside:  # the split's own Arrow files, not datasets' cache files beside them
+            return [(os.path.relpath(f, root).replace(os.sep, "/"), f) for f in inside]
+        rels = sorted(
+            os.path.relpath(os.path.join(d, f), root).replace(os.sep, "/")
+            for d, _, files in os.walk(root)
+            for f in files
+            if not f.startswith(("cache-", "tmp", "."))
+        )
+        return [(r, os.path.join(root, r)) for r in rels]
+    return [(r, os.path.join(path, r)) for r in folder_data_files(path)]
+
+
+def content_fingerprint(cfg: DatasetConfig, rows) -> str:
+    """What the rows are, not where they were read from: `sha256:<hex>`.
+
+    Local files, folders and `pkg://` files: the data files' bytes (streamed; a folder's
+    files sorted by their path inside it, so the same file or folder by another path, or
+    copied elsewhere, gives the same value), with the keys that select rows from them:
+    `split`, `name`, `column`, `format`. Hub datasets: datasets' fingerprint of the whole
+    split (it follows the hub's revision) and `path`, `revision`, with the same keys; a
+    streamed hub split: its path, revision and those keys only (reading it is the cost
+    streaming avoids).
+
+    Not `max_samples`: resuming with a larger one captures more of the same rows (the row
+    ids of the first N rows do not change), and a smaller one takes fewer; the rows the
+    dataset already holds are the same either way. Not `allow_truncated_json`: it decides
+    whether a cut file is read, not which of its records are. Remembered on `rows`.
+    """
+    sel = {"split": cfg.split, "name": cfg.name, "column": cfg.column, "format": cfg.format}
+    memo_key = (cfg.path, cfg.revision, cfg.streaming, *sel.values())
+    memo = getattr(rows, "_hsdump_content", None)
+    if memo is not None and memo[0] == memo_key:
+        return memo[1]
+    files = _source_files(resolve_data_path(cfg.path), rows)
+    h = hashlib.sha256()
+    if files is not None:
+        head = {"v": CONTENT_VERSION, "source": "files", **sel}
+        h.update(json.dumps(head, sort_keys=True).encode() + b"\n")
+        for rel, f in files:
+            h.update(f"{rel}\0{file_sha256(f)}\n".encode())
+    else:
+        hf = None if cfg.streaming else getattr(rows, "_hsdump_source", None)
+        if hf is None and not cfg.streaming:
+            hf = dataset_fingerprint(rows)
+        head = {
+            "v": CONTENT_VERSION,
+            "source": "hub",
+            "path": cfg.path,
+            "revision": cfg.revision,
+            "datasets_fingerprint": hf,
+            **sel,
+        }
+        h.update(json.dumps(head, sort_keys=True).encode())
+    fp = "sha256:" + h.hexdigest()
+    try:
+        rows._hsdump_content = (memo_key, fp)
+    except AttributeError:
+        pass
+    return fp

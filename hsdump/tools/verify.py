@@ -605,6 +605,32 @@ def _compare_fresh(sid: int, ids: List[int], mask: List[int], fresh, r: Report) 
         r.samples_retokenized += 1
 
 
+def _note_fingerprint(m: dict, dcfg, rows, r: Report) -> None:
+    """--retokenize: a note when the source's rows are not the ones the manifest records. The
+    manifest's `dataset.fingerprint` is hsdump.corpus.sources.content_fingerprint, as extract
+    computed it (the rows' content, not their path or how they were loaded)."""
+    from hsdump.corpus.sources import content_fingerprint
+
+    fp = (m.get("dataset") or {}).get("fingerprint")
+    if not fp or fp == "unknown":
+        return
+    if not str(fp).startswith("sha256:"):
+        r.note(
+            MANIFEST,
+            f"--retokenize: the manifest's dataset fingerprint {fp} is of an older hsdump (how "
+            "the file was loaded, not its content) and is not compared; comparing tokens",
+        )
+        return
+    now = content_fingerprint(dcfg, rows)
+    if now != fp:
+        r.note(
+            MANIFEST,
+            "--retokenize: the source dataset's content is not the recorded one (the file was "
+            f"edited, or it is another file): its fingerprint is now {now} (manifest: {fp}); "
+            "comparing tokens anyway",
+        )
+
+
 def _retokenize(m: dict, r: Report):
     """Fresh (input_ids, loss_mask) of the manifest's source rows, or None on failure."""
     if not isinstance(m.get("config"), dict):
@@ -631,6 +657,9 @@ def _retokenize(m: dict, r: Report):
         dcfg = cfg.dataset
         if getattr(dcfg, "cache", False):  # a fresh tokenization, not a cached one
             dcfg = dataclasses.replace(dcfg, cache=False)
+        if dcfg.max_seq_len is None and isinstance(m.get("max_seq_len"), int):
+            # the recorded config leaves it to the model's context: the run's resolved value
+            dcfg = dataclasses.replace(dcfg, max_seq_len=m["max_seq_len"])
         rows = load_rows(dcfg)
         kw = (
             {"progress": False}
@@ -644,15 +673,7 @@ def _retokenize(m: dict, r: Report):
             f"--retokenize: cannot re-tokenize the source dataset: {type(e).__name__}: {e}",
         )
         return None
-    fp = (m.get("dataset") or {}).get("fingerprint")
-    from hsdump.corpus.sources import dataset_fingerprint
-
-    if fp and fp != "unknown" and dataset_fingerprint(rows) not in (fp, "unknown"):
-        r.note(
-            MANIFEST,
-            f"--retokenize: the source dataset's fingerprint is now "
-            f"{dataset_fingerprint(rows)} (manifest: {fp}); comparing tokens anyway",
-        )
+    _note_fingerprint(m, dcfg, rows, r)
     pos = {sid: i for i, sid in enumerate(data.ids)}
     n_rows = len(rows)
 
