@@ -427,13 +427,14 @@ def test_format_detection_and_errors(ds_tok):
         DatasetConfig(path="x", column="dialog"),
     )
     assert t.format == "sharegpt" and len(t.ids) == 1
-    # a format set in the config requires its own keys
-    t = tokenize_dataset(
-        datasets.Dataset.from_list([{"messages": CONV}]),
-        ds_tok,
-        DatasetConfig(path="x", format="messages", on_bad_row="skip"),
-    )
-    assert t.skipped == {"bad_turn": 1}
+    # a format set in the config requires its own keys: rows of the other one are refused,
+    # naming it (issue 31; a later turn of the other format is a bad_turn: test_own_data.py)
+    with pytest.raises(ValueError, match="set dataset.format=sharegpt dataset.column=messages"):
+        tokenize_dataset(
+            datasets.Dataset.from_list([{"messages": CONV}]),
+            ds_tok,
+            DatasetConfig(path="x", format="messages", on_bad_row="skip"),
+        )
     with pytest.raises(ValueError, match="dataset.format='chatml'"):
         DatasetConfig(path="x", format="chatml")
 

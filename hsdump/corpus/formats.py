@@ -124,6 +124,8 @@ def _named_format_mismatch(recs: List[Dict[str, Any]], columns: List[str], cfg: 
             + (f"set dataset.column={c}" if k == fmt else _format_fix(k, c, columns))
             for c, k in found[:3]
         ]
+        if all(k != fmt for _, k in found):
+            hints.append(f"or set dataset.column=NAME, a column of {KIND_KEYS[fmt]}")
         return msg + "; " + "; ".join(hints)
     kinds = _kinds(recs, col)
     if len(kinds) == 1 and fmt not in kinds:
