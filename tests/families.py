@@ -42,7 +42,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Dict, Optional
 
-from factories import ROOT
+from harness import extract
 
 BOS, EOS = 0, 1  # the DeepSeek tokenizer's <｜begin▁of▁sentence｜> / <｜end▁of▁sentence｜>
 
@@ -895,12 +895,12 @@ def run_extract(
     log_path: Path,
     overrides=(),
 ) -> dict:
-    """extract.py on a family's checkpoint (`capture.layers=layers`, `engine=device`) in a
-    subprocess of its own session, killed with its SGLang processes after `timeout` seconds;
-    its output in `log_path`. Returns {"cmd", "rc", "timed_out", "seconds", "log"}."""
-    cmd = [
-        sys.executable,
-        str(ROOT / "extract.py"),
+    """extract.py on a family's checkpoint (`capture.layers=layers`, `engine=device`) through
+    tests/harness.py's `extract` (a clean environment, progress=false), leading a session of its
+    own: after `timeout` seconds it is killed with its SGLang processes (the process group).
+    Its command line and output go to `log_path`. Returns {"cmd", "rc", "timed_out",
+    "seconds", "log"} (rc None on a timeout)."""
+    args = [
         f"model.path={ckpt}",
         f"model.tokenizer={ckpt}",
         f"model.name=probe-{fam_name}",
@@ -909,52 +909,54 @@ def run_extract(
         f"capture.layers=[{','.join(map(str, layers))}]",
         "capture.allow_unverified=true",
         f"dataset.max_samples={samples}",
-        f"output.dir={out_dir}",
         "output.overwrite=true",
         f"engine={device}",
         "engine.log_level=info",
-        "progress=false",
-        *overrides,
     ]
     t0 = time.time()
-    env = dict(os.environ, PYTHONFAULTHANDLER="1", PYTHONUNBUFFERED="1")
-    with open(log_path, "w") as logf:
-        logf.write(" ".join(cmd) + "\n\n")
-        logf.flush()
-        proc = subprocess.Popen(
-            cmd, cwd=ROOT, stdout=logf, stderr=subprocess.STDOUT, env=env, start_new_session=True
-        )
-        try:
-            rc = proc.wait(timeout=timeout)
-            timed_out = False
-        except subprocess.TimeoutExpired:
-            timed_out = True
-            _kill_group(proc)
-            rc = None
-    log = log_path.read_text(errors="replace")
+    proc = extract(
+        *overrides,
+        out=out_dir,
+        args=args,
+        env={"PYTHONFAULTHANDLER": "1", "PYTHONUNBUFFERED": "1"},
+        timeout=timeout,
+        wait=False,
+        new_session=True,
+    )
+    try:
+        out, _ = proc.communicate(timeout=timeout)
+        timed_out = False
+    except subprocess.TimeoutExpired:
+        timed_out = True
+        out = _kill_group(proc)
+    cmd = [str(c) for c in proc.args]
+    log = " ".join(cmd) + "\n\n" + (out or "")
+    Path(log_path).write_text(log, errors="replace")
     return {
         "cmd": cmd,
-        "rc": rc,
+        "rc": None if timed_out else proc.returncode,
         "timed_out": timed_out,
         "seconds": round(time.time() - t0, 1),
         "log": log,
     }
 
 
-def _kill_group(proc: subprocess.Popen) -> None:
-    """The run and every SGLang process it started (its own session), by process group id."""
+def _kill_group(proc: subprocess.Popen) -> str:
+    """The run and every SGLang process it started (its own session), by process group id:
+    SIGTERM, then SIGKILL after 15 s; its output, read to the end meanwhile (a full pipe
+    cannot block the exit)."""
     import signal
 
     for sig in (signal.SIGTERM, signal.SIGKILL):
         try:
             os.killpg(proc.pid, sig)
         except ProcessLookupError:
-            return
+            break
         try:
-            proc.wait(timeout=15)
-            return
+            return proc.communicate(timeout=15)[0]
         except subprocess.TimeoutExpired:
             continue
+    return proc.communicate()[0]
 
 
 def hf_hidden_states(ckpt: Path, cls: str, prompts, dtype, device: str):

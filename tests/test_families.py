@@ -1,15 +1,16 @@
 """Every family SGLang's CPU engine runs, through extract.py, against transformers float32.
 
 Per family (tests/families.py: a tiny random checkpoint built with transformers' own classes
-and the structural options and config.json fields of the real checkpoints), two layer sets:
-A = [1, L // 2, L - 1] (the first and the last capturable index) with capture.final =
-[pre_norm, post_norm], and B = [L - 2, 2] (unsorted). Each stored layer k must match
-transformers' `hidden_states[k]` by the rule of tests/test_engine.py (err <= 3 x transformers'
-own bf16 error + 0.002) and be far from its neighbours k - 1 and k + 1 (an off-by-one fails
-loudly); pre_norm must match the final norm's input and post_norm its output. The families the
-CPU engine cannot run get the same test on the GPU (marked gpu; the MoE families by the MoE
-rule of tests/tolerance.py); bench/families_probe.py --device gpu recorded their last results
-(bench/results/, README "Model families").
+and the structural options and config.json fields of the real checkpoints), one extraction of
+the layers [L - 2, 1, L // 2, 2, L - 1] (`capture_layers`: the first and the last capturable
+index, unsorted so the user's order must be the stored order) with capture.final = [pre_norm,
+post_norm]. Each stored layer k must match transformers' `hidden_states[k]` by the rule of
+tests/test_engine.py (err <= 3 x transformers' own bf16 error + 0.002) and be far from its
+neighbours k - 1 and k + 1 (an off-by-one fails loudly); pre_norm must match the final norm's
+input and post_norm its output. The families the CPU engine cannot run get the same test on the
+GPU (marked gpu; the MoE families by the MoE rule of tests/tolerance.py);
+bench/families_probe.py --device gpu recorded their last results (bench/results/, README
+"Model families").
 """
 
 import sys
@@ -97,12 +98,25 @@ def _final_states(ckpt: Path, cls: str, prompts):
         hook.remove()
 
 
-def _check(name, layers, final, tmp_path, device="cpu", overrides=()):
+FINAL = ["pre_norm", "post_norm"]
+
+
+def capture_layers(n: int):
+    """One capture list for a model of n decoder layers: the first (1) and the last (n - 1)
+    capturable index, the middle, 2 and n - 2, each once, in an order that is not sorted."""
+    layers = list(dict.fromkeys([n - 2, 1, n // 2, 2, n - 1]))
+    assert layers != sorted(layers) and {1, 2, n // 2, n - 2, n - 1} <= set(layers), layers
+    return layers
+
+
+def _check(name, tmp_path, device="cpu", overrides=()):
+    """One extraction of `capture_layers(L)` and both final kinds, checked against transformers;
+    the worst layer error."""
     from hsdump.store.reader import HsdumpDataset
 
     fam_ckpt = build(name)
+    layers = capture_layers(FAMILIES[name].num_layers)
     out = tmp_path / f"ds-{name}"
-    extra = [f"capture.final=[{','.join(final)}]"] if final else []
     run = run_extract(
         fam_ckpt,
         name,
@@ -112,11 +126,13 @@ def _check(name, layers, final, tmp_path, device="cpu", overrides=()):
         3,
         600,
         tmp_path / f"{name}.log",
-        overrides=extra + list(overrides),
+        overrides=[f"capture.final=[{','.join(FINAL)}]", *overrides],
     )
     assert run["rc"] == 0, run["log"][-3000:]
     ds = HsdumpDataset(str(out))
-    assert list(ds.layers) == layers
+    # the user's (unsorted) order is the stored order, in the manifest and in every record
+    assert list(ds.layers) == layers and ds.manifest["layers"] == layers
+    assert ds.manifest["final"] == FINAL
     recs = {sid: ds.get(sid) for sid in ds.ids}
     ds.close()
     assert len(recs) == 3
@@ -127,10 +143,12 @@ def _check(name, layers, final, tmp_path, device="cpu", overrides=()):
     moe = device == "cuda" and name in GPU_MOE
     errs = {k: [] for k in layers}
     scales = {k: [] for k in layers}
-    finals = _final_states(fam_ckpt, cls, prompts) if final else None
+    finals = _final_states(fam_ckpt, cls, prompts)
+    last = max(layers)  # L - 1: the final states go through it and the norm
     worst = 0.0
     for p, sid in enumerate(sorted(recs)):
         hs = recs[sid]["hidden_states"]
+        assert len(hs) == len(layers), (name, sid, len(hs))
         for j, k in enumerate(layers):
             err, scale = rel_err(hs[j], ref32[p][k]), rel_err(ref16[p][k], ref32[p][k])
             errs[k].append(err)
@@ -139,14 +157,13 @@ def _check(name, layers, final, tmp_path, device="cpu", overrides=()):
             for other in (k - 1, k + 1):
                 assert neighbour_far(rel_err(hs[j], ref32[p][other]), err), (name, sid, k, other)
             worst = max(worst, err)
-        if final:
-            got, (pre, post) = recs[sid]["final"], finals[p]
-            # the final states through the last layer and the norm: the MoE families' routing
-            # in bf16 flips experts on near-ties, so they get the layers' scale
-            scale = rel_err(ref16[p][layers[-1]], ref32[p][layers[-1]])
-            assert final_state_ok(rel_err(got["pre_norm"], pre), scale), (name, sid, "pre_norm")
-            assert final_state_ok(rel_err(got["post_norm"], post), scale), (name, sid, "post_norm")
-            assert rel_err(got["pre_norm"], post) > 0.1
+        got, (pre, post) = recs[sid]["final"], finals[p]
+        # the final states through the last layer and the norm: the MoE families' routing
+        # in bf16 flips experts on near-ties, so they get the layers' scale
+        scale = rel_err(ref16[p][last], ref32[p][last])
+        assert final_state_ok(rel_err(got["pre_norm"], pre), scale), (name, sid, "pre_norm")
+        assert final_state_ok(rel_err(got["post_norm"], post), scale), (name, sid, "post_norm")
+        assert rel_err(got["pre_norm"], post) > 0.1
     if moe:
         lens = [len(x) for x in prompts]
         bad = [b for k in layers for b in moe_layer_failures(k, errs[k], scales[k], lens)]
@@ -156,21 +173,15 @@ def _check(name, layers, final, tmp_path, device="cpu", overrides=()):
 
 @pytest.mark.parametrize("name", CPU_FAMILIES)
 def test_family_matches_transformers(name, tmp_path):
-    n = FAMILIES[name].num_layers
-    a = _check(name, [1, n // 2, n - 1], ["pre_norm", "post_norm"], tmp_path)
-    b = _check(name, [n - 2, 2], [], tmp_path)
-    print(f"{name}: worst {max(a, b):.4f}")
+    print(f"{name}: worst {_check(name, tmp_path):.4f}")
 
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs an NVIDIA GPU (CUDA)")
 @pytest.mark.parametrize("name", sorted(GPU_FAMILIES))
 def test_family_matches_transformers_on_the_gpu(name, tmp_path):
-    n = FAMILIES[name].num_layers
-    extra = GPU_FAMILIES[name]
-    a = _check(name, [1, n // 2, n - 1], ["pre_norm", "post_norm"], tmp_path, "cuda", extra)
-    b = _check(name, [n - 2, 2], [], tmp_path, "cuda", extra)
-    print(f"{name}: worst {max(a, b):.4f}")
+    worst = _check(name, tmp_path, "cuda", GPU_FAMILIES[name])
+    print(f"{name}: worst {worst:.4f}")
 
 
 def test_unverified_class_is_refused_before_the_engine(tmp_path):
