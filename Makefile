@@ -12,9 +12,10 @@ ARGS ?=
 # The pinned dependencies, then hsdump itself, editable and with --no-deps (the lock's pins
 # stay): that puts the `hsdump` command in .venv/bin. The venv's own setuptools builds it when
 # it can (no download), else pip fetches one (build isolation).
-$(STAMP): requirements.lock pyproject.toml
+$(STAMP): requirements.lock requirements-data.txt pyproject.toml
 	test -x $(PYTHON) || $(PY) -m venv $(VENV)
 	$(PYTHON) -m pip install --disable-pip-version-check -q -r requirements.lock
+	$(PYTHON) -m pip install --disable-pip-version-check -q --no-deps -r requirements-data.txt
 	$(PYTHON) -m pip install --disable-pip-version-check -q --no-deps -e . \
 	    $$($(PYTHON) -c 'import setuptools as s; print("--no-build-isolation" * (int(s.__version__.split(".")[0]) >= 64))' 2>/dev/null)
 	touch $(STAMP)
