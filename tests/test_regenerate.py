@@ -1,81 +1,62 @@
 """`regenerate.turns`: the target model rewrites the answers, then hsdump captures the rewritten
-conversations, with a real CPU engine (tiny Llama, DeepSeek tokenizer and template)."""
+conversations (tiny Llama, DeepSeek tokenizer and template). Regeneration's bookkeeping
+(windows, skips after regeneration, resume, stored conversations, token_freq.json) runs on the
+dry engine (tests/harness.py's DRY: deterministic short answers, rows a function of the ids);
+the model's own answers and the fidelity of their rows need the real CPU engine: one
+module-scoped run (`regenerated`), read by the tests marked `engine`."""
 
-import os
 import signal
-import subprocess
-import sys
+from collections import Counter
 
 import pytest
 import torch
-from factories import ROOT, hf_hidden_states
+from factories import ROOT, compose_config, hf_hidden_states
+from harness import DRY, extract
 from tolerance import per_sample_ok, rel_err
 
-from hsdump.config import DatasetConfig, RegenerateConfig
+from hsdump.config import DatasetConfig, RegenerateConfig, register_configs, to_config
 from hsdump.corpus.regenerate import regenerate, stop_token_ids, to_sample, turns_to_rewrite
 from hsdump.store.reader import HsdumpDataset
+from hsdump.store.stats import COMMITTED, read_token_freq
 
 ARGS = [
     "dataset.max_samples=5",
     "regenerate.max_new_tokens=16",
-    "progress=false",
     "dataset.max_seq_len=512",
     "output.shard_bytes=30000",
 ]
+DRY_ARGS = [*ARGS, DRY]
 
 
-def extract(out, *extra, fault=None):
-    env = {k: v for k, v in os.environ.items() if k != "HSDUMP_FAULT"}
-    if fault:
-        env["HSDUMP_FAULT"] = fault
-    p = subprocess.run(
-        [sys.executable, "extract.py", *ARGS, f"output.dir={out}", *extra],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=900,
-    )
-    return p.returncode, p.stdout + p.stderr
+def dry_dataset(path):
+    return HsdumpDataset(str(path), allow_dry=True)
 
 
 def tokenizer():
-    """The embedded default's tokenizer and chat template (conf/model/tiny.yaml)."""
-    from omegaconf import OmegaConf
-
-    from hsdump.config import ModelConfig
+    """The embedded default's tokenizer and chat template (conf/model/tiny.yaml, its preset's
+    template resolved as extract.py resolves it)."""
     from hsdump.corpus.tokenizer import load_tokenizer
     from hsdump.tiny import resolve_model_path
 
-    raw = OmegaConf.to_container(OmegaConf.load(ROOT / "conf" / "model" / "tiny.yaml"))
-    raw.pop("defaults", None)
-    cfg = ModelConfig(**raw)
+    register_configs()
+    cfg = to_config(compose_config()).model
     return load_tokenizer(cfg, resolve_model_path(cfg.path))
 
 
-@pytest.fixture(scope="module")
-def regenerated(tmp_path_factory, tiny_llama):
-    out = tmp_path_factory.mktemp("regen") / "ds"
-    rc, log = extract(out, "regenerate.turns=all")
-    assert rc == 0, log[-3000:]
-    return out, log
-
-
-@pytest.mark.engine
-def test_ids_masks_and_states_are_those_of_the_stored_conversation(regenerated, tiny_llama):
-    out, log = regenerated
-    assert "regenerated:" in log and "tokens generated" in log
-    tok = tokenizer()
-    from hsdump.corpus.masks import tokenize_conversation
-
-    ds = HsdumpDataset(str(out))
-    assert len(ds) == 5
-    from hsdump.corpus.formats import dataset_record, row_to_sample
+def source_rows(n):
     from hsdump.corpus.sources import load_rows
 
-    rows = load_rows(
-        DatasetConfig(path=str(ROOT / "hsdump/corpus/data/tiny_chat.jsonl"), max_samples=5)
+    return load_rows(
+        DatasetConfig(path=str(ROOT / "hsdump/corpus/data/tiny_chat.jsonl"), max_samples=n)
     )
+
+
+def check_stored_conversations(ds, tok, rows):
+    """Each sample's ids and mask are the template applied to its stored (regenerated)
+    conversation, whose answers all replaced the source's; yields (sid, record, ids)."""
+    from hsdump.corpus.formats import dataset_record, row_to_sample
+    from hsdump.corpus.masks import tokenize_conversation
+
     differs = 0
     for sid in ds.ids:
         rec, conv = ds.get(sid), ds.conversation(sid)
@@ -102,17 +83,57 @@ def test_ids_masks_and_states_are_those_of_the_stored_conversation(regenerated, 
         eos = tok.eos_token
         for run, answer in zip(runs, answers):
             assert tok.decode(run) == answer + eos, (tok.decode(run), answer)
+        yield sid, rec, ids
+    assert differs == len(ds)  # the ids are not the source conversations' tokenization
+
+
+@pytest.fixture(scope="module")
+def regenerated(tmp_path_factory, tiny_llama):
+    """One real-engine run of regenerate.turns=all (only tests marked `engine` use it)."""
+    out = tmp_path_factory.mktemp("regen") / "ds"
+    rc, log = extract("regenerate.turns=all", out=out, args=ARGS, timeout=900)
+    assert rc == 0, log[-3000:]
+    return out, log
+
+
+@pytest.fixture(scope="module")
+def regenerated_dry(tmp_path_factory):
+    """The same run on the dry engine: the reference of the bookkeeping tests."""
+    out = tmp_path_factory.mktemp("regen_dry") / "ds"
+    rc, log = extract("regenerate.turns=all", out=out, args=DRY_ARGS)
+    assert rc == 0, log[-3000:]
+    return out, log
+
+
+# real engine: the answers are the model's own generated tokens, and their rows are compared
+# with a transformers forward pass
+@pytest.mark.engine
+def test_ids_masks_and_states_are_those_of_the_stored_conversation(regenerated, tiny_llama):
+    out, log = regenerated
+    assert "regenerated:" in log and "tokens generated" in log
+    tok = tokenizer()
+    ds = HsdumpDataset(str(out))
+    assert len(ds) == 5
+    for sid, rec, ids in check_stored_conversations(ds, tok, source_rows(5)):
         # hidden states: a transformers forward pass of the stored ids
         ref = hf_hidden_states(tiny_llama, ids)
         ref16 = hf_hidden_states(tiny_llama, ids, torch.bfloat16)
         for h, k in zip(rec["hidden_states"], ds.layers):
             assert per_sample_ok(rel_err(h, ref[k]), rel_err(ref16[k], ref[k])), (sid, k)
-    assert differs == len(ds)  # the ids are not the source conversations' tokenization
+
+
+def test_ids_masks_and_token_freq_are_those_of_the_stored_conversation(regenerated_dry):
+    """The bookkeeping half of the test above (split from it), on the dry engine: ids, masks
+    and spans follow the stored conversation, and token_freq.json counts its tokens."""
+    out, log = regenerated_dry
+    assert "regenerated:" in log and "tokens generated" in log
+    tok = tokenizer()
+    ds = dry_dataset(out)
+    assert len(ds) == 5
+    for sid, _, _ in check_stored_conversations(ds, tok, source_rows(5)):
+        answers = [m["content"] for m in ds.conversation(sid) if m["role"] == "assistant"]
+        assert all(a.startswith("dry ") for a in answers)  # the dry engine's answers
     # token_freq.json counts the stored (regenerated) tokens, not the source's
-    from collections import Counter
-
-    from hsdump.store.stats import COMMITTED, read_token_freq
-
     want = Counter()
     for sid in ds.ids:
         rec = ds.get(sid, hidden=False)
@@ -121,45 +142,56 @@ def test_ids_masks_and_states_are_those_of_the_stored_conversation(regenerated, 
     assert counts == dict(want) and meta["counted"] == COMMITTED and meta["samples"] == 5
 
 
-@pytest.mark.engine
-def test_greedy_regeneration_is_the_same_across_a_kill_and_resume(regenerated, tmp_path):
-    ref, _ = regenerated
+def test_greedy_regeneration_is_the_same_across_a_kill_and_resume(regenerated_dry, tmp_path):
+    ref, _ = regenerated_dry
     out = tmp_path / "ds"
-    # killed after its 3rd captured sample (the first shard holds 2-3 samples), then resumed
-    rc, log = extract(out, "regenerate.turns=all", "regenerate.window=2", fault="sample@3")
+    # killed at its 3rd captured sample (the 1st fills a shard of its own, the 2nd is staged in
+    # the next one, lost), then resumed; paced (a real engine's generation takes time too) so
+    # that the writer's thread has committed the 1st shard when the kill lands
+    pace = "engine.dry_tokens_per_s=2000"
+    rc, log = extract(
+        "regenerate.turns=all",
+        "regenerate.window=2",
+        pace,
+        out=out,
+        args=DRY_ARGS,
+        fault="sample@3",
+    )
     assert rc == -signal.SIGKILL, log[-2000:]
-    partial = HsdumpDataset(str(out))
+    partial = dry_dataset(out)
     assert 0 < len(partial) < 5
-    rc, log = extract(out, "regenerate.turns=all", "regenerate.window=2")
+    rc, log = extract("regenerate.turns=all", "regenerate.window=2", out=out, args=DRY_ARGS)
     assert rc == 0, log[-3000:]
     assert f"already committed before this run: {len(partial)}" in log
-    a, b = HsdumpDataset(str(ref)), HsdumpDataset(str(out))
+    a, b = dry_dataset(ref), dry_dataset(out)
     assert a.ids == b.ids
-    from hsdump.store.stats import read_token_freq  # counted over all 5, not the resumed run's
-
+    # counted over all 5, not the resumed run's
     assert read_token_freq(str(out)) == read_token_freq(str(ref))
     for sid in a.ids:
         assert a.conversation(sid) == b.conversation(sid)
         assert torch.equal(a.get(sid)["input_ids"], b.get(sid)["input_ids"])
         assert torch.equal(a.get(sid)["loss_mask"], b.get(sid)["loss_mask"])
     # the turns policy is part of the resume key: another one is refused, and named
-    rc, log = extract(out, "regenerate.turns=last")
+    rc, log = extract("regenerate.turns=last", out=out, args=DRY_ARGS)
     assert rc == 2 and "regenerate:" in log and "'turns': 'all'" in log, log[-2000:]
-    rc, log = extract(out)  # nor can the dataset's own answers be mixed in
+    rc, log = extract(out=out, args=DRY_ARGS)  # nor can the dataset's own answers be mixed in
     assert rc == 2 and "regenerate:" in log, log[-2000:]
 
 
-@pytest.mark.engine
 def test_last_turn_and_truncation(tmp_path):
     out = tmp_path / "ds"
     rc, log = extract(
-        out, "regenerate.turns=last", "dataset.max_seq_len=48", "regenerate.max_new_tokens=24"
+        "regenerate.turns=last",
+        "dataset.max_seq_len=48",
+        "regenerate.max_new_tokens=24",
+        out=out,
+        args=DRY_ARGS,
     )
     assert rc == 0, log[-3000:]
     tok = tokenizer()
     from hsdump.corpus.masks import tokenize_conversation
 
-    ds = HsdumpDataset(str(out))
+    ds = dry_dataset(out)
     assert len(ds) > 0
     cut = 0
     for sid in ds.ids:
@@ -172,29 +204,32 @@ def test_last_turn_and_truncation(tmp_path):
     assert cut > 0  # some were truncated to max_seq_len
 
 
-@pytest.mark.engine
 def test_a_rewrite_too_long_for_the_policy_is_recorded_as_skipped(tmp_path):
     """truncation=skip: a conversation that fits as written but not once its last answer is
-    regenerated (96 new tokens where the source answer was short) is recorded as skipped,
-    never captured, and a resumed run does not generate it again."""
+    regenerated is recorded as skipped, never captured, and a resumed run does not generate
+    it again. (The dry engine answers in at most 12 words, so a rewrite grows only where the
+    source's last answer was shorter: among the first 20 rows, row 6's ("Iphone 14 pro max")
+    fits in 200 tokens as written and not once rewritten.)"""
     out = tmp_path / "ds"
-    args = [
+    policy = [
         "dataset.max_samples=20",
         "regenerate.turns=last",
         "dataset.truncation=skip",
-        "dataset.max_seq_len=256",
+        "dataset.max_seq_len=200",
         "regenerate.max_new_tokens=96",
     ]
-    rc, log = extract(out, *args)
+    rc, log = extract(*policy, out=out, args=DRY_ARGS)
     assert rc == 0, log[-3000:]
-    ds = HsdumpDataset(str(out))
+    ds = dry_dataset(out)
     after = {int(k) for k, why in ds.skipped.items() if why == "too_long after regeneration"}
     assert after and not after & set(ds.ids), (ds.skipped, log[-2000:])
+    assert ds.ids  # and the others that fit were captured
     assert "too_long after regeneration" in log
-    rc, log = extract(out, *args)  # resumed: nothing left, nothing generated again
+    # resumed: nothing left, nothing generated again
+    rc, log = extract(*policy, out=out, args=DRY_ARGS)
     assert rc == 0 and "regenerated:" not in log, log[-2000:]
     assert f"already committed before this run: {len(ds.ids) + len(after)}" in log
-    assert HsdumpDataset(str(out)).ids == ds.ids
+    assert dry_dataset(out).ids == ds.ids
 
 
 def test_an_empty_or_immediately_stopped_answer():
@@ -259,20 +294,21 @@ def test_which_turns_and_config_errors():
     assert clean("<think>x</think>answer", "keep") == "<think>x</think>answer"
 
 
-@pytest.mark.engine
-def test_two_jobs_count_token_freq_once_when_the_dataset_is_complete(regenerated, tmp_path):
+def test_two_jobs_count_token_freq_once_when_the_dataset_is_complete(regenerated_dry, tmp_path):
     """dist.num_jobs=2: the first job to end leaves token_freq.json uncounted (the other's
     samples are not committed yet); the second counts the whole dataset, as one job would."""
-    ref, _ = regenerated
+    ref, _ = regenerated_dry
     out = tmp_path / "ds"
-    rc, log = extract(out, "regenerate.turns=all", "dist.num_jobs=2", "dist.job_index=0")
+    rc, log = extract(
+        "regenerate.turns=all", "dist.num_jobs=2", "dist.job_index=0", out=out, args=DRY_ARGS
+    )
     assert rc == 0, log[-3000:]
     assert "token_freq.json: not counted yet" in log, log[-3000:]
     assert not (out / "token_freq.json").exists()
-    rc, log = extract(out, "regenerate.turns=all", "dist.num_jobs=2", "dist.job_index=1")
+    rc, log = extract(
+        "regenerate.turns=all", "dist.num_jobs=2", "dist.job_index=1", out=out, args=DRY_ARGS
+    )
     assert rc == 0, log[-3000:]
     assert "token_freq.json: counted over the committed samples" in log, log[-3000:]
-    from hsdump.store.stats import read_token_freq
-
-    assert HsdumpDataset(str(out)).ids == HsdumpDataset(str(ref)).ids
+    assert dry_dataset(out).ids == dry_dataset(ref).ids
     assert read_token_freq(str(out)) == read_token_freq(str(ref))
