@@ -4,17 +4,19 @@ virtual environment, runs from a folder outside the checkout.
 The fresh venv has no pip and no packages of its own; a .pth file puts the project venv's
 site-packages after its own, so it reuses SGLang, torch and the rest without a download while
 `hsdump` itself comes from the wheel (checked: its files, its configs, its console script).
+The extractions run on engine=dry: what is checked is the installed command (its configs, its
+Hydra runs, its sweeps, verify and export), not SGLang.
 """
 
 import os
 import shutil
-import subprocess
-import sys
 import sysconfig
 from pathlib import Path
 
+import harness
 import pytest
 from factories import ROOT
+from harness import DRY
 
 from hsdump import __version__
 from hsdump.store.reader import HsdumpDataset
@@ -23,11 +25,23 @@ SOURCES = ("pyproject.toml", "README.md", "requirements.txt", "hsdump", "conf")
 SMALL = ["output.shard_bytes=200000", "progress=false"]  # as tests/test_pipeline.py
 
 
-def sh(args, cwd, env, timeout=600):
-    p = subprocess.run(
-        [str(a) for a in args], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout
+def installed_run(bin_, name, *args, cwd, timeout=600, split=False):
+    """The fresh venv's `name` (its console script `hsdump`, its `python`) with `args` from
+    `cwd`, through tests/harness.py (harness.hsdump runs this environment's own script, not
+    the wheel's): the harness's clean environment without PYTHONPATH and VIRTUAL_ENV, the venv
+    first on PATH. Built per call, so the running test's engine guard reaches it."""
+    env = harness.clean_env({"PATH": f"{bin_}{os.pathsep}{os.environ.get('PATH', '')}"})
+    for k in ("PYTHONPATH", "VIRTUAL_ENV"):
+        env.pop(k, None)
+    return harness._run(
+        [bin_ / name, *args],
+        cwd=cwd,
+        env=env,
+        timeout=timeout,
+        wait=True,
+        new_session=False,
+        split=split,
     )
-    return p.returncode, p.stdout + p.stderr
 
 
 def build_wheel(dest: Path) -> Path:
@@ -42,15 +56,15 @@ def build_wheel(dest: Path) -> Path:
         else:
             src.mkdir(parents=True, exist_ok=True)
             shutil.copy2(ROOT / name, src / name)
-    cmd = [sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", dest / "dist", src]
+    cmd = ["-m", "pip", "wheel", "--no-deps", "-q", "-w", dest / "dist", src]
     try:
         import setuptools
 
         if int(setuptools.__version__.split(".")[0]) >= 64:
-            cmd.insert(4, "--no-build-isolation")  # this venv's setuptools: no download
+            cmd.insert(3, "--no-build-isolation")  # this venv's setuptools: no download
     except ImportError:
         pass
-    rc, out = sh(cmd, dest, os.environ)
+    rc, out = harness.python(*cmd, cwd=dest)
     assert rc == 0, out
     wheels = list((dest / "dist").glob("hsdump-*.whl"))
     assert len(wheels) == 1, wheels
@@ -59,40 +73,37 @@ def build_wheel(dest: Path) -> Path:
 
 @pytest.fixture(scope="module")
 def installed(tmp_path_factory, tiny_llama):
-    """(venv bin folder, env, a work folder outside the checkout) with hsdump's wheel installed."""
+    """(venv bin folder, a work folder outside the checkout) with hsdump's wheel installed."""
     base = tmp_path_factory.mktemp("pkg")
     wheel = build_wheel(base)
     venv = base / "venv"
-    rc, out = sh([sys.executable, "-m", "venv", "--without-pip", venv], base, os.environ)
+    rc, out = harness.python("-m", "venv", "--without-pip", venv, cwd=base)
     assert rc == 0, out
-    py = venv / "bin" / "python"
-    rc, site = sh(
-        [py, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"], base, os.environ
+    rc, site = installed_run(
+        venv / "bin",
+        "python",
+        "-c",
+        "import sysconfig; print(sysconfig.get_paths()['purelib'])",
+        cwd=base,
     )
     assert rc == 0, site
     Path(site.strip(), "project-venv.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
-    rc, out = sh(
-        [
-            sys.executable,
-            "-m",
-            "pip",
-            "--python",
-            py,
-            "install",
-            "-q",
-            "--no-deps",
-            "--no-index",
-            wheel,
-        ],
-        base,
-        os.environ,
+    rc, out = harness.python(
+        "-m",
+        "pip",
+        "--python",
+        venv / "bin" / "python",
+        "install",
+        "-q",
+        "--no-deps",
+        "--no-index",
+        wheel,
+        cwd=base,
     )
     assert rc == 0, out
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
-    env["PATH"] = f"{venv / 'bin'}{os.pathsep}{env.get('PATH', '')}"
     work = base / "elsewhere"
     work.mkdir()
-    return venv / "bin", env, work
+    return venv / "bin", work
 
 
 def test_wheel_holds_configs_templates_and_data(tmp_path):
@@ -109,81 +120,108 @@ def test_wheel_holds_configs_templates_and_data(tmp_path):
 
 
 def test_command_help_version_and_configs_outside_the_checkout(installed):
-    bin_, env, work = installed
-    rc, out = sh([bin_ / "hsdump", "--help"], work, env)
+    bin_, work = installed
+    rc, out = installed_run(bin_, "hsdump", "--help", cwd=work)
     assert rc == 0, out
     for cmd in ("extract", "verify", "inspect", "export", "vocab", "preview"):
         assert f"\n  {cmd} " in out, out
-    rc, out = sh([bin_ / "hsdump", "--version"], work, env)
+    rc, out = installed_run(bin_, "hsdump", "--version", cwd=work)
     assert rc == 0 and out.strip() == f"hsdump {__version__}", out
-    rc, out = sh([bin_ / "python", "-m", "hsdump", "--version"], work, env)
+    rc, out = installed_run(bin_, "python", "-m", "hsdump", "--version", cwd=work)
     assert rc == 0 and out.strip() == f"hsdump {__version__}", out
     # the package and its configs are the wheel's, not this checkout's
-    rc, out = sh(
-        [
-            bin_ / "python",
-            "-c",
-            "import hsdump, hsdump.cli as c; print(hsdump.__file__); print(c.config_dir())",
-        ],
-        work,
-        env,
+    rc, out = installed_run(
+        bin_,
+        "python",
+        "-c",
+        "import hsdump, hsdump.cli as c; print(hsdump.__file__); print(c.config_dir())",
+        cwd=work,
     )
     assert rc == 0, out
     pkg, conf = out.split()
     assert str(bin_.parent) in pkg and not pkg.startswith(str(ROOT)), pkg
     assert conf == str(Path(pkg).parent / "conf"), conf
-    rc, out = sh(
-        [bin_ / "hsdump", "extract", "--cfg", "job", "model=qwen3_8b", "dataset.max_samples=3"],
-        work,
-        env,
+    rc, out = installed_run(
+        bin_,
+        "hsdump",
+        "extract",
+        "--cfg",
+        "job",
+        "model=qwen3_8b",
+        "dataset.max_samples=3",
+        cwd=work,
     )
     assert rc == 0 and "max_samples: 3" in out and "Qwen/Qwen3-8B" in out, out
-    rc, out = sh(
-        [bin_ / "hsdump", "preview", "-n", "1", "--color", "never", "dataset.max_seq_len=64"],
-        work,
-        env,
+    rc, out = installed_run(
+        bin_,
+        "hsdump",
+        "preview",
+        "-n",
+        "1",
+        "--color",
+        "never",
+        "dataset.max_seq_len=64",
+        cwd=work,
     )
     assert rc == 0 and "[[" in out, out[-3000:]
 
 
-@pytest.mark.engine
 def test_installed_command_extracts_and_verifies(installed):
     """The issue's done-when: from a folder outside the checkout, `hsdump extract
-    dataset.max_samples=6 output.dir=X` and `hsdump verify X` work with the installed command."""
-    bin_, env, work = installed
-    rc, out = sh(
-        [bin_ / "hsdump", "extract", "dataset.max_samples=6", "output.dir=X", *SMALL], work, env
+    dataset.max_samples=6 output.dir=X` and `hsdump verify X` work with the installed command
+    (on engine=dry; the real engine's path is tests/test_pipeline.py's)."""
+    bin_, work = installed
+    rc, out = installed_run(
+        bin_, "hsdump", "extract", "dataset.max_samples=6", "output.dir=X", *SMALL, DRY, cwd=work
     )
     assert rc == 0, out[-4000:]
     assert "samples written: 6" in out and "check it: hsdump verify X" in out, out[-3000:]
     assert "Ignore import error" not in out, out  # SGLang's import noise is hidden
-    for stage in ("tokenize:", "engine: starting", "capture:", "commit:"):
+    for stage in ("tokenize:", "engine: dry", "capture:", "commit:"):
         assert stage in out, (stage, out[-3000:])
-    assert len(HsdumpDataset(str(work / "X"))) == 6
-    rc, out = sh([bin_ / "hsdump", "verify", "X"], work, env)
+    assert len(HsdumpDataset(str(work / "X"), allow_dry=True)) == 6
+    rc, out = installed_run(bin_, "hsdump", "verify", "X", cwd=work)
     assert rc == 0 and "OK: 6 of 6 samples" in out, out[-3000:]
 
 
-@pytest.mark.engine
+def test_installed_command_extracts_dry_and_export_refuses_it_unless_asked(installed):
+    """`hsdump extract engine=dry` from the installed command: its dataset passes `hsdump
+    verify`, which notes the engine; `hsdump export` refuses it (its rows are no hidden
+    states) unless --allow-dry."""
+    bin_, work = installed
+    rc, out = installed_run(
+        bin_, "hsdump", "extract", DRY, "dataset.max_samples=4", "output.dir=D", *SMALL, cwd=work
+    )
+    assert rc == 0 and "samples written: 4" in out, out[-4000:]
+    rc, out = installed_run(bin_, "hsdump", "verify", "D", cwd=work)
+    assert rc == 0 and "OK: 4 of 4 samples" in out and "engine=dry" in out, out[-3000:]
+    export = ["export", "D", "E", "--to", "speculators", "--final-state", "last-layer"]
+    rc, out, err = installed_run(bin_, "hsdump", *export, cwd=work, split=True)
+    assert rc == 2 and "engine=dry" in err and "--allow-dry" in err, (out, err)
+    assert not (work / "E").exists() or not any((work / "E").iterdir())  # nothing written
+    rc, out = installed_run(bin_, "hsdump", *export, "--allow-dry", "--no-progress", cwd=work)
+    assert rc == 0 and "4 samples written" in out, out[-3000:]
+
+
 def test_installed_command_runs_a_multirun_sweep(installed):
-    bin_, env, work = installed
-    rc, out = sh(
-        [
-            bin_ / "hsdump",
-            "extract",
-            "-m",
-            "capture.layers=[1,2,3],[3,5,7]",
-            "dataset.max_samples=2",
-            "output.root=sweep",
-            *SMALL,
-        ],
-        work,
-        env,
+    bin_, work = installed
+    rc, out = installed_run(
+        bin_,
+        "hsdump",
+        "extract",
+        "-m",
+        "capture.layers=[1,2,3],[3,5,7]",
+        "dataset.max_samples=2",
+        "output.root=sweep",
+        *SMALL,
+        DRY,
+        cwd=work,
     )
     assert rc == 0, out[-4000:]
     for layers in ([1, 2, 3], [3, 5, 7]):
         ds = HsdumpDataset(
-            str(work / "sweep" / "tiny-llama" / f"layers-{'-'.join(map(str, layers))}")
+            str(work / "sweep" / "tiny-llama" / f"layers-{'-'.join(map(str, layers))}"),
+            allow_dry=True,
         )
         assert ds.layers == layers and len(ds) == 2
     assert list(work.glob("outputs/.hydra/multirun-*/0/extract.log"))  # the job is "extract"

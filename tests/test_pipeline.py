@@ -1,12 +1,13 @@
-"""`make extract`'s path end to end: Hydra config -> dataset -> real CPU engine -> shards."""
+"""`make extract`'s path end to end: Hydra config -> dataset -> real CPU engine -> shards, once;
+resume and the multirun sweep (hsdump's bookkeeping) on engine=dry."""
 
 import json
-import subprocess
-import sys
 
+import harness
 import pytest
 import torch
-from factories import ROOT, compose_config, hf_hidden_states, shards
+from factories import compose_config, hf_hidden_states, shards
+from harness import DRY
 from tolerance import per_sample_ok, rel_err
 
 from hsdump.config import register_configs, to_config
@@ -14,6 +15,8 @@ from hsdump.pipeline import run
 from hsdump.store.reader import HsdumpDataset
 
 register_configs()
+
+EXTRACT = ["dataset.max_samples=12", "progress=false", "dataset.on_bad_row=skip"]
 
 
 def config(*overrides):
@@ -44,17 +47,12 @@ def test_composition_and_presets():
         config("engine.no_such_key=1")
 
 
+# The one real extraction of the embedded default (SGLang's CPU engine): what SGLang captures
+# decides the rows, checked against transformers; the manifest names SGLang's version.
 @pytest.mark.engine
-def test_extract_writes_a_valid_dataset_and_resumes(tmp_path, tiny_llama):
+def test_extract_writes_a_valid_dataset(tmp_path, tiny_llama):
     out = tmp_path / "ds"
-    cfg = config(
-        "dataset.max_samples=12",
-        f"output.dir={out}",
-        "progress=false",
-        "dataset.on_bad_row=skip",
-        "output.shard_bytes=200000",
-    )
-    s = run(to_config(cfg))
+    s = run(to_config(config(*EXTRACT, f"output.dir={out}", "output.shard_bytes=200000")))
     assert s.written + sum(s.skipped.values()) == 12 and s.written >= 10
 
     manifest = json.loads((out / "manifest.json").read_text())
@@ -78,6 +76,7 @@ def test_extract_writes_a_valid_dataset_and_resumes(tmp_path, tiny_llama):
     assert manifest["layers"] == [2, 4, 5]  # EAGLE-3 default for the 8-layer tiny model
     assert manifest["model"]["hidden_size"] == 64 and manifest["sglang_version"] == "0.5.23"
     assert len(manifest["tokenizer"]["chat_template_sha256"]) == 64
+    assert manifest["engine"] == "sglang"
 
     ds = HsdumpDataset(str(out))
     assert len(ds) == s.written and all(0 <= i < 12 for i in ds.ids)
@@ -88,7 +87,16 @@ def test_extract_writes_a_valid_dataset_and_resumes(tmp_path, tiny_llama):
     for h, k in zip(r["hidden_states"], ds.layers):
         assert per_sample_ok(rel_err(h, ref[k]), rel_err(ref16[k], ref[k]))
 
-    # the same command again resumes: nothing is recomputed, nothing changes
+
+def test_extract_resumes_and_refuses_another_layer_set(tmp_path):
+    """The same command again resumes (hsdump's commit records; engine=dry): nothing is
+    recomputed, nothing changes; another layer set into the same folder is refused."""
+    out = tmp_path / "ds"
+    cfg = config(*EXTRACT, f"output.dir={out}", "output.shard_bytes=200000", DRY)
+    s = run(to_config(cfg))
+    assert s.written + sum(s.skipped.values()) == 12 and s.written >= 10
+    assert len(HsdumpDataset(str(out), allow_dry=True)) == s.written and len(shards(out)) > 1
+
     stamps = {p: p.stat().st_mtime_ns for p in out.glob("shards/**/*.safetensors")}
     before = {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()}
     s2 = run(to_config(cfg))
@@ -99,36 +107,22 @@ def test_extract_writes_a_valid_dataset_and_resumes(tmp_path, tiny_llama):
 
     # another layer set into the same folder is refused before any work, naming the field
     with pytest.raises(ValueError, match=r"layers: \[2, 4, 5\] -> \[1, 2, 3\]"):
-        run(
-            to_config(
-                config(
-                    "dataset.max_samples=12",
-                    f"output.dir={out}",
-                    "progress=false",
-                    "dataset.on_bad_row=skip",
-                    "capture.layers=[1,2,3]",
-                )
-            )
-        )
+        run(to_config(config(*EXTRACT, f"output.dir={out}", "capture.layers=[1,2,3]", DRY)))
 
 
-@pytest.mark.engine
-def test_multirun_sweeps_layer_sets_into_separate_datasets(tmp_path, tiny_llama):
-    cmd = [
-        sys.executable,
-        "extract.py",
-        "-m",
+def test_multirun_sweeps_layer_sets_into_separate_datasets(tmp_path):
+    rc, log = harness.extract(
+        "hydra.mode=MULTIRUN",  # `extract.py -m` (harness.extract puts its overrides first)
         "capture.layers=[1,2,3],[3,5,7]",
         "dataset.max_samples=3",
         f"output.root={tmp_path}",
-        "progress=false",
         f"hydra.sweep.dir={tmp_path}/hydra",
-    ]
-    p = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
-    assert p.returncode == 0, p.stderr[-3000:]
+        DRY,
+    )
+    assert rc == 0, log[-3000:]
     for layers in ([1, 2, 3], [3, 5, 7]):
         d = tmp_path / "tiny-llama" / ("layers-" + "-".join(map(str, layers)))
-        ds = HsdumpDataset(str(d))
+        ds = HsdumpDataset(str(d), allow_dry=True)
         assert ds.layers == layers and len(ds) == 3
 
 
