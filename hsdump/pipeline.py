@@ -683,6 +683,7 @@ def start_engine(cfg: Config, model: Model, job: Job) -> Engine:
             else:  # the sglang import happens only now
                 from hsdump.capture.engine import CaptureEngine as EngineClass
 
+            fault("engine_start")  # the kill point of a run whose engine is starting
             engine: Engine = EngineClass(
                 model.path,
                 cfg.model,

@@ -34,7 +34,9 @@ def clean_env(env: Optional[Dict[str, str]] = None, fault: Optional[str] = None)
     return e
 
 
-def _run(cmd, *, cwd, env, timeout, wait, new_session, split=False):
+def run(cmd, *, cwd, env, timeout, wait, new_session=False, split=False):
+    """`cmd` (any program) with exactly `env`; (rc, output), (rc, out, err) if `split`, or the
+    running process if not `wait`. The other helpers call this."""
     p = subprocess.Popen(
         [str(c) for c in cmd],
         cwd=cwd,
@@ -66,7 +68,7 @@ def python(
     new_session: bool = False,
 ):
     """`python ARGS` (this interpreter) from `cwd`."""
-    return _run(
+    return run(
         [sys.executable, *args],
         cwd=cwd,
         env=clean_env(env, fault),
@@ -86,11 +88,12 @@ def extract(
     timeout: float = 600,
     wait: bool = True,
     new_session: bool = False,
+    multirun: bool = False,
 ):
-    """`python extract.py [args] [output.dir=out] progress=false OVERRIDES` (the checkout's, from
-    `cwd`). `args` come first: a test's shared overrides, which OVERRIDES may override.
+    """`python extract.py [-m] [args] [output.dir=out] progress=false OVERRIDES` (the checkout's,
+    from `cwd`). `args` come first: a test's shared overrides, which OVERRIDES may override.
     `new_session`: the run leads its own process group (os.killpg kills SGLang's children too)."""
-    cmd = [str(ROOT / "extract.py"), "progress=false", *args]
+    cmd = [str(ROOT / "extract.py"), *(["-m"] if multirun else []), "progress=false", *args]
     if out is not None:
         cmd.append(f"output.dir={out}")
     return python(
@@ -115,7 +118,7 @@ def hsdump(
 ):
     """The installed console script (this environment's bin/hsdump), as a user runs it;
     `split`: (returncode, stdout, stderr)."""
-    return _run(
+    return run(
         [Path(sys.executable).parent / "hsdump", *args],
         cwd=cwd,
         env=clean_env(env),

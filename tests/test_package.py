@@ -33,7 +33,7 @@ def installed_run(bin_, name, *args, cwd, timeout=600, split=False):
     env = harness.clean_env({"PATH": f"{bin_}{os.pathsep}{os.environ.get('PATH', '')}"})
     for k in ("PYTHONPATH", "VIRTUAL_ENV"):
         env.pop(k, None)
-    return harness._run(
+    return harness.run(
         [bin_ / name, *args],
         cwd=cwd,
         env=env,

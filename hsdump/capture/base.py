@@ -20,6 +20,11 @@ Sink = Callable[[int, List[int], List[torch.Tensor], List[int]], None]
 OnSignal = Optional[Callable[[str], None]]
 
 
+FORBID_ENV = "HSDUMP_FORBID_ENGINE"
+"""Set (by the tests' conftest.py for a test not marked `engine`): starting SGLang raises
+(hsdump.capture.engine.forbid_engine); `hsdump ray` hands it on to its jobs."""
+
+
 class EngineDied(RuntimeError):
     """An engine process exited while hsdump was running."""
 

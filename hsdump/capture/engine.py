@@ -17,7 +17,7 @@ import uuid
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Dict, Iterable, List, Optional, Sequence, Tuple
 
-from hsdump.capture.base import EngineDied, Sink
+from hsdump.capture.base import FORBID_ENV, EngineDied, Sink
 from hsdump.capture.families import family_of
 from hsdump.capture.layers import ModelInfo
 from hsdump.capture.nodes import (
@@ -52,10 +52,6 @@ log = logging.getLogger(__name__)
 
 _ACTIVE: Optional["CaptureEngine"] = None
 ROWS_TIMEOUT_S = 120.0
-
-
-FORBID_ENV = "HSDUMP_FORBID_ENGINE"
-"""Set (by the tests' conftest.py for a test not marked `engine`): starting SGLang raises."""
 
 
 def forbid_engine() -> None:

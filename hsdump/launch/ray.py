@@ -525,6 +525,9 @@ def main(argv=None) -> int:
     try:
         overrides, num_jobs = split_overrides(args.overrides, args.num_jobs)
         env = dict(kv.split("=", 1) for kv in args.env)
+        guard = "HSDUMP_FORBID_ENGINE"  # hsdump.capture.base.FORBID_ENV: the test tiers' guard
+        if os.environ.get(guard):  # reaches the jobs too (tests/conftest.py)
+            env.setdefault(guard, os.environ[guard])
         only = (
             sorted({int(x) for x in args.only.split(",") if x.strip()})
             if args.only
