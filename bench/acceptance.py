@@ -401,15 +401,15 @@ def serve(a) -> int:
         disable_radix_cache=True,
         mem_fraction_static=a.mem_fraction,
         max_total_tokens=a.max_total_tokens,
-        cuda_graph_max_bs=a.cuda_graph_max_bs,
         random_seed=0,
         log_level="warning",
     )
     if a.drafter:
         kw.update(SPEC, speculative_draft_model_path=a.drafter)
+    if a.eager:  # 0.5.17's EAGLE-3 draft graphs import deep_gemm, absent from the bundle
+        kw["disable_cuda_graph"] = True
     if a.device == "cpu":
         kw.update(device="cpu", attention_backend="torch_native", disable_cuda_graph=True)
-        kw.pop("cuda_graph_max_bs")
     t0 = time.perf_counter()
     eng = Engine(**kw)
     start_s = time.perf_counter() - t0
@@ -510,25 +510,30 @@ def collate(results: Path) -> dict:
                 mean_common_prefix=round(sum(pre) / max(1, len(pre)), 3),
                 completion_tokens=r["batched"]["completion_tokens"],
                 engine_start_s=r.get("engine_start_s"),
+                cuda_graphs=not (r.get("engine") or {}).get("disable_cuda_graph", False),
+                batch1_prompts=r["batch1"]["prompts"],
             )
         )
-    base1 = next((x["tokens_per_s_batch1"] for x in rows if x["variant"] == "plain"), None)
-    baseb = next((x["tokens_per_s_batched"] for x in rows if x["variant"] == "plain"), None)
+    # a speed-up only against a plain engine run the same way (CUDA graphs on or off)
+    plain = next((x for x in rows if x["variant"] == "plain"), None)
     for x in rows:
-        x["speedup_batch1"] = round(x["tokens_per_s_batch1"] / base1, 3) if base1 else None
-        x["speedup_batched"] = round(x["tokens_per_s_batched"] / baseb, 3) if baseb else None
+        same = plain is not None and plain["cuda_graphs"] == x["cuda_graphs"]
+        for k in ("batch1", "batched"):
+            base = plain[f"tokens_per_s_{k}"] if same else None
+            x[f"speedup_{k}"] = round(x[f"tokens_per_s_{k}"] / base, 3) if base else None
     return dict(rows=rows)
 
 
 def print_table(rows) -> None:
-    head = ("variant", "accept len", "tok/s b=1", "x b=1", "tok/s batched", "x batched",
-            "= plain")  # fmt: skip
+    head = ("variant", "graphs", "accept len", "tok/s b=1", "x b=1", "tok/s batched",
+            "x batched", "= plain")  # fmt: skip
     lines = [head]
     for x in rows:
         acc = x["accept_length"]
         lines.append(
             (
                 x["variant"],
+                "yes" if x["cuda_graphs"] else "no",
                 "-" if acc is None else f"{acc:.3f}",
                 f"{x['tokens_per_s_batch1']:.0f}",
                 f"{x['speedup_batch1']:.2f}" if x["speedup_batch1"] else "-",
@@ -574,6 +579,7 @@ class Pipeline:
         self.failed = []
         self.procs = []
         self.facts = {}
+        self.stopped = set()
 
     def save(self) -> None:
         with self.lock:
@@ -594,9 +600,11 @@ class Pipeline:
         log = open(self.logs / f"{name}.log", "w")
         print(f"[{start:7.1f}s] start {name}: {shlex.join(cmd)}", flush=True)
         e = dict(os.environ, **(env or {}))
-        p = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=e, cwd=ROOT,
-                             start_new_session=True)  # fmt: skip
-        with self.lock:
+        with self.lock:  # a step stopped before it started never starts
+            if name in self.stopped:
+                return -1
+            p = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=e, cwd=ROOT,
+                                 start_new_session=True)  # fmt: skip
             self.procs.append((name, p))
         rc = p.wait()
         end = time.time() - self.t0
@@ -619,10 +627,11 @@ class Pipeline:
             raise RuntimeError(f"{name} failed (rc={rc}): see {self.logs / (name + '.log')}")
         return rc
 
-    def kill(self, name, grace_s: float = 20.0) -> None:
-        """SIGTERM (speculators saves an `interrupted/` checkpoint, which is never served),
-        then SIGKILL after `grace_s`."""
+    def stop(self, name, grace_s: float = 20.0) -> None:
+        """Step `name` never starts from now on; if it runs: SIGTERM (speculators saves an
+        `interrupted/` checkpoint, which is never served), then SIGKILL after `grace_s`."""
         with self.lock:
+            self.stopped.add(name)
             procs = [p for n, p in self.procs if n == name and p.poll() is None]
         for p in procs:
             os.killpg(p.pid, signal.SIGTERM)
@@ -692,7 +701,23 @@ def _thread(fn, *args):
     return t, box
 
 
+def _claim(w: Path) -> None:
+    """One run-all per work folder: a second one (a restart while the first still runs)
+    would train into the same checkpoint folders and overwrite its drafters."""
+    w.mkdir(parents=True, exist_ok=True)
+    pid_file = w / "run-all.pid"
+    if pid_file.exists():
+        try:
+            os.kill(int(pid_file.read_text()), 0)
+        except (ValueError, ProcessLookupError):
+            pass
+        else:
+            raise SystemExit(f"{w}: run-all {pid_file.read_text().strip()} still runs there")
+    pid_file.write_text(f"{os.getpid()}\n")
+
+
 def run_all(a) -> int:  # noqa: C901 - one pipeline, read top to bottom
+    _claim(Path(a.work))
     P = Pipeline(a)
     w = P.w
     py = sys.executable
@@ -787,15 +812,16 @@ def run_all(a) -> int:  # noqa: C901 - one pipeline, read top to bottom
         if "error" in box:
             raise box["error"]
 
-    # 3. three trainings at once on the GPU (same recipe, same epochs), stopped at the
-    #    deadline if they run long: every one is then served from the same epoch
-    deadline = P.t0 + a.train_deadline_s
-    tt = [_thread(train_one, n) for n in ("default", "layer_off", "template")]
+    # 3. three trainings at once on the GPU (same recipe, same epochs), stopped after
+    #    --train-budget-s if they run long: every one is then served from the same epoch
+    names = () if a.skip_train else ("default", "layer_off", "template")
+    end = time.time() + a.train_budget_s
+    tt = [_thread(train_one, n) for n in names]
     while any(t.is_alive() for t, _ in tt):
-        if time.time() > deadline:
-            for n in ("default", "layer_off", "template"):
-                P.kill(f"train-{n}")
-            print("training deadline: stopped", flush=True)
+        if time.time() > end:
+            print("training budget spent: stopping the trainings", flush=True)
+            for n in names:
+                P.stop(f"train-{n}")
             break
         time.sleep(2)
     for t, _ in tt:
@@ -822,6 +848,9 @@ def run_all(a) -> int:  # noqa: C901 - one pipeline, read top to bottom
     P.save()
     drafters = {}
     for n in trained:
+        drafters[n] = str(w / "drafter" / n)
+        if a.skip_train and (w / "drafter" / n / "config.json").exists():
+            continue
         src = w / "ckpt" / n / str(epoch)
         P.run(f"convert-{n}", [py, me, "convert", "--ckpt", str(src), "--out",
                                 str(w / "drafter" / n)], env=env)  # fmt: skip
@@ -836,7 +865,7 @@ def run_all(a) -> int:  # noqa: C901 - one pipeline, read top to bottom
                "--release", str(w / "release"),
                "--max-new-tokens", str(a.serve_new_tokens), "--batch1", str(a.batch1),
                "--mem-fraction", "0.9", "--max-total-tokens", "300000",
-               "--device", a.device]  # fmt: skip
+               "--device", a.device, *([] if a.serve_graphs else ["--eager"])]  # fmt: skip
         if a.serve_limit:
             cmd += ["--limit", str(a.serve_limit)]
         if n != "plain":
@@ -904,6 +933,7 @@ def main(argv=None) -> int:
     p.add_argument("--ready")
     p.add_argument("--go")
     p.add_argument("--release")
+    p.add_argument("--eager", action="store_true", help="no CUDA graphs")
     p = sub.add_parser("table")
     p.add_argument("--results", required=True)
     p.add_argument("--json")
@@ -917,12 +947,19 @@ def main(argv=None) -> int:
     p.add_argument("--capture-kv-tokens", type=int, default=300_000)
     p.add_argument("--epochs", type=int, default=8)
     p.add_argument("--num-workers", type=int, default=4)
-    p.add_argument("--train-deadline-s", type=float, default=420)
+    p.add_argument("--train-budget-s", type=float, default=300, help="from the trainings' start")
     p.add_argument("--serve-new-tokens", type=int, default=256)
     p.add_argument("--batch1", type=int, default=8)
     p.add_argument("--samples", type=int, default=None, help="dataset.max_samples")
     p.add_argument("--serve-limit", type=int, default=None, help="held-out prompts served")
     p.add_argument("--device", default="cuda", help="cpu: a rehearsal of the whole run here")
+    p.add_argument("--skip-train", action="store_true", help="serve the converted drafters")
+    p.add_argument(
+        "--serve-graphs",
+        action="store_true",
+        help="CUDA graphs in every engine (SGLang 0.5.17's EAGLE-3 draft graphs need deep_gemm, "
+        "which the device bundle lacks: without it all four engines run eagerly)",
+    )
     p.add_argument("--train-extra", default="", help="more speculators flags, e.g. for cpu")
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["extract-unchecked"]:
