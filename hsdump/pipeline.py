@@ -23,13 +23,20 @@ import time
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional
 
 from hsdump import __version__
 from hsdump.capture.base import Engine, EngineDied
 from hsdump.capture.dry import KIND as DRY
 from hsdump.capture.families import Family, check_verified
-from hsdump.capture.layers import CONVENTION, ModelInfo, read_model_info, resolve_layers
+from hsdump.capture.layers import (
+    CONVENTION,
+    ModelInfo,
+    engine_context,
+    length_limit,
+    read_model_info,
+    resolve_layers,
+)
 from hsdump.capture.nodes import NodeLayout, find_layout
 from hsdump.config import Config, OutputConfig
 from hsdump.corpus.chat import chat_template_of, template_sha256
@@ -422,25 +429,6 @@ def check_model(cfg: Config) -> Model:
         cfg.output.dir,
     )
     return Model(path, info, family, layers)
-
-
-def engine_context(cfg: Config, info: ModelInfo) -> Optional[int]:
-    """The longest sequence the engine takes: engine.extra.context_length when set, else the
-    model's max_position_embeddings (None when config.json has neither)."""
-    ctx = cfg.engine.extra.get("context_length")
-    return int(ctx) if ctx is not None else info.max_position_embeddings
-
-
-def length_limit(cfg: Config, info: ModelInfo) -> Tuple[int, str]:
-    """(dataset.max_seq_len as the run uses it, where it came from). Unset (a user's dataset
-    with no limit given): the engine's context less one, SGLang's longest prompt (it refuses an
-    input as long as the context); 2048 when the model's config.json names no context."""
-    if cfg.dataset.max_seq_len is not None:
-        return cfg.dataset.max_seq_len, "dataset.max_seq_len"
-    ctx = engine_context(cfg, info)
-    if ctx is None:
-        return 2048, "default: the model's config.json names no context length"
-    return ctx - 1, f"the engine's context {ctx} less one"
 
 
 def check_length_limit(cfg: Config, info: ModelInfo) -> None:

@@ -5,12 +5,12 @@ Hydra's composition and hsdump's checks; the end-to-end runs use engine=dry."""
 import pytest
 from factories import compose_config
 
-from hsdump.capture.layers import ModelInfo
+from hsdump.capture.layers import ModelInfo, length_limit
 from hsdump.config import Config, DatasetConfig, EngineConfig, register_configs, to_config
 from hsdump.corpus.coherence import check_tokenizer, template_markers
 from hsdump.corpus.formats import BadRow
 from hsdump.corpus.masks import encode_conversation
-from hsdump.pipeline import check_length_limit, length_limit
+from hsdump.pipeline import check_length_limit
 
 register_configs()
 

@@ -12,7 +12,10 @@ from __future__ import annotations
 import json
 import os
 from dataclasses import dataclass
-from typing import List, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, List, Optional, Sequence, Tuple
+
+if TYPE_CHECKING:
+    from hsdump.config import Config
 
 CONVENTION = "hf_hidden_states_index"
 
@@ -93,3 +96,22 @@ def resolve_layers(
             "capturable through SGLang's aux-hidden-state path."
         )
     return out
+
+
+def engine_context(cfg: Config, info: ModelInfo) -> Optional[int]:
+    """The longest sequence the engine takes: engine.extra.context_length when set, else the
+    model's max_position_embeddings (None when config.json has neither)."""
+    ctx = cfg.engine.extra.get("context_length")
+    return int(ctx) if ctx is not None else info.max_position_embeddings
+
+
+def length_limit(cfg: Config, info: ModelInfo) -> Tuple[int, str]:
+    """(dataset.max_seq_len as the run uses it, where it came from). Unset (a user's dataset
+    with no limit given): the engine's context less one, SGLang's longest prompt (it refuses an
+    input as long as the context); 2048 when the model's config.json names no context."""
+    if cfg.dataset.max_seq_len is not None:
+        return cfg.dataset.max_seq_len, "dataset.max_seq_len"
+    ctx = engine_context(cfg, info)
+    if ctx is None:
+        return 2048, "default: the model's config.json names no context length"
+    return ctx - 1, f"the engine's context {ctx} less one"

@@ -80,6 +80,7 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     color = args.color == "always" or (args.color == "auto" and sys.stdout.isatty())
 
+    from hsdump.capture.layers import length_limit, read_model_info
     from hsdump.corpus.chat import chat_template_of, has_generation_markers
     from hsdump.corpus.formats import detect_format
     from hsdump.corpus.sources import load_rows
@@ -92,7 +93,10 @@ def main(argv=None) -> int:
         d = cfg.dataset
         want = args.start + args.num
         d.max_samples = want if d.max_samples is None else min(d.max_samples, want)
-        tok = load_tokenizer(cfg.model, resolve_model_path(cfg.model.path))
+        path = resolve_model_path(cfg.model.path)
+        if d.max_seq_len is None:  # a user's dataset: the model's context, as extract uses
+            d.max_seq_len = length_limit(cfg, read_model_info(path, cfg.model.trust_remote_code))[0]
+        tok = load_tokenizer(cfg.model, path)
         rows = load_rows(d)
         fmt, column = detect_format(rows, d)
     except Exception as e:  # config, file or format errors: say what and stop
