@@ -31,9 +31,10 @@ extract: setup
 test: setup
 	$(PYTHON) -m pytest -q -ra --durations=25 tests $(ARGS)
 
-# the tests that start no SGLang engine (a few minutes): the inner loop while developing
+# the tests that start no SGLang engine (a few minutes): the inner loop while developing; on
+# both cores, a test file per worker (pytest-xdist)
 test-fast: setup
-	$(PYTHON) -m pytest -q -ra --durations=10 -m "not engine and not gpu" tests $(ARGS)
+	$(PYTHON) -m pytest -q -ra --durations=10 -n 2 --dist loadfile -m "not engine and not gpu" tests $(ARGS)
 
 # ruff (configured in pyproject.toml): `make lint` checks, `make format` rewrites
 lint: setup

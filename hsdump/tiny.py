@@ -71,6 +71,16 @@ def save_tokenizer(dest: Path) -> None:
     tok.save_pretrained(dest)
 
 
+def publish(tmp: Path, dest: Path) -> None:
+    """Move a built model folder into place. Another process that built the same model first
+    (two test workers, two jobs on a shared cache) wins: its folder stays, ours is dropped."""
+    try:
+        os.replace(tmp, dest)
+    except OSError:
+        if not (dest / "config.json").exists():
+            raise
+
+
 def build_tiny(arch: str, dest: Path, seed: int = 0) -> Path:
     import torch
     from transformers import AutoModelForCausalLM
@@ -85,7 +95,7 @@ def build_tiny(arch: str, dest: Path, seed: int = 0) -> Path:
         torch.manual_seed(seed)
         model = AutoModelForCausalLM.from_config(tiny_config(arch, vocab), dtype=torch.bfloat16)
         model.save_pretrained(tmp)
-        os.replace(tmp, dest)
+        publish(tmp, dest)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return dest
@@ -145,7 +155,7 @@ def build_smollm2(name: str, dest: Path) -> Path:
         tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
         tok.model_max_length = config.max_position_embeddings  # 8192, as the checkpoint's
         tok.save_pretrained(tmp)  # with its own template (ChatML, default system prompt)
-        os.replace(tmp, dest)
+        publish(tmp, dest)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return dest
