@@ -8,14 +8,12 @@ half a minute before transformers' own message.
 """
 
 import json
-import os
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
+import harness
 import pytest
-from factories import ROOT, compose_config
+from factories import compose_config
 
 from hsdump.config import ModelConfig, register_configs, to_config
 from hsdump.corpus.tokenizer import load_tokenizer
@@ -64,25 +62,11 @@ def model_folder(dest: Path, arch: str) -> Path:
 
 
 def extract(tmp_path, *overrides, env=None):
-    """`python extract.py OVERRIDES` from the checkout; (returncode, stdout + stderr)."""
-    e = {k: v for k, v in os.environ.items() if not k.startswith("HF_")}
-    e.update(env or {})
-    p = subprocess.run(
-        [
-            sys.executable,
-            "extract.py",
-            f"output.dir={tmp_path}/out",
-            "progress=false",
-            f"hydra.run.dir={tmp_path}/hydra",
-            *overrides,
-        ],
-        cwd=ROOT,
-        env=e,
-        capture_output=True,
-        text=True,
-        timeout=600,
+    """`python extract.py OVERRIDES` from the checkout (tests/harness.py, which drops the HF_*
+    variables); (returncode, stdout + stderr)."""
+    return harness.extract(
+        f"hydra.run.dir={tmp_path}/hydra", *overrides, out=f"{tmp_path}/out", env=env
     )
-    return p.returncode, p.stdout + p.stderr
 
 
 @pytest.mark.parametrize("arch", ["mistral", "qwen2"])

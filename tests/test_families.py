@@ -16,6 +16,7 @@ bench/families_probe.py --device gpu recorded their last results (bench/results/
 import sys
 from pathlib import Path
 
+import harness
 import pytest
 import torch
 from factories import ROOT, bench_literal
@@ -190,24 +191,14 @@ def test_unverified_class_is_refused_before_the_engine(tmp_path):
     # before anything starts, unless the user allows it
     ckpt = build("llama4_text")
     out = tmp_path / "ds"
-    import subprocess
-
-    p = subprocess.run(
-        [
-            sys.executable,
-            str(ROOT / "extract.py"),
-            f"model.path={ckpt}",
-            "model.chat_template=deepseek_v3.jinja",
-            f"output.dir={out}",
-            "dataset.max_samples=2",
-        ],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
+    rc, text = harness.extract(
+        f"model.path={ckpt}",
+        "model.chat_template=deepseek_v3.jinja",
+        "dataset.max_samples=2",
+        out=out,
         timeout=300,
     )
-    text = p.stdout + p.stderr
-    assert p.returncode != 0 and "Llama4ForCausalLM" in text
+    assert rc != 0 and "Llama4ForCausalLM" in text
     assert "capture.allow_unverified=true" in text and "Traceback" not in text
     assert not (out / "manifest.json").exists()
 

@@ -6,10 +6,9 @@ import errno
 import logging
 import os
 import subprocess
-import sys
 
+import harness
 import pytest
-from factories import ROOT
 
 from hsdump import cli, pipeline
 from hsdump.pipeline import check_output_dir, check_space
@@ -17,15 +16,8 @@ from hsdump.store.writer import WriteError
 
 
 def extract(cwd, *overrides):
-    """`python extract.py OVERRIDES` run from `cwd`: (rc, output)."""
-    p = subprocess.run(
-        [sys.executable, str(ROOT / "extract.py"), "progress=false", *overrides],
-        cwd=cwd,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    return p.returncode, p.stdout + p.stderr
+    """`python extract.py OVERRIDES` run from `cwd` (tests/harness.py): (rc, output)."""
+    return harness.extract(*overrides, cwd=cwd, timeout=300)
 
 
 def one_error(out: str) -> str:

@@ -3,8 +3,8 @@ imports, and leaves nothing behind."""
 
 import subprocess
 import sys
-from pathlib import Path
 
+import harness
 import pytest
 import torch
 from factories import H
@@ -40,15 +40,8 @@ def dataset(path, final=()):
 
 
 def hsdump(*args, cwd=None):
-    """The installed console script, as a user runs it: (rc, stdout, stderr)."""
-    p = subprocess.run(
-        [str(Path(sys.executable).parent / "hsdump"), *map(str, args)],
-        capture_output=True,
-        text=True,
-        cwd=cwd,
-        timeout=300,
-    )
-    return p.returncode, p.stdout, p.stderr
+    """The installed console script, as a user runs it (tests/harness.py): (rc, stdout, stderr)."""
+    return harness.hsdump(*args, cwd=cwd, timeout=300, split=True)
 
 
 def test_export_refusal_names_both_fixes(tmp_path):
