@@ -315,3 +315,21 @@ def test_wrong_settings_on_a_real_model_are_refused_before_the_engine(
     assert rc == 2, log[-3000:]
     assert says in log, log[-2000:]
     assert not (tmp_path / "out" / "manifest.json").exists()
+
+
+def test_smollm2s_own_template_drops_a_tool_call_turn_as_a_bad_row(smollm2):
+    # SmolLM2's ChatML template ignores tool_calls: a turn of only a tool call rendered as
+    # `<|im_start|>assistant\n<|im_end|>` and trained on `<|im_end|>` alone before
+    from hsdump.config import ModelConfig
+    from hsdump.corpus.chat import chat_template_of
+    from hsdump.corpus.tokenizer import load_tokenizer
+
+    tok = load_tokenizer(ModelConfig(path=smollm2), smollm2)
+    call = {"type": "function", "function": {"name": "get_weather", "arguments": {"city": "X"}}}
+    conv = [
+        {"role": "user", "content": "weather in X?"},
+        {"role": "assistant", "content": "", "tool_calls": [call]},
+    ]
+    with pytest.raises(BadRow) as e:
+        encode_conversation(tok, chat_template_of(tok), conv)
+    assert e.value.reason == "template_drops_tool_calls"
