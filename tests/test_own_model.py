@@ -333,3 +333,17 @@ def test_smollm2s_own_template_drops_a_tool_call_turn_as_a_bad_row(smollm2):
     with pytest.raises(BadRow) as e:
         encode_conversation(tok, chat_template_of(tok), conv)
     assert e.value.reason == "template_drops_tool_calls"
+
+
+def test_another_tokenizer_on_smollm2_is_refused_before_the_engine(tmp_path, smollm2):
+    # the case as written: model.tokenizer=<a 4,000-token BPE with ChatML's special ids>
+    from harness import extract
+
+    folder = tmp_path / "bpe"
+    small_chatml_bpe(tmp_path).save_pretrained(folder)
+    rc, log = extract(
+        f"model.path={smollm2}", f"model.tokenizer={folder}", out=tmp_path / "out", cwd=tmp_path
+    )
+    assert rc == 2, log[-3000:]
+    assert "vocab_size is 49,152" in log and "set model.tokenizer" in log, log[-2000:]
+    assert not (tmp_path / "out" / "manifest.json").exists()
