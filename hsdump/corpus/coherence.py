@@ -58,12 +58,6 @@ def template_markers(tok, template: str) -> List[str]:
     return seen
 
 
-def _ids(ids) -> List[int]:
-    if ids is None:
-        return []
-    return [int(i) for i in (ids if isinstance(ids, (list, tuple)) else [ids])]
-
-
 def check_tokenizer(
     tok,
     *,
@@ -115,8 +109,3 @@ def check_tokenizer(
                 "model.chat_template to use the checkpoint's own template, or name one "
                 "written for this tokenizer"
             )
-
-
-def eos_ids(value) -> List[int]:
-    """config.json's eos_token_id (an int or a list) as a list."""
-    return _ids(value)
