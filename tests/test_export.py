@@ -226,8 +226,8 @@ def test_resume_skips_finished_files_and_cleans_temporaries(src, tmp_path, monke
         return real(path, write)
 
     monkeypatch.setattr(ex, "_commit", dying)
-    with pytest.raises(KeyboardInterrupt):
-        ex.export(str(src), str(dest), "speculators", progress=False)
+    with pytest.raises(KeyboardInterrupt):  # one worker: the samples go in order
+        ex.export(str(src), str(dest), "speculators", progress=False, workers=1)
     monkeypatch.setattr(ex, "_commit", real)
     hs_dir = dest / "hidden_states"
     assert sorted(p.name for p in hs_dir.iterdir()) == [
@@ -245,6 +245,39 @@ def test_resume_skips_finished_files_and_cleans_temporaries(src, tmp_path, monke
     assert torch.equal(r["input_ids"], stored_sample(3, 9)[0])
     c = ex.export(str(src), str(dest), "speculators", progress=False)  # complete: no-op
     assert c == {"written": 0, "skipped": 7, "bytes": 0}
+
+
+def test_workers_write_what_one_writes_and_a_failing_worker_stops_the_export(
+    src, tmp_path, monkeypatch
+):
+    one = tmp_path / "one"
+    ex.export(str(src), str(one), "speculators", progress=False, workers=1)
+    real = ex.sample_writer
+    seen = []
+
+    def failing(fmt, rec, final):  # the fifth sample built fails, in whichever thread
+        seen.append(rec["id"])
+        if len(seen) == 5:
+            raise OSError("disk full (test)")
+        return real(fmt, rec, final)
+
+    many = tmp_path / "many"
+    monkeypatch.setattr(ex, "sample_writer", failing)
+    with pytest.raises(OSError, match="disk full"):
+        ex.export(str(src), str(many), "speculators", progress=False, workers=4)
+    assert not (many / "state.json").exists()  # no Arrow dataset: the export is not complete
+    assert not json.loads((many / "hsdump_export.json").read_text())["complete"]
+    monkeypatch.setattr(ex, "sample_writer", real)
+    c = ex.export(str(src), str(many), "speculators", progress=False, workers=4)
+    assert c["written"] + c["skipped"] == 7 and c["skipped"] >= 1
+    names = sorted(p.name for p in (one / "hidden_states").iterdir())
+    assert names == sorted(p.name for p in (many / "hidden_states").iterdir())
+    for n in names:  # byte for byte: the same file i for the same sample i
+        a = (one / "hidden_states" / n).read_bytes()
+        assert a == (many / "hidden_states" / n).read_bytes()
+    assert torch.load(many / "token_freq.pt", weights_only=True) == torch.load(
+        one / "token_freq.pt", weights_only=True
+    )
 
 
 def test_a_different_export_is_refused_and_overwrite_replaces_it(src, tmp_path):

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import copy
 import os
+import threading
 import warnings
 from pathlib import Path
 from typing import Dict, Iterable, Iterator, List, Optional, Sequence
@@ -40,6 +41,8 @@ from hsdump.store.layout import (
     read_header,
     torch_dtype,
 )
+
+_OPEN_LOCK = threading.Lock()
 
 
 def read_safetensors_header(path, root=None) -> dict:
@@ -386,9 +389,12 @@ class HsdumpDataset(torch.utils.data.Dataset):
         meta = self._meta(shard, name)
         fd = self._fds.get(shard)
         if fd is None:
-            fd = open_inside(self.path / shard, self.path)
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)
-            self._fds[shard] = fd
+            with _OPEN_LOCK:  # threads share the descriptors (hsdump export --workers)
+                fd = self._fds.get(shard)
+                if fd is None:
+                    fd = open_inside(self.path / shard, self.path)
+                    os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)
+                    self._fds[shard] = fd
         begin, end = meta["data_offsets"]
         dtype = torch_dtype(meta["dtype"]) if meta["dtype"] in TORCH_NAME else None
         if dtype is None:
