@@ -468,6 +468,7 @@ def serve(a) -> int:
 # ------------------------------------------------------------------------------- table
 VARIANTS = (
     ("plain", "target alone (greedy reference)"),
+    ("plain_eager", "target alone, no CUDA graphs (the baseline of eager drafters)"),
     ("default", "drafter on hsdump's data ([2,15,27] + pre-norm final, ChatML)"),
     ("layer_off", "control: data captured at [3,16,28], served as [2,15,27]"),
     ("template", "control: data tokenized with deepseek_v3.jinja"),
@@ -489,12 +490,20 @@ def collate(results: Path) -> dict:
         p = results / f"serve-{name}.json"
         if p.exists():
             runs[name] = json.loads(p.read_text())
-    ref = runs.get("plain", {}).get("outputs", {})
+
+    def graphs(r) -> bool:
+        return not (r.get("engine") or {}).get("disable_cuda_graph", False)
+
+    def plain_like(r):  # the plain run with the same CUDA-graph setting, else any plain run
+        same = [p for n, p in runs.items() if n.startswith("plain") and graphs(p) == graphs(r)]
+        return (same or [runs.get("plain", {})])[0]
+
     rows = []
     for name, what in VARIANTS:
         r = runs.get(name)
         if not r:
             continue
+        ref = plain_like(r).get("outputs", {})
         outs = r.get("outputs", {})
         same = sum(1 for k, v in outs.items() if ref.get(k) == v)
         pre = [_prefix(v, ref[k]) / max(1, len(ref[k])) for k, v in outs.items() if k in ref]
@@ -510,16 +519,16 @@ def collate(results: Path) -> dict:
                 mean_common_prefix=round(sum(pre) / max(1, len(pre)), 3),
                 completion_tokens=r["batched"]["completion_tokens"],
                 engine_start_s=r.get("engine_start_s"),
-                cuda_graphs=not (r.get("engine") or {}).get("disable_cuda_graph", False),
+                cuda_graphs=graphs(r),
                 batch1_prompts=r["batch1"]["prompts"],
             )
         )
     # a speed-up only against a plain engine run the same way (CUDA graphs on or off)
-    plain = next((x for x in rows if x["variant"] == "plain"), None)
+    plains = [x for x in rows if x["variant"].startswith("plain")]
     for x in rows:
-        same = plain is not None and plain["cuda_graphs"] == x["cuda_graphs"]
+        plain = next((p for p in plains if p["cuda_graphs"] == x["cuda_graphs"]), None)
         for k in ("batch1", "batched"):
-            base = plain[f"tokens_per_s_{k}"] if same else None
+            base = plain[f"tokens_per_s_{k}"] if plain else None
             x[f"speedup_{k}"] = round(x[f"tokens_per_s_{k}"] / base, 3) if base else None
     return dict(rows=rows)
 
@@ -858,17 +867,20 @@ def run_all(a) -> int:  # noqa: C901 - one pipeline, read top to bottom
 
     # 4. four engines start together; each is timed alone, in turn, while the others wait
     sv = []
-    for n in ("plain", *trained):
+    for n in ("plain", "plain_eager", *trained):
         cmd = [py, me, "serve", "--target", target, "--heldout", str(data / "heldout.jsonl"),
                "--name", n, "--json", str(P.res / f"serve-{n}.json"),
                "--ready", str(w / f"ready-{n}"), "--go", str(w / f"go-{n}"),
                "--release", str(w / "release"),
                "--max-new-tokens", str(a.serve_new_tokens), "--batch1", str(a.batch1),
                "--mem-fraction", "0.9", "--max-total-tokens", "300000",
-               "--device", a.device, *([] if a.serve_graphs else ["--eager"])]  # fmt: skip
+               "--device", a.device]  # fmt: skip
+        # plain: CUDA graphs; plain_eager: none; the drafters: graphs with --serve-graphs
+        if n == "plain_eager" or (n != "plain" and not a.serve_graphs):
+            cmd.append("--eager")
         if a.serve_limit:
             cmd += ["--limit", str(a.serve_limit)]
-        if n != "plain":
+        if not n.startswith("plain"):
             cmd += ["--drafter", drafters[n]]
         for f in (w / f"ready-{n}", w / f"go-{n}", w / "release", P.res / f"serve-{n}.json"):
             f.unlink(missing_ok=True)
@@ -957,8 +969,9 @@ def main(argv=None) -> int:
     p.add_argument(
         "--serve-graphs",
         action="store_true",
-        help="CUDA graphs in every engine (SGLang 0.5.17's EAGLE-3 draft graphs need deep_gemm, "
-        "which the device bundle lacks: without it all four engines run eagerly)",
+        help="CUDA graphs in the drafters' engines too (SGLang 0.5.17's EAGLE-3 draft graphs "
+        "import deep_gemm: install sgl-deep-gemm beside the bundle); the plain target runs "
+        "both ways either way",
     )
     p.add_argument("--train-extra", default="", help="more speculators flags, e.g. for cpu")
     argv = sys.argv[1:] if argv is None else argv
