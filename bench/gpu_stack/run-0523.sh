@@ -1,0 +1,208 @@
+#!/usr/bin/env bash
+# run-0523.sh: hsdump on the pinned stack (SGLang 0.5.23, torch 2.14.1) on the GPU host.
+# Run from the checkout's root there, one device call per line of README.md ("The calls"):
+#
+#   bash bench/gpu_stack/run-0523.sh STEP [ARG] [STEP [ARG]] ...
+#
+# Steps (in the order given; each writes its log and JSON under $OUT, and $OUT/steps.jsonl
+# gets one line per step with its exit status and wall time):
+#   stash NN     copy the carried .gpu523/pNN into /tmp/gpu523-parts (survives while warm)
+#   install      rebuild + install the bundle into /tmp/site523 (skipped when already there),
+#                the carried .whl/ into /tmp/site2, our sitecustomize into /tmp/site523
+#   import       bench/gpu_stack/import_check.py -> $OUT/import.json
+#   pytest       python -m pytest -x -q tests/test_gpu.py (single-GPU) -> $OUT/pytest-gpu.log,
+#                each case's results JSON -> $OUT/gpu-check/
+#   probe [F,..] bench/families_probe.py --device gpu on families F (default: $PROBE_FAMILIES),
+#                skipping those already in /tmp/gpu523-results/families-gpu-0523.json (so a
+#                second call goes on where the first stopped) -> $OUT/families-gpu-0523.json
+#   kimi [MODE]  bench/kimi_check.py, MODE bf16 | int4 | both (default both)
+#                -> $OUT/kimi-gpu-0523-MODE.json
+#   bench8b      bench/bench.py --device cuda --models llama8b:2048:512:2 --modes a,b
+#                --weights dummy -> $OUT/gpu-llama8b-0523.json
+#   aux          bench/aux_mode.py --device cuda -> $OUT/aux-mode-0523.json (SGLang's own aux
+#                return path against hsdump's patch, same prompts: rows equal? tokens/s)
+#   check        bench/gpu_check.py (all its cases, one results file) -> $OUT/gpu-check-0523.json
+# Every step after install runs with the environment of `env523` below, under a deadline:
+# DEADLINE_S (default 575) from the script's start, less a 20 s margin to copy results back;
+# a step that would start with less than 30 s left is skipped (recorded as such).
+#
+# Knobs: GPU523_CUDNN=off|on|skipcheck (sitecustomize.py), GPU523_FLASHINFER=on|off (off hides
+# flashinfer, so sgl_kernel takes its own RMSNorm instead of flashinfer's JIT one),
+# PROBE_FAMILIES, PROBE_TIMEOUT (per family, default 200), PYTEST_ARGS (default "-x -q"),
+# DEADLINE_S.
+set -uo pipefail
+
+T0=$(date +%s)
+DEADLINE_S=${DEADLINE_S:-575}
+REPO=$(pwd)
+OUT=${OUT:-/tmp/gpu523-out}
+mkdir -p "$OUT"
+PARTS=/tmp/gpu523-parts
+SITE=/tmp/site523
+SITE2=/tmp/site2
+RES=/tmp/gpu523-results            # results that outlive a call (families probe, --merge)
+CACHE=/tmp/gpu523-cache            # triton / flashinfer JIT caches, reused while warm
+mkdir -p "$PARTS" "$RES" "$CACHE"
+# the families whose status 0.5.23 can change (llama and deepseek_v3 run in pytest)
+PROBE_FAMILIES=${PROBE_FAMILIES:-qwen3_5,qwen2_5_vl,qwen3_vl,qwen2_moe,minimax_m2,deepseek_v2,glm4_moe_lite,qwen3_moe,gemma3,qwen3,gpt_oss,glm4_moe,qwen3_vl_moe,ministral3}
+PROBE_TIMEOUT=${PROBE_TIMEOUT:-200}
+
+left() { echo $(( DEADLINE_S - ($(date +%s) - T0) - 20 )); }
+
+record() {  # step rc wall [note]
+  printf '{"step": "%s", "rc": %s, "wall_s": %s, "at_s": %s, "note": "%s"}\n' \
+    "$1" "$2" "$3" "$(( $(date +%s) - T0 ))" "${4:-}" >> "$OUT/steps.jsonl"
+  echo "[run-0523] step $1: rc=$2 wall=${3}s ${4:-}"
+}
+
+env523() {
+  export PYTHONPATH="$SITE:$SITE2:$REPO"
+  export LD_LIBRARY_PATH="$SITE/nvidia/nccl/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+  export PYTHONUNBUFFERED=1
+  export GPU523_CUDNN=${GPU523_CUDNN:-off}
+  export TRITON_CACHE_DIR="$CACHE/triton"
+  export FLASHINFER_WORKSPACE_BASE="$CACHE"
+  export TORCHINDUCTOR_CACHE_DIR="$CACHE/inductor"
+  export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 HF_DATASETS_OFFLINE=1
+  # NVLink multicast stays off (the host's image sets these; kept if a step resets the env)
+  export NCCL_NVLS_ENABLE=${NCCL_NVLS_ENABLE:-0}
+  export TORCH_SYMM_MEM_DISABLE_MULTICAST=${TORCH_SYMM_MEM_DISABLE_MULTICAST:-1}
+  export NVSHMEM_DISABLE_NVLS=${NVSHMEM_DISABLE_NVLS:-1}
+  # flashinfer on/off: moved aside, not deleted, so the next call can turn it back on
+  if [ "${GPU523_FLASHINFER:-on}" = off ]; then
+    for d in "$SITE"/flashinfer "$SITE"/flashinfer_python-*.dist-info; do
+      [ -e "$d" ] && mv "$d" "$d.off"
+    done
+  else
+    for d in "$SITE"/flashinfer.off "$SITE"/flashinfer_python-*.dist-info.off; do
+      [ -e "$d" ] && mv "$d" "${d%.off}"
+    done
+  fi
+  true
+}
+
+# run NAME LIMIT_S CMD...: under `timeout` (the whole process group: SGLang's children too),
+# stdout+stderr to $OUT/NAME.log; then end whatever GPU processes are still ours
+run_step() {
+  local name=$1 want=$2; shift 2
+  local l; l=$(left)
+  if [ "$l" -lt 30 ]; then record "$name" null 0 "skipped: ${l}s left"; return 0; fi
+  [ "$want" -gt "$l" ] && want=$l
+  local t=$(date +%s)
+  timeout -k 10 "$want" "$@" > "$OUT/$name.log" 2>&1
+  local rc=$?
+  local note=""; [ $rc -eq 124 ] && note="timed out after ${want}s"
+  record "$name" $rc $(( $(date +%s) - t )) "$note"
+  tail -n 25 "$OUT/$name.log"
+  gpu_cleanup
+  return 0
+}
+
+gpu_cleanup() {
+  local pids
+  pids=$(nvidia-smi --query-compute-apps=pid --format=csv,noheader 2>/dev/null | tr -d ' ')
+  for p in $pids; do
+    [ "$p" != "$$" ] && kill -9 "$p" 2>/dev/null && echo "[run-0523] ended leftover GPU process $p"
+  done
+  true
+}
+
+do_stash() {
+  local nn=$1 t=$(date +%s)
+  if [ ! -d ".gpu523/p$nn" ]; then
+    record "stash-$nn" 1 0 ".gpu523/p$nn was not carried"; return 0
+  fi
+  rm -rf "$PARTS/p$nn" && cp -a ".gpu523/p$nn" "$PARTS/"
+  record "stash-$nn" $? $(( $(date +%s) - t )) "$(du -sh "$PARTS" | cut -f1) stashed; $(ls -d "$PARTS"/p* | wc -l) part(s)"
+}
+
+do_install() {
+  local t=$(date +%s) rc=0
+  python3 "$REPO/bench/gpu_stack/install523.py" --parts "$PARTS" --site "$SITE" \
+    > "$OUT/install.log" 2>&1 || rc=$?
+  cat "$OUT/install.log"
+  if [ $rc -eq 0 ]; then
+    cp "$REPO/bench/gpu_stack/sitecustomize.py" "$SITE/sitecustomize.py"
+    if [ -d .whl ]; then   # hsdump's own extras (datasets, hydra-core, ...), carried as .whl/
+      mkdir -p "$PARTS/whl" && cp -a .whl/*.whl "$PARTS/whl/"
+    fi
+    if ls "$PARTS"/whl/*.whl > /dev/null 2>&1 && [ ! -f "$SITE2/.done" ]; then
+      python3 -m pip install -q --no-index --no-deps --no-compile --target "$SITE2" \
+        "$PARTS"/whl/*.whl >> "$OUT/install.log" 2>&1 && touch "$SITE2/.done" || rc=$?
+    fi
+    if [ ! -f "$SITE2/.done" ]; then
+      echo "[run-0523] nothing installed in $SITE2: carry .whl in the install call"
+      [ $rc -eq 0 ] && rc=3
+    fi
+  fi
+  record install $rc $(( $(date +%s) - t )) "$(du -sh "$SITE" 2>/dev/null | cut -f1) in $SITE"
+  return $rc
+}
+
+installed() { [ -f "$SITE/.bundle_id" ] && [ -f "$SITE/sitecustomize.py" ]; }
+
+nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv,noheader > "$OUT/gpu.txt" 2>&1 || true
+
+while [ $# -gt 0 ]; do
+  step=$1; shift
+  case $step in
+    stash)
+      do_stash "$1"; shift ;;
+    install)
+      do_install || { echo "[run-0523] install failed: stopping"; break; } ;;
+    import|pytest|probe|kimi|bench8b|aux|check)
+      if ! installed; then record "$step" 1 0 "not installed: run install first"; break; fi
+      env523
+      case $step in
+        import)
+          run_step import 240 python3 bench/gpu_stack/import_check.py --out "$OUT/import.json" ;;
+        pytest)
+          rm -rf /tmp/gpu523-pytest
+          # shellcheck disable=SC2086
+          run_step pytest-gpu 560 python3 -m pytest ${PYTEST_ARGS:--x -q} -s -p no:cacheprovider \
+            --basetemp=/tmp/gpu523-pytest --junitxml="$OUT/pytest-gpu.xml" tests/test_gpu.py
+          mkdir -p "$OUT/gpu-check"
+          find /tmp/gpu523-pytest -name '*.json' -size -20M -exec cp {} "$OUT/gpu-check/" \; 2>/dev/null ;;
+        probe)
+          fams=$PROBE_FAMILIES
+          if [ $# -gt 0 ] && [[ $1 != -* ]] && ! [[ " stash install import pytest probe kimi bench8b aux check " == *" $1 "* ]]; then
+            fams=$1; shift
+          fi
+          todo=$(python3 - "$RES/families-gpu-0523.json" "$fams" <<'EOF'
+import json, os, sys
+done = set()
+if os.path.exists(sys.argv[1]):
+    done = {k for k, r in json.load(open(sys.argv[1])).get("results", {}).items()
+            if not r.get("timed_out")}
+print(" ".join(f for f in sys.argv[2].split(",") if f and f not in done))
+EOF
+)
+          if [ -z "$todo" ]; then record probe 0 0 "all of $fams already probed"; else
+            # shellcheck disable=SC2086
+            run_step probe 560 python3 bench/families_probe.py --device gpu --merge \
+              --timeout "$PROBE_TIMEOUT" --workdir /tmp/gpu523-families \
+              --out "$RES/families-gpu-0523.json" $todo
+          fi
+          cp "$RES/families-gpu-0523.json" "$OUT/" 2>/dev/null || true ;;
+        kimi)
+          mode=both
+          if [ $# -gt 0 ] && [[ $1 == bf16 || $1 == int4 || $1 == both ]]; then mode=$1; shift; fi
+          flag=""; [ $mode = int4 ] && flag=--int4; [ $mode = both ] && flag=--both
+          # shellcheck disable=SC2086
+          run_step "kimi-$mode" 560 python3 bench/kimi_check.py $flag \
+            --workdir /tmp/gpu523-kimi --out "$OUT/kimi-gpu-0523-$mode.json" ;;
+        bench8b)
+          run_step bench8b 560 python3 bench/bench.py --device cuda \
+            --models llama8b:2048:512:2 --modes a,b --weights dummy --dd-mib 1024 \
+            --writer-stages-mib 0 --results-dir "$OUT" --name gpu-llama8b-0523 ;;
+        aux)
+          run_step aux 560 python3 bench/aux_mode.py --device cuda --out "$OUT/aux-mode-0523.json" ;;
+        check)
+          run_step gpu-check 560 python3 bench/gpu_check.py --device cuda \
+            --workdir /tmp/gpu523-check --out "$OUT/gpu-check-0523.json" ;;
+      esac ;;
+    *)
+      echo "[run-0523] unknown step $step"; record "$step" 2 0 "unknown step"; break ;;
+  esac
+done
+echo "[run-0523] done in $(( $(date +%s) - T0 ))s; steps:"; cat "$OUT/steps.jsonl" 2>/dev/null
