@@ -168,7 +168,11 @@ while [ $# -gt 0 ]; do
           if [ $# -gt 0 ] && [[ $1 != -* ]] && ! [[ " stash install import pytest probe kimi bench8b aux check " == *" $1 "* ]]; then
             fams=$1; shift
           fi
-          todo=$(python3 - "$RES/families-gpu-0523.json" "$fams" <<'EOF'
+          # written straight into $OUT (after each family), so a call cut short keeps what
+          # ran; /tmp/gpu523-results keeps it for the next call's --merge
+          FJ="$OUT/families-gpu-0523.json"
+          [ -f "$RES/families-gpu-0523.json" ] && cp "$RES/families-gpu-0523.json" "$FJ"
+          todo=$(python3 - "$FJ" "$fams" <<'EOF'
 import json, os, sys
 done = set()
 if os.path.exists(sys.argv[1]):
@@ -180,10 +184,9 @@ EOF
           if [ -z "$todo" ]; then record probe 0 0 "all of $fams already probed"; else
             # shellcheck disable=SC2086
             run_step probe 560 python3 bench/families_probe.py --device gpu --merge \
-              --timeout "$PROBE_TIMEOUT" --workdir /tmp/gpu523-families \
-              --out "$RES/families-gpu-0523.json" $todo
+              --timeout "$PROBE_TIMEOUT" --workdir /tmp/gpu523-families --out "$FJ" $todo
           fi
-          cp "$RES/families-gpu-0523.json" "$OUT/" 2>/dev/null || true ;;
+          cp "$FJ" "$RES/" 2>/dev/null || true ;;
         kimi)
           mode=both
           if [ $# -gt 0 ] && [[ $1 == bf16 || $1 == int4 || $1 == both ]]; then mode=$1; shift; fi
