@@ -406,7 +406,7 @@ def serve(a) -> int:
     )
     if a.drafter:
         kw.update(SPEC, speculative_draft_model_path=a.drafter)
-    if a.eager:  # 0.5.17's EAGLE-3 draft graphs import deep_gemm, absent from the bundle
+    if a.eager:  # 0.5.17 builds EAGLE-3 draft graphs through deep_gemm (sgl-deep-gemm)
         kw["disable_cuda_graph"] = True
     if a.device == "cpu":
         kw.update(device="cpu", attention_backend="torch_native", disable_cuda_graph=True)
@@ -530,7 +530,40 @@ def collate(results: Path) -> dict:
         for k in ("batch1", "batched"):
             base = plain[f"tokens_per_s_{k}"] if plain else None
             x[f"speedup_{k}"] = round(x[f"tokens_per_s_{k}"] / base, 3) if base else None
-    return dict(rows=rows)
+    return dict(rows=rows, against_default=paired(runs))
+
+
+def paired(runs: dict, draws: int = 2000, seed: int = 0) -> dict:
+    """Each other drafter's accept length against the default's over the same held-out
+    prompts: the difference, a 95 % bootstrap interval (prompts resampled, paired), and
+    how many prompts the default accepted more (fewer) tokens per step on."""
+    import random
+
+    base = (runs.get("default") or {}).get("per_prompt")
+    out = {}
+    if not base:
+        return out
+    for name, r in runs.items():
+        pp = r.get("per_prompt")
+        if name.startswith("plain") or name == "default" or not pp:
+            continue
+        keys = sorted(k for k in base if k in pp and base[k][1] and pp[k][1])
+
+        def diff(ks):
+            a = sum(base[k][0] for k in ks) / sum(base[k][1] for k in ks)
+            return a - sum(pp[k][0] for k in ks) / sum(pp[k][1] for k in ks)
+
+        rng = random.Random(seed)
+        boot = sorted(diff([rng.choice(keys) for _ in keys]) for _ in range(draws))
+        per = [base[k][0] / base[k][1] - pp[k][0] / pp[k][1] for k in keys]
+        out[name] = dict(
+            prompts=len(keys),
+            default_minus_this=round(diff(keys), 4),
+            ci95=[round(boot[int(0.025 * draws)], 4), round(boot[int(0.975 * draws)], 4)],
+            prompts_default_higher=sum(x > 0 for x in per),
+            prompts_default_lower=sum(x < 0 for x in per),
+        )
+    return out
 
 
 def print_table(rows) -> None:
@@ -565,6 +598,11 @@ def table(a) -> int:
     if extra.exists():
         out["pipeline"] = json.loads(extra.read_text())
     print_table(out["rows"])
+    for name, x in out["against_default"].items():
+        print(f"default - {name}: {x['default_minus_this']:+.3f} accept length (95 % bootstrap "
+              f"{x['ci95'][0]:+.3f}..{x['ci95'][1]:+.3f}, paired over {x['prompts']} prompts; "
+              f"default higher on {x['prompts_default_higher']}, lower on "
+              f"{x['prompts_default_lower']})")  # fmt: skip
     if a.json:
         Path(a.json).write_text(json.dumps(out, indent=1) + "\n")
     return 0
