@@ -198,6 +198,16 @@ def tap_stream(stack, layers: Sequence[int]) -> None:
         norm.register_forward_hook(functools.partial(_stash_stream, k))
 
 
+def _set_layers(stack, layers: Sequence[int], flags: bool) -> None:
+    """hsdump's capture list on the decoder stack: entry i of `layers_to_capture` is the stream
+    entering layer i (transformers' hidden_states[i]); per-layer flags where the stack captures
+    through them (Qwen3.5)."""
+    stack.layers_to_capture = list(layers)
+    if flags:
+        for i, layer in enumerate(stack.layers):
+            layer._is_layer_to_capture = i in layers
+
+
 def _install_patch(spec: dict) -> None:
     from sglang.srt.layers import logits_processor as lp
     from sglang.srt.managers.scheduler_components import batch_result_processor as brp
@@ -224,10 +234,7 @@ def _install_patch(spec: dict) -> None:
             model.set_eagle3_layers_to_capture([k - 1 for k in layers])
         elif not flags:
             raise RuntimeError(f"hsdump: {type(model).__name__} has no EAGLE-3 aux capture")
-        stack.layers_to_capture = list(layers)  # entry i = stream entering layer i = HF hs[i]
-        if flags:
-            for i, layer in enumerate(stack.layers):
-                layer._is_layer_to_capture = i in layers
+        _set_layers(stack, layers, flags)
         if spec.get("tap_input_norm"):
             tap_stream(stack, layers)
         if "pre_norm" in final:
@@ -235,6 +242,27 @@ def _install_patch(spec: dict) -> None:
         return out
 
     mr.ModelRunner.load_model = load_model
+
+    # SGLang 0.5.23 calls the model's setter again after the load, from
+    # `init_attention_backends` (`configure_aux_hidden_state_capture`, before any CUDA graph is
+    # captured), with `return_aux_hidden_state_layer_ids`, and each family's setter maps those
+    # ids by its own rule: Llama's adds 1 to every id (hsdump's list again), DeepSeek-V2/V3's
+    # (Kimi-K2.5's text model) and GLM-4-MoE-Lite's add 1 only when the first id is 1, which
+    # would capture [2, 30, 58] for hsdump's [3, 31, 59]. hsdump's list is set again after it.
+    orig_backends = getattr(mr.ModelRunner, "init_attention_backends", None)
+    if orig_backends is not None:
+
+        def init_attention_backends(self, *a, **k):
+            out = orig_backends(self, *a, **k)
+            if not getattr(self, "is_draft_worker", False):
+                stack = decoder_stack(self.model)
+                flags = hasattr(stack, "set_eagle3_layers_to_capture") or hasattr(
+                    stack, "set_dflash_layers_to_capture"
+                )
+                _set_layers(stack, layers, flags)
+            return out
+
+        mr.ModelRunner.init_attention_backends = init_attention_backends
 
     orig_logits = lp.LogitsProcessor.forward
 
