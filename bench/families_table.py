@@ -5,9 +5,11 @@ Rows: every architecture the installed SGLang registers with EAGLE-3 aux capture
 verified list. Errors come from the results files: bench/results/families-cpu.json (`results`:
 `bench/families_probe.py` on the CPU, SGLang 0.5.23; `gpu_preview`: the same with `--device
 gpu` on one H200, SGLang 0.5.17), bench/results/kimi-gpu-first.json (bench/kimi_check.py) and
-bench/results/gpu-check-h200.json (tests/test_gpu.py's cases). Status is hsdump's: verified
-classes are captured; every other one is refused before the engine starts unless
-capture.allow_unverified=true.
+bench/results/gpu-check-h200.json (tests/test_gpu.py's cases); families-cpu.json's
+`refused` block gives, per class, why a target stays refused (with the SGLang version). Status is hsdump's: verified
+classes are captured on the SGLang versions their check ran on (hsdump.capture.families); every
+other class, and a verified one on another SGLang version, is refused before the engine starts
+unless capture.allow_unverified=true.
 
     .venv/bin/python bench/families_table.py            # print the table
     .venv/bin/python bench/families_table.py --write    # replace it in README.md
@@ -86,6 +88,16 @@ def measured() -> dict:
     return out
 
 
+def refusals() -> dict:
+    """{architecture: why it stays refused} from families-cpu.json's `refused` block: the
+    targets that could not be verified, each with the SGLang version the reason holds for."""
+    fam = json.loads((RESULTS / "families-cpu.json").read_text())
+    return {
+        arch: f"{r['reason']} (SGLang {r['sglang']})".replace("|", "/")
+        for arch, r in fam.get("refused", {}).items()
+    }
+
+
 def _fmt(x) -> str:
     return "" if x is None else f"{x:.4f}"
 
@@ -98,7 +110,8 @@ def table(archs=None) -> str:
     archs = set(archs if archs is not None else registered_eagle3())
     archs |= {f.cls for f in TEST_FAMILIES.values()}
     seen = measured()
-    archs |= set(seen)
+    why = refusals()
+    archs |= set(seen) | set(why)
     rows = []
     for arch in sorted(archs):
         fam = family_of(arch)
@@ -107,9 +120,12 @@ def table(archs=None) -> str:
         best = [r for r in runs if r[3].startswith("ok")]
         err = f"{_fmt(best[-1][1])} / {_fmt(best[-1][2])}" if best else ""
         if fam is not None:
-            status = f"**verified** ({fam.verified})"
+            on = "; ".join(f"SGLang {v} ({w})" for v, w in fam.runs)
+            status = f"**verified** on {on}"
         elif DRAFT.search(arch):
             status = "draft / MTP module: not a capture target"
+        elif arch in why:
+            status = f"refused unless capture.allow_unverified=true: {why[arch]}"
         else:
             status = "refused unless capture.allow_unverified=true"
         rows.append((fam is None, arch, fam.name if fam else "", ran, err, status))

@@ -26,7 +26,11 @@ Real configs the options come from (the release's config.json): Llama-3.1-8B-Ins
 Qwen2.5-7B-Instruct, Qwen3-8B, Qwen3-30B-A3B, Qwen3-Next-80B-A3B-Instruct, Qwen3.5-27B /
 Qwen3.5-35B-A3B (`text_config`), gpt-oss-20b, GLM-4.5-Air, MiniMax-M2, DeepSeek-V3,
 DeepSeek-V3.2-Exp, gemma-3-1b-it (text) / gemma-3-4b-it (multimodal), Llama-4-Scout-17B-16E,
-Phi-3-mini-4k-instruct, Mistral-7B-Instruct-v0.3.
+Phi-3-mini-4k-instruct, Mistral-7B-Instruct-v0.3; issue 33's targets (smaller: hidden 128, 4
+layers, 4 experts, except where MLA's real dims are needed): Qwen1.5-MoE-A2.7B, Qwen3-VL-8B,
+Qwen3-VL-30B-A3B, Qwen2.5-VL-7B, Ministral-3-8B-2512 (text model), Apertus-8B-2509,
+DeepSeek-V2-Lite, GLM-4.7-Flash, gemma-4-e2b-it (text and multimodal), K-EXAONE-236B-A23B,
+Mellum2-12B-A2.5B and GLM-5.3-Flash (from transformers' defaults, which are those checkpoints').
 """
 
 from __future__ import annotations
@@ -59,6 +63,10 @@ class Family:
     # layout than the release (gemma-3-4b-it: `vision_tower.vision_model.*`; transformers
     # 5.19 writes `vision_tower.*`, which loads back the same but SGLang does not map)
     renames: tuple = ()
+    # weight-name suffixes whose last two dims are swapped on save: transformers 5.19 writes some
+    # fused-expert tensors in its own [E, out, in] layout, the release stores [E, in, out]
+    # (transformers transposes on load, SGLang's loader expects the release's)
+    transposed: tuple = ()
 
 
 def _layers(n_sliding_then_full: int, n: int, a: str, b: str):
@@ -767,6 +775,495 @@ def llama4(vocab):
     )
 
 
+# --------------------------------------------------------------------------- issue 33's targets
+# Smaller than the families above (hidden 128, 4 layers: the fewest `capture_layers` of
+# tests/test_families.py takes, 4 experts): each is one more SGLang CPU engine in CI.
+def qwen2_moe(vocab):
+    from transformers import Qwen2MoeConfig
+
+    # Qwen1.5-MoE-A2.7B / Qwen2-57B-A14B: qkv bias, every layer MoE (decoder_sparse_step 1)
+    # with a gated shared expert, top-k not renormalised; 60 experts top-4 scaled to 4 top-2
+    return Qwen2MoeConfig(
+        vocab_size=vocab,
+        hidden_size=128,
+        intermediate_size=256,
+        moe_intermediate_size=64,
+        shared_expert_intermediate_size=256,
+        num_hidden_layers=4,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+        num_experts=4,
+        num_experts_per_tok=2,
+        norm_topk_prob=False,
+        decoder_sparse_step=1,
+        mlp_only_layers=[],
+        qkv_bias=True,
+        max_position_embeddings=8192,
+        rms_norm_eps=1e-6,
+        rope_theta=1000000.0,
+        sliding_window=32768,
+        use_sliding_window=False,
+        max_window_layers=21,
+        router_aux_loss_coef=0.001,
+        tie_word_embeddings=False,
+        bos_token_id=BOS,
+        eos_token_id=EOS,
+    )
+
+
+QWEN2_MOE_EXTRAS = {"rope_theta": 1000000.0, "rope_scaling": None, "use_sliding_window": False}
+
+# Qwen3-VL-8B-Instruct's text rope: interleaved M-RoPE (sections scaled to head_dim 64)
+QWEN3_VL_ROPE = {
+    "mrope_interleaved": True,
+    "mrope_section": [12, 10, 10],
+    "rope_type": "default",
+    "rope_theta": 5000000.0,
+}
+TINY_VISION_QWEN3_VL = dict(
+    depth=2,
+    hidden_size=64,
+    intermediate_size=128,
+    num_heads=2,
+    out_hidden_size=128,
+    num_position_embeddings=64,
+    patch_size=16,
+    spatial_merge_size=2,
+    temporal_patch_size=2,
+    deepstack_visual_indexes=[0, 1],
+)
+
+
+def _qwen3_vl_text(vocab, moe: bool):
+    common = dict(
+        vocab_size=vocab,
+        hidden_size=128,
+        num_hidden_layers=4,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        head_dim=64,
+        max_position_embeddings=262144,
+        rms_norm_eps=1e-6,
+        rope_parameters=dict(QWEN3_VL_ROPE),
+        attention_bias=False,
+        tie_word_embeddings=False,
+        bos_token_id=BOS,
+        eos_token_id=EOS,
+    )
+    if moe:
+        from transformers import Qwen3VLMoeTextConfig
+
+        # Qwen3-VL-30B-A3B: every layer MoE, 128 experts top-8 (scaled to 4 top-2), renormalised
+        return Qwen3VLMoeTextConfig(
+            **common,
+            intermediate_size=256,
+            moe_intermediate_size=32,  # 2 x 32 != hidden: the saved layout is unambiguous
+            num_experts=4,
+            num_experts_per_tok=2,
+            decoder_sparse_step=1,
+            mlp_only_layers=[],
+        )
+    from transformers import Qwen3VLTextConfig
+
+    return Qwen3VLTextConfig(**common, intermediate_size=256)
+
+
+def qwen3_vl(vocab):
+    from transformers import Qwen3VLConfig
+
+    return Qwen3VLConfig(
+        text_config=_qwen3_vl_text(vocab, False).to_dict(),
+        vision_config=dict(TINY_VISION_QWEN3_VL),
+        tie_word_embeddings=False,
+    )
+
+
+def qwen3_vl_moe(vocab):
+    from transformers import Qwen3VLMoeConfig
+
+    return Qwen3VLMoeConfig(
+        text_config=_qwen3_vl_text(vocab, True).to_dict(),
+        vision_config=dict(TINY_VISION_QWEN3_VL),
+        tie_word_embeddings=False,
+    )
+
+
+def qwen2_5_vl(vocab):
+    from transformers import Qwen2_5_VLConfig, Qwen2_5_VLTextConfig
+
+    # Qwen2.5-VL-7B-Instruct: Qwen2 text model (qkv bias) with M-RoPE sections [16, 24, 24]
+    # (scaled to head_dim 64: [8, 12, 12]), theta 1e6; a windowed-attention vision tower
+    text = Qwen2_5_VLTextConfig(
+        vocab_size=vocab,
+        hidden_size=128,
+        intermediate_size=256,
+        num_hidden_layers=4,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        max_position_embeddings=128000,
+        rms_norm_eps=1e-6,
+        rope_parameters={"rope_type": "default", "mrope_section": [8, 12, 12], "rope_theta": 1e6},
+        sliding_window=32768,
+        use_sliding_window=False,
+        max_window_layers=28,
+        tie_word_embeddings=False,
+        bos_token_id=BOS,
+        eos_token_id=EOS,
+    )
+    vision = dict(
+        depth=2,
+        hidden_size=64,
+        intermediate_size=128,
+        num_heads=2,
+        out_hidden_size=128,
+        patch_size=14,
+        spatial_merge_size=2,
+        temporal_patch_size=2,
+        window_size=112,
+        fullatt_block_indexes=[1],
+        tokens_per_second=2,
+    )
+    return Qwen2_5_VLConfig(
+        text_config=text.to_dict(), vision_config=vision, tie_word_embeddings=False
+    )
+
+
+QWEN2_5_VL_TEXT_EXTRAS = {
+    "rope_scaling": {"type": "mrope", "mrope_section": [8, 12, 12]},
+    "rope_theta": 1000000.0,
+}
+
+# Ministral-3-8B-Instruct-2512's text model (the release wraps it in
+# Mistral3ForConditionalGeneration, whose SGLang class, a Llava wrapper, has no EAGLE-3 capture):
+# yarn x16 from 16384 with the Llama-4 attention scaling (beta 0.1), theta 1e6, untied
+MINISTRAL3_ROPE = {
+    "rope_type": "yarn",
+    "factor": 16.0,
+    "original_max_position_embeddings": 16384,
+    "beta_fast": 32.0,
+    "beta_slow": 1.0,
+    "mscale": 1.0,
+    "mscale_all_dim": 1.0,
+    "llama_4_scaling_beta": 0.1,
+    "rope_theta": 1000000.0,
+}
+
+
+def ministral3(vocab):
+    from transformers import Ministral3Config
+
+    return Ministral3Config(
+        vocab_size=vocab,
+        hidden_size=128,
+        intermediate_size=256,
+        num_hidden_layers=4,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        head_dim=64,
+        max_position_embeddings=262144,
+        rms_norm_eps=1e-5,
+        rope_parameters=dict(MINISTRAL3_ROPE),
+        sliding_window=None,
+        tie_word_embeddings=False,
+        bos_token_id=BOS,
+        eos_token_id=EOS,
+        pad_token_id=EOS,
+    )
+
+
+def apertus(vocab):
+    from transformers import ApertusConfig
+
+    # Apertus-8B-Instruct-2509: xIELU MLP (no gate), qk-norm, llama3 rope x8, untied
+    return ApertusConfig(
+        vocab_size=vocab,
+        hidden_size=128,
+        intermediate_size=256,
+        num_hidden_layers=4,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        max_position_embeddings=65536,
+        rms_norm_eps=1e-5,
+        rope_parameters={
+            "rope_type": "llama3",
+            "factor": 8.0,
+            "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 8192,
+            "rope_theta": 12000000.0,
+        },
+        hidden_act="xielu",
+        tie_word_embeddings=False,
+        bos_token_id=BOS,
+        eos_token_id=EOS,
+        pad_token_id=EOS,
+    )
+
+
+# DeepSeek-V2-Lite: MLA without a q LoRA (the real dims: SGLang's MLA kernels want them), 64
+# experts top-6 + 2 shared (scaled to 4 top-2 + 2), greedy softmax routing, first layer dense,
+# yarn x40
+DSV2_ROPE = {
+    "beta_fast": 32,
+    "beta_slow": 1,
+    "factor": 40,
+    "mscale": 0.707,
+    "mscale_all_dim": 0.707,
+    "original_max_position_embeddings": 4096,
+    "type": "yarn",
+}
+
+
+def deepseek_v2(vocab):
+    from transformers import DeepseekV2Config
+
+    return DeepseekV2Config(
+        vocab_size=vocab,
+        hidden_size=512,
+        intermediate_size=1024,
+        moe_intermediate_size=128,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+        q_lora_rank=None,
+        kv_lora_rank=512,
+        qk_nope_head_dim=128,
+        qk_rope_head_dim=64,
+        v_head_dim=128,
+        n_routed_experts=4,
+        n_shared_experts=2,
+        num_experts_per_tok=2,
+        first_k_dense_replace=1,
+        topk_method="greedy",
+        n_group=1,
+        topk_group=1,
+        norm_topk_prob=False,
+        routed_scaling_factor=1.0,
+        max_position_embeddings=163840,
+        rms_norm_eps=1e-6,
+        rope_theta=10000.0,
+        rope_scaling=dict(DSV2_ROPE),
+        tie_word_embeddings=False,
+        bos_token_id=BOS,
+        eos_token_id=EOS,
+    )
+
+
+DSV2_EXTRAS = {
+    "moe_layer_freq": 1,
+    "scoring_func": "softmax",
+    "topk_method": "greedy",
+    "aux_loss_alpha": 0.001,
+    "seq_aux": True,
+    "rope_theta": 10000.0,
+    "rope_scaling": dict(DSV2_ROPE),
+    "q_lora_rank": None,
+}
+
+
+def glm4_moe_lite(vocab):
+    from transformers import Glm4MoeLiteConfig
+
+    # GLM-4.7-Flash: MLA (q LoRA 768, kv LoRA 512, nope 192, rope 64, v 256), 64 experts top-4
+    # + 1 shared (scaled to 4 top-2 + 1), sigmoid routing, first layer dense
+    return Glm4MoeLiteConfig(
+        vocab_size=vocab,
+        hidden_size=512,
+        intermediate_size=1024,
+        moe_intermediate_size=128,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+        q_lora_rank=768,
+        kv_lora_rank=512,
+        qk_nope_head_dim=192,
+        qk_rope_head_dim=64,
+        v_head_dim=256,
+        n_routed_experts=4,
+        n_shared_experts=1,
+        num_experts_per_tok=2,
+        routed_scaling_factor=1.8,
+        n_group=1,
+        topk_group=1,
+        norm_topk_prob=True,
+        mlp_layer_types=["dense"] + ["sparse"] * 3,
+        max_position_embeddings=202752,
+        rms_norm_eps=1e-5,
+        rope_parameters={"rope_type": "default", "rope_theta": 1000000.0},
+        tie_word_embeddings=False,
+        bos_token_id=BOS,
+        eos_token_id=EOS,
+    )
+
+
+GLM4_MOE_LITE_EXTRAS = {
+    "first_k_dense_replace": 1,
+    "num_nextn_predict_layers": 1,
+    "topk_method": "noaux_tc",
+    "rope_theta": 1000000.0,
+    "rope_scaling": None,
+}
+
+
+def _gemma4_text(vocab):
+    from transformers import Gemma4TextConfig
+
+    # gemma-4-e2b-it (transformers' defaults are that checkpoint's): sliding (theta 1e4) and
+    # full layers (proportional rope, partial 0.25, theta 1e6) with a wider head on the full
+    # ones (global_head_dim), per-layer input embeddings (PLE), the last layers reusing an
+    # earlier layer's KV (num_kv_shared_layers) with a double-wide MLP, logit softcap 30, tied
+    return Gemma4TextConfig(
+        vocab_size=vocab,
+        vocab_size_per_layer_input=vocab,
+        hidden_size_per_layer_input=32,
+        hidden_size=128,
+        intermediate_size=256,
+        num_hidden_layers=4,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        head_dim=64,
+        global_head_dim=128,
+        sliding_window=64,
+        layer_types=["sliding_attention", "full_attention"] * 2,
+        num_kv_shared_layers=2,
+        use_double_wide_mlp=True,
+        final_logit_softcapping=30.0,
+        max_position_embeddings=131072,
+        rms_norm_eps=1e-6,
+        hidden_activation="gelu_pytorch_tanh",
+        tie_word_embeddings=True,
+        bos_token_id=BOS,
+        eos_token_id=EOS,
+        pad_token_id=EOS,
+    )
+
+
+def gemma4(vocab):
+    return _gemma4_text(vocab)
+
+
+def gemma4_vl(vocab):
+    from transformers import Gemma4Config
+
+    vision = dict(
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+        head_dim=32,
+        patch_size=16,
+        pooling_kernel_size=3,
+        position_embedding_size=1024,
+    )
+    return Gemma4Config(
+        text_config=_gemma4_text(vocab).to_dict(),
+        vision_config=vision,
+        boi_token_id=100,
+        eoi_token_id=101,
+        image_token_id=102,
+        video_token_id=103,
+        tie_word_embeddings=True,
+    )
+
+
+def exaone_moe(vocab):
+    from transformers import ExaoneMoeConfig
+
+    # K-EXAONE-236B-A23B (transformers' defaults are that checkpoint's): 3 sliding layers then 1
+    # global ("LLLG"), first layer dense, 64 experts top-8 + 1 shared (scaled to 4 top-2 + 1),
+    # routed scaling 2.5
+    return ExaoneMoeConfig(
+        vocab_size=vocab,
+        hidden_size=128,
+        intermediate_size=256,
+        moe_intermediate_size=64,
+        num_hidden_layers=4,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        head_dim=64,
+        sliding_window=64,
+        sliding_window_pattern=4,
+        first_k_dense_replace=1,
+        num_experts=4,
+        num_experts_per_tok=2,
+        num_shared_experts=1,
+        norm_topk_prob=True,
+        routed_scaling_factor=2.5,
+        n_group=1,
+        topk_group=1,
+        max_position_embeddings=131072,
+        rms_norm_eps=1e-5,
+        tie_word_embeddings=False,
+        bos_token_id=BOS,
+        eos_token_id=EOS,
+        pad_token_id=EOS,
+    )
+
+
+def mellum(vocab):
+    from transformers import MellumConfig
+
+    # Mellum2-12B-A2.5B (transformers' defaults): every layer MoE (64 experts top-8 scaled to 4
+    # top-2, renormalised), sliding (1024, theta 1e4) and full (theta 5e5) layers; the
+    # sliding/full mix here is 3:1 (the release's own pattern was not read here)
+    return MellumConfig(
+        vocab_size=vocab,
+        hidden_size=128,
+        intermediate_size=256,
+        moe_intermediate_size=64,
+        num_hidden_layers=4,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        head_dim=64,
+        sliding_window=64,
+        layer_types=_layers(4, 4, "sliding_attention", "full_attention"),
+        num_experts=4,
+        num_experts_per_tok=2,
+        norm_topk_prob=True,
+        max_position_embeddings=131072,
+        rms_norm_eps=1e-6,
+        tie_word_embeddings=False,
+        bos_token_id=BOS,
+        eos_token_id=EOS,
+    )
+
+
+def glm5_next(vocab):
+    from transformers import Glm5NextConfig, Glm5NextTextConfig
+
+    # GLM-5.3-Flash (transformers' defaults are that checkpoint's): 3 linear-attention (KDA)
+    # layers then 1 DSA-indexed MLA layer (NoPE, q LoRA), the first 3 layers dense then MoE
+    # (288 experts top-8 + 1 shared scaled to 4 top-2 + 1), hyper-connections (hc_mult 4)
+    text = Glm5NextTextConfig(
+        vocab_size=vocab,
+        hidden_size=256,
+        intermediate_size=512,
+        moe_intermediate_size=64,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+        q_lora_rank=128,
+        kv_lora_rank=512,
+        qk_rope_head_dim=0,
+        qk_nope_head_dim=256,
+        v_head_dim=256,
+        n_routed_experts=4,
+        n_shared_experts=1,
+        num_experts_per_tok=2,
+        index_n_heads=4,
+        linear_head_dim=64,
+        linear_num_heads=4,
+        max_position_embeddings=1048576,
+        tie_word_embeddings=False,
+        bos_token_id=BOS,
+        eos_token_id=EOS,
+        pad_token_id=EOS,
+    )
+    vision = dict(depth=1, hidden_size=64, intermediate_size=128, num_heads=2, out_hidden_size=256)
+    return Glm5NextConfig(text_config=text.to_dict(), vision_config=vision)
+
+
 FAMILIES: Dict[str, Family] = {
     "llama": Family(
         "LlamaForCausalLM", llama, {"rope_theta": 500000.0, "rope_scaling": dict(LLAMA31_ROPE)}
@@ -815,6 +1312,33 @@ FAMILIES: Dict[str, Family] = {
     "mistral": Family(
         "MistralForCausalLM", mistral, {"rope_theta": 1000000.0, "rope_scaling": None}
     ),
+    "qwen2_moe": Family("Qwen2MoeForCausalLM", qwen2_moe, QWEN2_MOE_EXTRAS, num_layers=4),
+    "qwen3_vl": Family("Qwen3VLForConditionalGeneration", qwen3_vl, num_layers=4),
+    "qwen3_vl_moe": Family(
+        "Qwen3VLMoeForConditionalGeneration",
+        qwen3_vl_moe,
+        num_layers=4,
+        transposed=("mlp.experts.gate_up_proj", "mlp.experts.down_proj"),
+    ),
+    "qwen2_5_vl": Family(
+        "Qwen2_5_VLForConditionalGeneration", qwen2_5_vl, {}, QWEN2_5_VL_TEXT_EXTRAS, num_layers=4
+    ),
+    "ministral3": Family(
+        "Ministral3ForCausalLM",
+        ministral3,
+        num_layers=4,
+        note="text class; the releases are Mistral3ForConditionalGeneration",
+    ),
+    "apertus": Family("ApertusForCausalLM", apertus, num_layers=4),
+    "deepseek_v2": Family("DeepseekV2ForCausalLM", deepseek_v2, DSV2_EXTRAS, num_layers=4),
+    "glm4_moe_lite": Family(
+        "Glm4MoeLiteForCausalLM", glm4_moe_lite, GLM4_MOE_LITE_EXTRAS, num_layers=4
+    ),
+    "gemma4": Family("Gemma4ForCausalLM", gemma4, num_layers=4),
+    "gemma4_vl": Family("Gemma4ForConditionalGeneration", gemma4_vl, num_layers=4),
+    "exaone_moe": Family("ExaoneMoeForCausalLM", exaone_moe, num_layers=4),
+    "mellum": Family("MellumForCausalLM", mellum, num_layers=4),
+    "glm5_next": Family("Glm5NextForConditionalGeneration", glm5_next, num_layers=4),
 }
 
 
@@ -829,7 +1353,7 @@ def _merge(d: dict, extras: dict) -> None:
         d[k] = v
 
 
-def _rename_weights(path: Path, renames) -> None:
+def _rename_weights(path: Path, renames, transposed=()) -> None:
     from safetensors.torch import load_file, save_file
 
     w = load_file(path)
@@ -839,6 +1363,8 @@ def _rename_weights(path: Path, renames) -> None:
             if k.startswith(old) and not k.startswith(new):
                 k = new + k[len(old) :]
                 break
+        if k.endswith(tuple(transposed)):
+            v = v.transpose(-1, -2).contiguous()
         out[k] = v
     save_file(out, path, metadata={"format": "pt"})
 
@@ -865,8 +1391,8 @@ def build(name: str, dest: Optional[Path] = None, seed: int = 0, force: bool = F
         torch.manual_seed(seed)
         model = getattr(transformers, fam.cls)(cfg).to(torch.bfloat16).eval()
         model.save_pretrained(tmp)
-        if fam.renames:
-            _rename_weights(tmp / "model.safetensors", fam.renames)
+        if fam.renames or fam.transposed:
+            _rename_weights(tmp / "model.safetensors", fam.renames, fam.transposed)
         cfg_file = tmp / "config.json"
         raw = json.loads(cfg_file.read_text())
         _merge(raw, fam.extras)

@@ -10,11 +10,18 @@ on the CPU in `tests/test_families.py` (CI), or on the GPU by `bench/families_pr
 --device gpu`, whose results are kept in `bench/results/`. Any other architecture is refused
 before the engine starts unless the user sets `capture.allow_unverified=true` (the manifest
 then records it).
+
+A check holds for the SGLang release it ran on: each family lists its (version, where) runs,
+and on an SGLang version none of them ran on the class is refused the same way, with the
+versions that were verified (the installed version is read from the distribution's metadata,
+without importing SGLang).
 """
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
+from importlib import metadata
 from typing import Dict, Optional, Tuple
 
 
@@ -22,58 +29,104 @@ from typing import Dict, Optional, Tuple
 class Family:
     name: str
     architectures: Tuple[str, ...]
-    verified: str
-    """Where the rows were checked against transformers."""
+    runs: Tuple[Tuple[str, str], ...]
+    """(SGLang version, where the rows were checked against transformers on it), one per
+    version: the gate accepts the family on these versions only."""
     tap_input_norm: bool = False
     """SGLang's aux capture records another tensor than the residual stream (Gemma-3): hsdump
     takes the stream from each captured layer's input norm instead (`hsdump.capture.patch.tap_stream`)."""
 
+    @property
+    def versions(self) -> Tuple[str, ...]:
+        return tuple(v for v, _ in self.runs)
 
-CPU_TEST = "CPU, tests/test_families.py (SGLang 0.5.23)"
-GPU_TEST = "GPU, tests/test_gpu.py (SGLang 0.5.17)"
+    def verified_on(self, sglang_version: Optional[str]) -> Optional[str]:
+        """Where the rows were checked on this SGLang version (its release part: 0.5.23.post1 is
+        0.5.23), None if they never were."""
+        rel = release(sglang_version)
+        return next((w for v, w in self.runs if v == rel), None)
 
-GPU_PROBE = "GPU, bench/families_probe.py --device gpu (SGLang 0.5.17)"
+    @property
+    def verified(self) -> str:
+        """Every check, one per version: `<where> (SGLang <version>)`, joined by `; `."""
+        return "; ".join(f"{w} (SGLang {v})" for v, w in self.runs)
+
+
+def release(version: Optional[str]) -> Optional[str]:
+    """The release part of a version string (`0.5.23.post1`, `0.5.23rc0` -> `0.5.23`)."""
+    if not version:
+        return None
+    m = re.match(r"\d+(?:\.\d+)*", version.strip())
+    return ".".join(m.group(0).split(".")[:3]) if m else version.strip()
+
+
+def installed_sglang() -> Optional[str]:
+    """The installed SGLang's version from its distribution metadata (SGLang is not imported);
+    None when it is not installed."""
+    try:
+        return metadata.version("sglang")
+    except metadata.PackageNotFoundError:
+        return None
+
+
+CPU_TEST = "CPU, tests/test_families.py"
+GPU_TEST = "GPU, tests/test_gpu.py"
+GPU_PROBE = "GPU, bench/families_probe.py --device gpu"
+V23, V17 = "0.5.23", "0.5.17"
+
+
+def _cpu(*extra: Tuple[str, str]) -> Tuple[Tuple[str, str], ...]:
+    return ((V23, CPU_TEST),) + extra
+
+
+def _gpu(note: str = "") -> Tuple[Tuple[str, str], ...]:
+    return ((V17, GPU_PROBE + (", " + note if note else "")),)
+
 
 FAMILIES = (
-    Family("Llama", ("LlamaForCausalLM",), CPU_TEST),
-    Family("Qwen2", ("Qwen2ForCausalLM",), CPU_TEST),
-    Family("Qwen3", ("Qwen3ForCausalLM",), CPU_TEST),
-    Family("Qwen3-MoE", ("Qwen3MoeForCausalLM",), CPU_TEST),
-    Family("GLM-4.5 MoE", ("Glm4MoeForCausalLM",), CPU_TEST),
-    Family("Phi-3", ("Phi3ForCausalLM",), CPU_TEST),
-    Family("Mistral", ("MistralForCausalLM",), CPU_TEST),
-    Family("MiniMax-M2", ("MiniMaxM2ForCausalLM",), GPU_PROBE),
-    Family("GPT-OSS", ("GptOssForCausalLM",), GPU_PROBE + ", MoE rule"),
+    Family("Llama", ("LlamaForCausalLM",), _cpu((V17, GPU_TEST))),
+    Family("Qwen2", ("Qwen2ForCausalLM",), _cpu()),
+    Family("Qwen3", ("Qwen3ForCausalLM",), _cpu()),
+    Family("Qwen3-MoE", ("Qwen3MoeForCausalLM",), _cpu()),
+    Family("GLM-4.5 MoE", ("Glm4MoeForCausalLM",), _cpu()),
+    Family("Phi-3", ("Phi3ForCausalLM",), _cpu()),
+    Family("Mistral", ("MistralForCausalLM",), _cpu()),
+    Family("MiniMax-M2", ("MiniMaxM2ForCausalLM",), _gpu()),
+    Family("GPT-OSS", ("GptOssForCausalLM",), _gpu("MoE rule")),
     Family(
         "Llama-4",
         ("Llama4ForConditionalGeneration",),
-        GPU_PROBE + ", +engine.extra.context_length=8192",
+        _gpu("+engine.extra.context_length=8192"),
     ),
-    Family("DeepSeek-V3", ("DeepseekV3ForCausalLM",), GPU_TEST),
-    Family(
-        "DeepSeek-V3.2", ("DeepseekV32ForCausalLM",), GPU_PROBE + ", with deep_gemm and FlashMLA"
-    ),
-    Family("Qwen3-Next", ("Qwen3NextForCausalLM",), GPU_PROBE + ", MoE rule"),
+    Family("DeepSeek-V3", ("DeepseekV3ForCausalLM",), ((V17, GPU_TEST),)),
+    Family("DeepSeek-V3.2", ("DeepseekV32ForCausalLM",), _gpu("with deep_gemm and FlashMLA")),
+    Family("Qwen3-Next", ("Qwen3NextForCausalLM",), _gpu("MoE rule")),
     Family(
         "Qwen3.5",
         ("Qwen3_5ForCausalLM", "Qwen3_5ForConditionalGeneration"),
-        GPU_PROBE + ", per-layer flags",
+        _gpu("per-layer flags"),
     ),
     Family(
         "Qwen3.5-MoE",
         ("Qwen3_5MoeForCausalLM", "Qwen3_5MoeForConditionalGeneration"),
-        GPU_PROBE + ", per-layer flags",
+        _gpu("per-layer flags"),
     ),
     Family(
         "Gemma-3",
         ("Gemma3ForCausalLM", "Gemma3ForConditionalGeneration"),
-        CPU_TEST + "; " + GPU_PROBE,
+        _cpu((V17, GPU_PROBE)),
         tap_input_norm=True,
     ),
+    Family("Qwen3-VL", ("Qwen3VLForConditionalGeneration",), _cpu()),
+    Family("Qwen3-VL-MoE", ("Qwen3VLMoeForConditionalGeneration",), _cpu()),
+    Family("Qwen2.5-VL", ("Qwen2_5_VLForConditionalGeneration",), _cpu()),
+    Family("Ministral-3", ("Ministral3ForCausalLM",), _cpu()),
+    Family("Apertus", ("ApertusForCausalLM",), _cpu()),
+    Family("Mellum", ("MellumForCausalLM",), _cpu()),
     Family(
         "Kimi-K2.5",
         ("KimiK25ForConditionalGeneration",),
-        "GPU, bench/kimi_check.py --both (SGLang 0.5.17; bf16 and INT4 experts)",
+        ((V17, "GPU, bench/kimi_check.py --both (bf16 and INT4 experts)"),),
     ),
 )
 
@@ -89,18 +142,40 @@ def family_of(architecture: str) -> Optional[Family]:
     return _BY_ARCH.get(architecture)
 
 
-def check_verified(architecture: str, allow_unverified: bool) -> Optional[Family]:
-    """The family of `architecture`; ValueError, before any engine starts, if its rows were
-    never checked against transformers and the user did not allow that."""
+_INSTALLED = "installed"
+
+
+def check_verified(
+    architecture: str, allow_unverified: bool, sglang_version: Optional[str] = _INSTALLED
+) -> Optional[Family]:
+    """The family of `architecture` if its rows were checked against transformers on this
+    SGLang version (default: the installed one; None: no SGLang runs, e.g. engine=dry, and only
+    the class is checked). ValueError, before any engine starts, if they never were and the
+    user did not allow that; with capture.allow_unverified=true, None for a class or version
+    never checked (the manifest then records no family)."""
+    if sglang_version == _INSTALLED:
+        sglang_version = installed_sglang()
     family = family_of(architecture)
-    if family is None and not allow_unverified:
+    allow = "set capture.allow_unverified=true to capture anyway (recorded in the manifest)"
+    if family is None:
+        if allow_unverified:
+            return None
         names = ", ".join(sorted(_BY_ARCH))
         raise ValueError(
             f"{architecture}: hsdump has not verified this model class's captured rows against "
             "transformers, and SGLang's model classes differ in which layer and which tensor "
             "they capture (a wrong layer is written silently). Verified: "
             f"{names}. Check it with `python bench/families_probe.py` on a tiny checkpoint of "
-            "the class, or set capture.allow_unverified=true to capture anyway (recorded in "
-            "the manifest)"
+            f"the class, or {allow}"
         )
-    return family
+    if sglang_version is None or family.verified_on(sglang_version) is not None:
+        return family
+    if allow_unverified:
+        return None
+    raise ValueError(
+        f"{architecture} ({family.name}): hsdump verified this class's captured rows against "
+        f"transformers on SGLang {', '.join(family.versions)} only, not on the installed "
+        f"SGLang {sglang_version} (model classes change between releases: which layers they "
+        "capture, which tensor). Install a verified version, check this one with "
+        f"`python bench/families_probe.py` on a tiny checkpoint of the class, or {allow}"
+    )

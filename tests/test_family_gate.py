@@ -1,0 +1,148 @@
+"""The family gate (hsdump.capture.families): a class is captured only on the SGLang releases
+its rows were checked on against transformers; no engine, no SGLang import."""
+
+import json
+import sys
+
+import pytest
+
+from hsdump.capture import families
+from hsdump.capture.families import FAMILIES, check_verified, family_of, release
+
+
+def test_release_part_of_a_version():
+    assert release("0.5.23") == "0.5.23"
+    assert release("0.5.23.post1") == "0.5.23"
+    assert release("0.5.23rc0") == "0.5.23"
+    assert release("0.5") == "0.5"
+    assert release(None) is None and release("") is None
+
+
+def test_every_family_names_where_and_on_which_version():
+    seen = set()
+    for fam in FAMILIES:
+        assert fam.runs, fam.name
+        assert len(set(fam.versions)) == len(fam.versions), fam.name
+        for v, where in fam.runs:
+            assert release(v) == v and where, (fam.name, v, where)
+            assert fam.verified_on(v) == where
+        assert not seen & set(fam.architectures), fam.name
+        seen |= set(fam.architectures)
+    assert len(seen) >= 20
+
+
+def test_gate_accepts_a_class_on_its_verified_versions_only():
+    llama = family_of("LlamaForCausalLM")
+    assert set(llama.versions) >= {"0.5.23", "0.5.17"}
+    for v in llama.versions:
+        assert check_verified("LlamaForCausalLM", False, v) is llama
+        assert check_verified("LlamaForCausalLM", False, v + ".post1") is llama
+    # a DeepSeek-V3 check ran on 0.5.17 (GPU) only
+    dsv3 = family_of("DeepseekV3ForCausalLM")
+    assert dsv3.versions == ("0.5.17",)
+    assert check_verified("DeepseekV3ForCausalLM", False, "0.5.17") is dsv3
+    with pytest.raises(ValueError) as e:
+        check_verified("DeepseekV3ForCausalLM", False, "0.5.23")
+    msg = str(e.value)
+    assert "DeepseekV3ForCausalLM" in msg and "SGLang 0.5.17 only" in msg
+    assert "installed SGLang 0.5.23" in msg and "capture.allow_unverified=true" in msg
+    with pytest.raises(ValueError, match=r"on SGLang 0\.5\.23, 0\.5\.17 only, not on the "):
+        check_verified("LlamaForCausalLM", False, "0.5.20")
+    # allowed: captured, but the manifest records no verified family
+    assert check_verified("DeepseekV3ForCausalLM", True, "0.5.23") is None
+    # no SGLang runs (engine=dry): the class alone is checked
+    assert check_verified("DeepseekV3ForCausalLM", False, None) is dsv3
+
+
+def test_gate_refuses_an_unknown_class_on_any_version():
+    for v in ("0.5.23", "0.5.17", None):
+        with pytest.raises(ValueError, match="CohereForCausalLM: hsdump has not verified"):
+            check_verified("CohereForCausalLM", False, v)
+        assert check_verified("CohereForCausalLM", True, v) is None
+
+
+def test_gate_reads_the_installed_version_without_importing_sglang(monkeypatch):
+    from importlib import metadata
+
+    def fake(name):
+        assert name == "sglang"
+        return "0.5.20"
+
+    monkeypatch.setattr(families.metadata, "version", fake)
+    assert families.installed_sglang() == "0.5.20"
+    with pytest.raises(ValueError, match="installed SGLang 0.5.20"):
+        check_verified("LlamaForCausalLM", False)
+
+    def absent(name):
+        raise metadata.PackageNotFoundError(name)
+
+    monkeypatch.setattr(families.metadata, "version", absent)
+    assert families.installed_sglang() is None
+    assert check_verified("LlamaForCausalLM", False) is family_of("LlamaForCausalLM")
+    # the gate module itself never imports sglang
+    code = (
+        "import sys; import hsdump.capture.families as f; f.check_verified('LlamaForCausalLM', "
+        "False); print(any(m == 'sglang' or m.startswith('sglang.') for m in sys.modules))"
+    )
+    import subprocess
+
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
+
+
+def test_verified_string_names_every_version():
+    gemma = family_of("Gemma3ForCausalLM")
+    s = gemma.verified
+    assert "(SGLang 0.5.23)" in s and "(SGLang 0.5.17)" in s
+    json.dumps(s)  # the manifest's `verified` stays a string
+
+
+def test_extract_refuses_a_class_verified_on_another_sglang_version(tmp_path, tiny_llama):
+    # extract.py on a checkpoint whose class hsdump verified, but never on the installed SGLang:
+    # refused before the engine, naming the verified versions and the way to allow it
+    import shutil
+
+    import harness
+
+    installed = families.installed_sglang()
+    if installed is None:
+        pytest.skip("SGLang is not installed: the gate checks the class alone")
+    fam = next((f for f in FAMILIES if f.verified_on(installed) is None), None)
+    if fam is None:
+        pytest.skip(f"every family is verified on SGLang {installed}")
+    arch = fam.architectures[0]
+    ckpt = tmp_path / "ckpt"
+    shutil.copytree(tiny_llama, ckpt)
+    cfg = json.loads((ckpt / "config.json").read_text())
+    cfg["architectures"] = [arch]
+    (ckpt / "config.json").write_text(json.dumps(cfg))
+    out = tmp_path / "ds"
+    rc, text = harness.extract(
+        f"model.path={ckpt}", "dataset.max_samples=2", "capture.layers=[1,2]", out=out, timeout=300
+    )
+    assert rc != 0 and f"{arch} ({fam.name})" in text, text[-2000:]
+    assert f"on SGLang {', '.join(fam.versions)} only" in text and installed in text
+    assert "capture.allow_unverified=true" in text and "Traceback" not in text
+    assert not (out / "manifest.json").exists()
+
+
+def test_every_cpu_verified_class_has_a_passing_cpu_result():
+    # a class the gate accepts on 0.5.23 "CPU, tests/test_families.py" has a checkpoint in
+    # tests/families.py whose recorded CPU result (bench/families_probe.py) passed
+    from factories import ROOT
+    from families import FAMILIES as TEST_FAMILIES
+
+    results = json.loads((ROOT / "bench" / "results" / "families-cpu.json").read_text())
+    assert results["env"]["sglang"] == "0.5.23"
+    ok = {
+        TEST_FAMILIES[n].cls
+        for n, r in results["results"].items()
+        if r.get("status") == "ok" and n in TEST_FAMILIES
+    }
+    for fam in FAMILIES:
+        if fam.verified_on("0.5.23") == families.CPU_TEST:
+            tested = [a for a in fam.architectures if a in ok]
+            assert tested, (fam.name, "no passing CPU result in bench/results/families-cpu.json")
+    # and no class the results file records as refused is accepted
+    for arch in results.get("refused", {}):
+        assert family_of(arch) is None or family_of(arch).verified_on("0.5.23") is None, arch
