@@ -57,6 +57,7 @@ class Family:
     config: Callable[[int], object]  # vocab size -> transformers config
     extras: Dict = field(default_factory=dict)  # raw keys merged into config.json
     text_extras: Dict = field(default_factory=dict)  # raw keys merged into text_config
+    vision_extras: Dict = field(default_factory=dict)  # raw keys merged into vision_config
     num_layers: int = 6
     note: str = ""
     # (old prefix, new prefix) renames of saved weight names, where transformers saves another
@@ -1264,6 +1265,52 @@ def glm5_next(vocab):
     return Glm5NextConfig(text_config=text.to_dict(), vision_config=vision)
 
 
+def gemma4_unified(vocab):
+    from transformers import Gemma4UnifiedConfig, Gemma4UnifiedTextConfig
+
+    # gemma-4-12B-it (transformers' defaults are that checkpoint's): 5 sliding layers (1024,
+    # theta 1e4) then 1 full (proportional rope, partial 0.25, theta 1e6) with its own wider head
+    # (global_head_dim), tied; no per-layer embeddings or KV sharing
+    text = Gemma4UnifiedTextConfig(
+        vocab_size=vocab,
+        hidden_size=128,
+        intermediate_size=256,
+        num_hidden_layers=4,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        head_dim=64,
+        global_head_dim=128,
+        sliding_window=64,
+        layer_types=["sliding_attention"] * 3 + ["full_attention"],
+        max_position_embeddings=262144,
+        rms_norm_eps=1e-6,
+        tie_word_embeddings=True,
+        bos_token_id=BOS,
+        eos_token_id=EOS,
+        pad_token_id=EOS,
+    )
+    vision = dict(
+        patch_size=16,
+        pooling_kernel_size=3,
+        mm_embed_dim=64,
+        mm_posemb_size=64,
+        output_proj_dims=64,
+    )
+    return Gemma4UnifiedConfig(
+        text_config=text.to_dict(),
+        vision_config=vision,
+        boi_token_id=100,
+        eoi_token_id=101,
+        image_token_id=102,
+        video_token_id=103,
+        # inside this vocabulary, as the release's are inside its own (SGLang masks eoi/eoa)
+        boa_token_id=104,
+        eoa_token_index=105,
+        audio_token_id=106,
+        tie_word_embeddings=True,
+    )
+
+
 FAMILIES: Dict[str, Family] = {
     "llama": Family(
         "LlamaForCausalLM", llama, {"rope_theta": 500000.0, "rope_scaling": dict(LLAMA31_ROPE)}
@@ -1339,6 +1386,14 @@ FAMILIES: Dict[str, Family] = {
     "exaone_moe": Family("ExaoneMoeForCausalLM", exaone_moe, num_layers=4),
     "mellum": Family("MellumForCausalLM", mellum, num_layers=4),
     "glm5_next": Family("Glm5NextForConditionalGeneration", glm5_next, num_layers=4),
+    # SGLang's encoder-free vision embedder reads `model_patch_size` (patch_size x
+    # pooling_kernel_size: 48 in gemma-4-12B-it), which transformers' config does not write
+    "gemma4_unified": Family(
+        "Gemma4UnifiedForConditionalGeneration",
+        gemma4_unified,
+        num_layers=4,
+        vision_extras={"model_patch_size": 48},
+    ),
 }
 
 
@@ -1398,6 +1453,8 @@ def build(name: str, dest: Optional[Path] = None, seed: int = 0, force: bool = F
         _merge(raw, fam.extras)
         if fam.text_extras:
             _merge(raw.setdefault("text_config", {}), fam.text_extras)
+        if fam.vision_extras:
+            _merge(raw.setdefault("vision_config", {}), fam.vision_extras)
         raw["architectures"] = [fam.cls]
         raw["torch_dtype"] = "bfloat16"
         cfg_file.write_text(json.dumps(raw, indent=2, sort_keys=True) + "\n")

@@ -124,6 +124,11 @@ FAMILIES = (
     Family("Apertus", ("ApertusForCausalLM",), _cpu()),
     Family("Mellum", ("MellumForCausalLM",), _cpu()),
     Family(
+        "Gemma-4",
+        ("Gemma4ForConditionalGeneration",),
+        ((V23, CPU_TEST + ", +engine.attention_backend=intel_amx"),),
+    ),
+    Family(
         "Kimi-K2.5",
         ("KimiK25ForConditionalGeneration",),
         ((V17, "GPU, bench/kimi_check.py --both (bf16 and INT4 experts)"),),

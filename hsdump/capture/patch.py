@@ -164,8 +164,11 @@ def decoder_stack(model):
 
 def final_norm(stack):
     """The norm the last decoder layer feeds: the stack's one direct child norm module
-    (`norm` in every family hsdump verified; the per-layer norms sit inside `layers`)."""
+    (`norm` in every family hsdump verified; the per-layer norms sit inside `layers`), or the
+    one named `norm` where the stack has more (Gemma-4's per-layer-input projection norm)."""
     norms = [(name, m) for name, m in stack.named_children() if "norm" in type(m).__name__.lower()]
+    if len(norms) > 1:
+        norms = [(name, m) for name, m in norms if name == "norm"] or norms
     if len(norms) != 1:
         raise RuntimeError(
             f"hsdump: {type(stack).__name__} has {len(norms)} direct norm modules "
