@@ -123,6 +123,15 @@ SGLANG_MODULE = {
 }
 
 
+# extract.py overrides a family needs on the CPU engine (tests/test_families.py's CPU_OVERRIDES):
+# SGLang's Gemma-4 refuses torch_native by name; intel_amx passes that check and falls back to
+# torch_native on a CPU without AMX
+CPU_OVERRIDES = {
+    "gemma4_vl": ["engine.attention_backend=intel_amx"],
+    "gemma4_unified": ["engine.attention_backend=intel_amx"],
+}
+
+
 def failure(name: str, log: str) -> str:
     why = root_error(log)
     mod = SGLANG_MODULE.get(name, name)
@@ -228,6 +237,8 @@ def probe(name: str, args, workdir: Path) -> dict:
         hidden_size=info.hidden_size,
         layers=layers,
     )
+    overrides = [*CPU_OVERRIDES.get(name, [])] if args.device == "cpu" else []
+    overrides += [o for o in args.override if o not in overrides]
     out_dir = workdir / f"ds-{name}"
     shutil.rmtree(out_dir, ignore_errors=True)
     log_path = workdir / f"{name}.log"
@@ -240,10 +251,10 @@ def probe(name: str, args, workdir: Path) -> dict:
         args.samples,
         args.timeout,
         log_path,
-        args.override,
+        overrides,
     )
-    if args.override:
-        res["overrides"] = list(args.override)
+    if overrides:
+        res["overrides"] = overrides
     res.update(
         extract_s=run["seconds"],
         rc=run["rc"],
