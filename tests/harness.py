@@ -6,13 +6,28 @@ limit, and returns (returncode, stdout + stderr), or the running process when `w
 `DRY` is the override that puts a run on the dry engine (hsdump.capture.dry): tests of hsdump's
 own bookkeeping (commits, kills, resume, signals, launchers, sweeps, jobs) use it; tests of
 what SGLang decides leave it out and get the real CPU engine of the embedded default.
+
+A dry `extract.py` run (and any `extract.py` run of a test in the fast tier, which the engine
+guard keeps from starting SGLang) is forked from a server that has already imported torch, transformers,
+datasets, Hydra and hsdump (tests/zygote.py, one per test process), so it does not pay ~6 s of
+CPU for the imports: it is still a process of its own, with its argv, environment, working
+directory, output, exit status and signals, and the script runs as `__main__`. Only runs whose
+environment differs from the server's in HSDUMP_* variables alone are forked (what the imports
+read is then the same); every other run, and every run with HSDUMP_TEST_FORK=0, is a plain
+subprocess.
 """
 
 from __future__ import annotations
 
+import atexit
+import itertools
+import json
 import os
+import signal
 import subprocess
 import sys
+import tempfile
+import threading
 from pathlib import Path
 from typing import Dict, Optional, Sequence, Union
 
@@ -22,6 +37,7 @@ DRY = "engine=dry"
 """extract.py override: the dry engine (no SGLang)."""
 
 _DROP = ("HSDUMP_FAULT", "HF_", "RAY_", "PYTEST_")
+FORBID_ENV = "HSDUMP_FORBID_ENGINE"  # tests/conftest.py's guard (hsdump.capture.base.FORBID_ENV)
 
 
 def clean_env(env: Optional[Dict[str, str]] = None, fault: Optional[str] = None) -> Dict[str, str]:
@@ -56,6 +72,155 @@ def run(cmd, *, cwd, env, timeout, wait, new_session=False, split=False):
         out, err = p.communicate()
         raise AssertionError(f"timed out after {timeout} s: {cmd}\n{out[-4000:]}") from None
     return (p.returncode, out, err) if split else (p.returncode, out)
+
+
+# --------------------------------------------------------------------------- the fork server
+FORK_ENV = "HSDUMP_TEST_FORK"
+"""HSDUMP_TEST_FORK=0: every run a plain subprocess (tests/zygote.py not used)."""
+
+
+class Forked:
+    """A run forked by the server: what the tests use of subprocess.Popen (pid, returncode,
+    poll, wait, communicate, kill, terminate, send_signal). Its output is a file, read when it
+    has exited; `communicate` returns (stdout + stderr, None)."""
+
+    def __init__(self, server: "_Server", cmd, out: str):
+        self.args, self._out, self._server = cmd, out, server
+        self.pid: int = 0
+        self.returncode: Optional[int] = None
+        self._done = threading.Event()
+
+    def poll(self) -> Optional[int]:
+        return self.returncode if self._done.is_set() else None
+
+    def wait(self, timeout: Optional[float] = None) -> int:
+        if not self._done.wait(timeout):
+            raise subprocess.TimeoutExpired(self.args, timeout)
+        if self.returncode is None:
+            raise AssertionError(f"the fork server died while running {self.args}")
+        return self.returncode
+
+    def communicate(self, timeout: Optional[float] = None):
+        self.wait(timeout)
+        try:
+            with open(self._out, encoding="utf-8", errors="replace") as f:
+                return f.read(), None
+        finally:
+            os.unlink(self._out)
+
+    def send_signal(self, sig: int) -> None:
+        if not self._done.is_set():
+            os.kill(self.pid, sig)
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
+
+    def terminate(self) -> None:
+        self.send_signal(signal.SIGTERM)
+
+
+class _Server:
+    """tests/zygote.py, started on first use with the harness's clean environment."""
+
+    def __init__(self):
+        self.env = clean_env()
+        self.proc = subprocess.Popen(
+            [sys.executable, str(Path(__file__).with_name("zygote.py"))],
+            cwd=ROOT,
+            env=self.env,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+        )
+        self.lock = threading.Lock()
+        self.ids = itertools.count()
+        self.pending: Dict[int, "Forked"] = {}  # request id -> run, until its pid is known
+        self.running: Dict[int, "Forked"] = {}  # pid -> run
+        self.forked = threading.Condition(self.lock)
+        threading.Thread(target=self._read, daemon=True).start()
+        atexit.register(self.close)
+
+    def close(self) -> None:
+        """At the test process's exit: the server ends (EOF) and is waited for, so its CPU time
+        and its runs' count in the test process's own (time -v, getrusage)."""
+        self.proc.stdin.close()
+        try:
+            self.proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+    def _read(self) -> None:
+        for line in self.proc.stdout:
+            msg = json.loads(line)
+            with self.lock:
+                if "id" in msg:
+                    run = self.pending.pop(msg["id"])
+                    run.pid = msg["pid"]
+                    self.running[run.pid] = run
+                    self.forked.notify_all()
+                else:
+                    run = self.running.pop(msg["pid"])
+                    run.returncode = msg["rc"]
+                    run._done.set()
+        with self.lock:  # the server is gone: nothing it ran can be waited for
+            for run in [*self.pending.values(), *self.running.values()]:
+                run._done.set()
+            self.pending.clear()
+            self.running.clear()
+            self.forked.notify_all()
+
+    def takes(self, env: Dict[str, str]) -> bool:
+        if self.proc.poll() is not None:
+            return False
+        keys = set(env) | set(self.env)
+        return all(k.startswith("HSDUMP_") for k in keys if env.get(k) != self.env.get(k))
+
+    def start(self, cmd, *, cwd, env, new_session) -> Forked:
+        fd, out = tempfile.mkstemp(prefix="hsdump-run-", suffix=".log")
+        os.close(fd)
+        run = Forked(self, cmd, out)
+        req = {"argv": [str(c) for c in cmd[1:]], "env": env, "cwd": str(cwd), "out": out}
+        with self.lock:
+            req["id"] = rid = next(self.ids)
+            self.pending[rid] = run
+            self.proc.stdin.write((json.dumps({**req, "new_session": new_session}) + "\n").encode())
+            self.proc.stdin.flush()
+            while rid in self.pending and self.proc.poll() is None:
+                self.forked.wait(1.0)
+        if not run.pid:
+            raise AssertionError(f"the fork server could not start {cmd}")
+        return run
+
+
+_server: Optional[_Server] = None
+
+
+def fork_server() -> Optional[_Server]:
+    global _server
+    if os.environ.get(FORK_ENV, "1") == "0":
+        return None
+    if _server is None:
+        _server = _Server()
+    return _server
+
+
+def run_python_script(cmd, *, cwd, env, timeout, wait, new_session=False):
+    """`python SCRIPT ARGS` (cmd[0] is this interpreter): forked by the server when it can
+    take the environment, else run as `run` does; the same results."""
+    server = fork_server()
+    if server is None or not server.takes(env):
+        return run(cmd, cwd=cwd, env=env, timeout=timeout, wait=wait, new_session=new_session)
+    p = server.start(cmd, cwd=cwd, env=env, new_session=new_session)
+    if not wait:
+        return p
+    try:
+        out, _ = p.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        p.kill()
+        out, _ = p.communicate()
+        raise AssertionError(f"timed out after {timeout} s: {cmd}\n{out[-4000:]}") from None
+    return p.returncode, out
 
 
 def python(
@@ -96,12 +261,22 @@ def extract(
     cmd = [str(ROOT / "extract.py"), *(["-m"] if multirun else []), "progress=false", *args]
     if out is not None:
         cmd.append(f"output.dir={out}")
-    return python(
-        *cmd,
-        *overrides,
+    env = clean_env(env, fault)
+    # forked (tests/zygote.py): a dry run, or any run of a test the engine guard keeps from
+    # starting SGLang (tests/conftest.py); a run that may start the real engine: a subprocess
+    if DRY not in (*args, *overrides) and not env.get(FORBID_ENV):
+        return run(
+            [sys.executable, *cmd, *overrides],
+            cwd=cwd,
+            env=env,
+            timeout=timeout,
+            wait=wait,
+            new_session=new_session,
+        )
+    return run_python_script(
+        [sys.executable, *cmd, *overrides],
         cwd=cwd,
         env=env,
-        fault=fault,
         timeout=timeout,
         wait=wait,
         new_session=new_session,

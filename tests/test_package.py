@@ -166,10 +166,12 @@ def test_command_help_version_and_configs_outside_the_checkout(installed):
     assert rc == 0 and "[[" in out, out[-3000:]
 
 
-def test_installed_command_extracts_and_verifies(installed):
-    """The issue's done-when: from a folder outside the checkout, `hsdump extract
+def test_installed_command_extracts_dry_verifies_and_export_refuses_it_unless_asked(installed):
+    """The issue's done-when: from a folder outside the checkout, `hsdump extract engine=dry
     dataset.max_samples=6 output.dir=X` and `hsdump verify X` work with the installed command
-    (on engine=dry; the real engine's path is tests/test_pipeline.py's)."""
+    (the real engine's path is tests/test_pipeline.py's); verify notes the engine, and `hsdump
+    export` refuses the dataset (its rows are no hidden states) unless --allow-dry. (One
+    extraction for what were two tests, each of which extracted and verified on engine=dry.)"""
     bin_, work = installed
     rc, out = installed_run(
         bin_, "hsdump", "extract", "dataset.max_samples=6", "output.dir=X", *SMALL, DRY, cwd=work
@@ -181,26 +183,13 @@ def test_installed_command_extracts_and_verifies(installed):
         assert stage in out, (stage, out[-3000:])
     assert len(HsdumpDataset(str(work / "X"), allow_dry=True)) == 6
     rc, out = installed_run(bin_, "hsdump", "verify", "X", cwd=work)
-    assert rc == 0 and "OK: 6 of 6 samples" in out, out[-3000:]
-
-
-def test_installed_command_extracts_dry_and_export_refuses_it_unless_asked(installed):
-    """`hsdump extract engine=dry` from the installed command: its dataset passes `hsdump
-    verify`, which notes the engine; `hsdump export` refuses it (its rows are no hidden
-    states) unless --allow-dry."""
-    bin_, work = installed
-    rc, out = installed_run(
-        bin_, "hsdump", "extract", DRY, "dataset.max_samples=4", "output.dir=D", *SMALL, cwd=work
-    )
-    assert rc == 0 and "samples written: 4" in out, out[-4000:]
-    rc, out = installed_run(bin_, "hsdump", "verify", "D", cwd=work)
-    assert rc == 0 and "OK: 4 of 4 samples" in out and "engine=dry" in out, out[-3000:]
-    export = ["export", "D", "E", "--to", "speculators", "--final-state", "last-layer"]
+    assert rc == 0 and "OK: 6 of 6 samples" in out and "engine=dry" in out, out[-3000:]
+    export = ["export", "X", "E", "--to", "speculators", "--final-state", "last-layer"]
     rc, out, err = installed_run(bin_, "hsdump", *export, cwd=work, split=True)
     assert rc == 2 and "engine=dry" in err and "--allow-dry" in err, (out, err)
     assert not (work / "E").exists() or not any((work / "E").iterdir())  # nothing written
     rc, out = installed_run(bin_, "hsdump", *export, "--allow-dry", "--no-progress", cwd=work)
-    assert rc == 0 and "4 samples written" in out, out[-3000:]
+    assert rc == 0 and "6 samples written" in out, out[-3000:]
 
 
 def test_installed_command_runs_a_multirun_sweep(installed):

@@ -5,6 +5,7 @@ dry engine (tests/harness.py's DRY: deterministic short answers, rows a function
 the model's own answers and the fidelity of their rows need the real CPU engine: one
 module-scoped run (`regenerated`), read by the tests marked `engine`."""
 
+import functools
 import signal
 from collections import Counter
 
@@ -32,9 +33,11 @@ def dry_dataset(path):
     return HsdumpDataset(str(path), allow_dry=True)
 
 
+@functools.lru_cache(maxsize=None)
 def tokenizer():
     """The embedded default's tokenizer and chat template (conf/model/tiny.yaml, its preset's
-    template resolved as extract.py resolves it)."""
+    template resolved as extract.py resolves it); loaded once per test process (the tests only
+    read it)."""
     from hsdump.corpus.tokenizer import load_tokenizer
     from hsdump.tiny import resolve_model_path
 

@@ -1,0 +1,140 @@
+"""The fork server of tests/harness.py: `python tests/zygote.py`, started once per test process.
+
+It imports what every dry `extract.py` run imports (torch, transformers' AutoTokenizer,
+datasets, Hydra, hsdump's pipeline: about 6 s of CPU a run on the 2-core machine), then forks
+one child per request. Each child is a fresh process in every other respect: it takes the
+request's argv, environment, working directory and output file (stdout and stderr, stdin
+/dev/null), runs the script as `__main__` (runpy, as `python SCRIPT ARGS` does) and exits with
+the status `python` would give (SystemExit's code, 1 and the traceback for an error, killed by
+the signal that killed it). The harness uses it only for runs whose environment differs from
+the one this server started with in HSDUMP_* variables alone (hsdump reads those when it runs,
+not when it is imported), so what the imports saw is what the run would have seen.
+
+Protocol: one JSON object a line. In (stdin): {"id", "argv", "env", "cwd", "out",
+"new_session"}. Out (the stdout it started with): {"id", "pid"} when a child is forked,
+{"pid", "rc"} when it has exited (rc as subprocess.Popen.returncode: -N for signal N).
+EOF on stdin: the test process is gone; the server exits (its children run on).
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import select
+import sys
+
+
+def preload() -> None:
+    import datasets  # noqa: F401
+    import hydra  # noqa: F401
+    import omegaconf  # noqa: F401
+    import torch  # noqa: F401
+    import tqdm  # noqa: F401
+    from transformers import AutoTokenizer  # noqa: F401  (the lazy module's import happens here)
+
+    import hsdump.capture.dry  # noqa: F401
+    import hsdump.cli  # noqa: F401
+    import hsdump.config  # noqa: F401
+    import hsdump.pipeline  # noqa: F401
+    import hsdump.store.reader  # noqa: F401
+
+
+def child(req: dict, proto_out: int) -> None:
+    """In the forked child: become the requested `python ARGV` run; never returns."""
+    import atexit
+    import runpy
+    import signal
+    import threading
+    import traceback
+
+    code = 1
+    try:
+        os.close(proto_out)
+        if req["new_session"]:
+            os.setsid()
+        out = os.open(req["out"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        os.dup2(out, 1)
+        os.dup2(out, 2)
+        os.close(out)
+        null = os.open(os.devnull, os.O_RDONLY)
+        os.dup2(null, 0)
+        os.close(null)
+        enc = {"encoding": "utf-8", "write_through": True}
+        sys.stdout = io.TextIOWrapper(io.FileIO(1, "w", closefd=False), **enc)
+        sys.stderr = io.TextIOWrapper(
+            io.FileIO(2, "w", closefd=False), errors="backslashreplace", **enc
+        )
+        sys.stdin = io.TextIOWrapper(io.FileIO(0, "r", closefd=False), encoding="utf-8")
+        os.chdir(req["cwd"])
+        os.environ.clear()
+        os.environ.update(req["env"])
+        sys.argv = list(req["argv"])
+        sys.path[0] = os.path.dirname(os.path.abspath(sys.argv[0]))
+        try:
+            runpy.run_path(sys.argv[0], run_name="__main__")
+            code = 0
+        except SystemExit as e:
+            if e.code is None:
+                code = 0
+            elif isinstance(e.code, int):
+                code = e.code
+            else:
+                print(e.code, file=sys.stderr)
+                code = 1
+        except KeyboardInterrupt:  # as python does: die of SIGINT
+            traceback.print_exc()
+            threading._shutdown()
+            atexit._run_exitfuncs()
+            sys.stdout.flush()
+            signal.signal(signal.SIGINT, signal.SIG_DFL)
+            os.kill(os.getpid(), signal.SIGINT)
+        except BaseException:
+            traceback.print_exc()
+            code = 1
+        threading._shutdown()  # as the interpreter's exit: non-daemon threads, then atexit
+        atexit._run_exitfuncs()
+        sys.stdout.flush()
+        sys.stderr.flush()
+    except BaseException:  # before the output file was in place: say so where it can
+        traceback.print_exc()
+    finally:
+        os._exit(code & 0xFF)
+
+
+def main() -> None:
+    preload()
+    proto_out = os.dup(1)
+    os.dup2(2, 1)  # stray prints of the server go to its stderr, never into the protocol
+
+    def send(msg: dict) -> None:
+        os.write(proto_out, (json.dumps(msg) + "\n").encode())
+
+    children = set()
+    buf = b""
+    while True:
+        ready, _, _ = select.select([0], [], [], 0.02 if children else 0.5)
+        if ready:
+            data = os.read(0, 1 << 16)
+            if not data:
+                return
+            buf += data
+            while b"\n" in buf:
+                line, buf = buf.split(b"\n", 1)
+                req = json.loads(line)
+                sys.stdout.flush()
+                sys.stderr.flush()
+                pid = os.fork()
+                if pid == 0:
+                    child(req, proto_out)
+                children.add(pid)
+                send({"id": req["id"], "pid": pid})
+        for pid in list(children):
+            done, status = os.waitpid(pid, os.WNOHANG)
+            if done:
+                children.discard(pid)
+                send({"pid": pid, "rc": os.waitstatus_to_exitcode(status)})
+
+
+if __name__ == "__main__":
+    main()
