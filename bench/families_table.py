@@ -5,7 +5,8 @@ Rows: every architecture the installed SGLang registers with EAGLE-3 aux capture
 verified list. Errors come from the results files: bench/results/families-cpu.json (`results`:
 `bench/families_probe.py` on the CPU, SGLang 0.5.23; `gpu_preview`: the same with `--device
 gpu` on one H200, SGLang 0.5.17), bench/results/kimi-gpu-first.json (bench/kimi_check.py) and
-bench/results/gpu-check-h200.json (tests/test_gpu.py's cases); families-cpu.json's
+bench/results/gpu-check-h200.json and gpu-0523-deepseek_v3.json (tests/test_gpu.py's cases on
+SGLang 0.5.17 and 0.5.23); families-cpu.json's
 `refused` block gives, per class, why a target stays refused (with the SGLang version). Status is hsdump's: verified
 classes are captured on the SGLang versions their check ran on (hsdump.capture.families); every
 other class, and a verified one on another SGLang version, is refused before the engine starts
@@ -75,16 +76,19 @@ def measured() -> dict:
                 else "wrong",
             )
         )
-    check = json.loads((RESULTS / "gpu-check-h200.json").read_text())["cases"]["deepseek_v3"]
-    s = check["summary"].values()
-    out.setdefault("DeepseekV3ForCausalLM", []).append(
-        (
-            "H200, SGLang 0.5.17 (tests/test_gpu.py)",
-            max(v["sglang_max"] for v in s),
-            max(v["hf_bf16_max"] for v in s),
-            "ok" if not check["tolerance_failures"] else "wrong",
+    for name in ("gpu-check-h200.json", "gpu-0523-deepseek_v3.json"):
+        res = json.loads((RESULTS / name).read_text())
+        env = res.get("env") or res["env_run2"]
+        check = res["cases"]["deepseek_v3"]
+        s = check["summary"].values()
+        out.setdefault("DeepseekV3ForCausalLM", []).append(
+            (
+                f"H200, SGLang {env['sglang']} (tests/test_gpu.py)",
+                max(v["sglang_max"] for v in s),
+                max(v["hf_bf16_max"] for v in s),
+                "ok" if not check["tolerance_failures"] else "wrong",
+            )
         )
-    )
     return out
 
 

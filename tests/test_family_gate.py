@@ -37,21 +37,21 @@ def test_gate_accepts_a_class_on_its_verified_versions_only():
     for v in llama.versions:
         assert check_verified("LlamaForCausalLM", False, v) is llama
         assert check_verified("LlamaForCausalLM", False, v + ".post1") is llama
-    # a DeepSeek-V3 check ran on 0.5.17 (GPU) only
-    dsv3 = family_of("DeepseekV3ForCausalLM")
-    assert dsv3.versions == ("0.5.17",)
-    assert check_verified("DeepseekV3ForCausalLM", False, "0.5.17") is dsv3
+    # a Kimi-K2.5 check ran on 0.5.17 (GPU) only
+    kimi = family_of("KimiK25ForConditionalGeneration")
+    assert kimi.versions == ("0.5.17",)
+    assert check_verified("KimiK25ForConditionalGeneration", False, "0.5.17") is kimi
     with pytest.raises(ValueError) as e:
-        check_verified("DeepseekV3ForCausalLM", False, "0.5.23")
+        check_verified("KimiK25ForConditionalGeneration", False, "0.5.23")
     msg = str(e.value)
-    assert "DeepseekV3ForCausalLM" in msg and "SGLang 0.5.17 only" in msg
+    assert "KimiK25ForConditionalGeneration (Kimi-K2.5)" in msg and "SGLang 0.5.17 only" in msg
     assert "installed SGLang 0.5.23" in msg and "capture.allow_unverified=true" in msg
     with pytest.raises(ValueError, match=r"on SGLang 0\.5\.23, 0\.5\.17 only, not on the "):
         check_verified("LlamaForCausalLM", False, "0.5.20")
     # allowed: captured, but the manifest records no verified family
-    assert check_verified("DeepseekV3ForCausalLM", True, "0.5.23") is None
+    assert check_verified("KimiK25ForConditionalGeneration", True, "0.5.23") is None
     # no SGLang runs (engine=dry): the class alone is checked
-    assert check_verified("DeepseekV3ForCausalLM", False, None) is dsv3
+    assert check_verified("KimiK25ForConditionalGeneration", False, None) is kimi
 
 
 def test_gate_refuses_an_unknown_class_on_any_version():

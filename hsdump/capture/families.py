@@ -98,7 +98,7 @@ FAMILIES = (
         ("Llama4ForConditionalGeneration",),
         _gpu("+engine.extra.context_length=8192"),
     ),
-    Family("DeepSeek-V3", ("DeepseekV3ForCausalLM",), ((V17, GPU_TEST),)),
+    Family("DeepSeek-V3", ("DeepseekV3ForCausalLM",), ((V17, GPU_TEST), (V23, GPU_TEST))),
     Family("DeepSeek-V3.2", ("DeepseekV32ForCausalLM",), _gpu("with deep_gemm and FlashMLA")),
     Family("Qwen3-Next", ("Qwen3NextForCausalLM",), _gpu("MoE rule")),
     Family(
