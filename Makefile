@@ -27,9 +27,11 @@ setup: $(STAMP)
 extract: setup
 	$(PYTHON) extract.py $(ARGS)
 
-# every test the CPU can run (CI runs this), with the 25 slowest listed; docs/development.md
+# every test the CPU can run (CI runs this), with the 25 slowest listed; docs/development.md.
+# On both cores (pytest-xdist): a test file per worker, except the family tests, spread one by
+# one (tests/conftest.py); torch's threads are split between the workers
 test: setup
-	$(PYTHON) -m pytest -q -ra --durations=25 tests $(ARGS)
+	$(PYTHON) -m pytest -q -ra --durations=25 -n 2 --dist loadgroup tests $(ARGS)
 
 # the tests that start no SGLang engine (a few minutes): the inner loop while developing; on
 # both cores, a test file per worker (pytest-xdist)

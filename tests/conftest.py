@@ -1,3 +1,4 @@
+import os
 import sys
 
 import pytest
@@ -6,6 +7,39 @@ from factories import ROOT
 sys.path.insert(0, str(ROOT))
 
 FORBID_ENV = "HSDUMP_FORBID_ENGINE"  # hsdump.capture.engine.FORBID_ENV (imported lazily there)
+
+
+def pytest_configure(config):
+    """Under pytest-xdist (`-n N`), each worker gets its share of the cores: torch's intra-op
+    threads in the worker and, through OMP_NUM_THREADS, in every process it starts (extract.py
+    runs, SGLang's scheduler processes), so N workers do not run N times the machine's threads.
+    (SGLANG_CPU_OMP_THREADS_BIND is not used: SGLang binds threads only on AMX or arm64 CPUs,
+    and with it set sizes its memory pool differently.) A test that sets the variable keeps it."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER")
+    count = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT") or 1)
+    if not worker or count < 2:
+        return
+    threads = max(1, (os.cpu_count() or 1) // count)
+    os.environ.setdefault("OMP_NUM_THREADS", str(threads))
+    import torch
+
+    torch.set_num_threads(threads)
+
+
+# test files whose tests share no module-scoped fixture and each start their own engine:
+# under `--dist loadgroup` (make test) their tests are spread over the workers one by one
+SPREAD = ("test_families.py",)
+
+
+def pytest_collection_modifyitems(config, items):
+    """`--dist loadgroup`: every test in the group of its file (what `--dist loadfile` does:
+    a module's fixtures are built once, in one worker), except the files in SPREAD, whose
+    tests get a group each, so that two of their engines run at once."""
+    for item in items:
+        if item.get_closest_marker("xdist_group"):
+            continue
+        name = item.nodeid if item.path.name in SPREAD else item.path.name
+        item.add_marker(pytest.mark.xdist_group(name))
 
 
 @pytest.fixture(autouse=True)

@@ -2,11 +2,10 @@
 middle of a commit (one after its shard's rename, one half-way through its commit record) and
 re-run alone. The dataset ends with every sample exactly once and verifies clean."""
 
-import os
 import signal
-import subprocess
 import sys
 
+import harness
 from factories import ROOT
 
 from hsdump.dist import writer_tag
@@ -19,24 +18,15 @@ FAULTS = {3: "before_record@2", 11: "mid_record@2"}
 
 
 def start(out, job, fault=None):
-    env = {k: v for k, v in os.environ.items() if k != "HSDUMP_FAULT"}
-    if fault:
-        env["HSDUMP_FAULT"] = fault
-    return subprocess.Popen(
-        [
-            sys.executable,
-            str(ROOT / "bench" / "scale.py"),
-            "worker",
-            str(out),
-            str(JOBS),
-            str(job),
-            str(SAMPLES),
-        ],
-        env=env,
+    """Job `job`'s writer (`bench/scale.py worker`), running; through tests/harness.py, so it is
+    forked from the harness's fork server (torch and hsdump's store already imported)."""
+    cmd = [sys.executable, ROOT / "bench" / "scale.py", "worker", out, JOBS, job, SAMPLES]
+    return harness.run_python_script(
+        [str(c) for c in cmd],
         cwd=ROOT,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
+        env=harness.clean_env(fault=fault),
+        timeout=600,
+        wait=False,
     )
 
 
