@@ -65,13 +65,19 @@ def run(cmd, *, cwd, env, timeout, wait, new_session=False, split=False):
     )
     if not wait:
         return p
+    rc, out, err = _finish(p, cmd, timeout)
+    return (rc, out, err) if split else (rc, out)
+
+
+def _finish(p, cmd, timeout):
+    """Wait for `p` at most `timeout` s: (rc, out, err); a timeout kills it and fails the test."""
     try:
         out, err = p.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
         p.kill()
         out, err = p.communicate()
         raise AssertionError(f"timed out after {timeout} s: {cmd}\n{out[-4000:]}") from None
-    return (p.returncode, out, err) if split else (p.returncode, out)
+    return p.returncode, out, err
 
 
 # --------------------------------------------------------------------------- the fork server
@@ -214,13 +220,8 @@ def run_python_script(cmd, *, cwd, env, timeout, wait, new_session=False):
     p = server.start(cmd, cwd=cwd, env=env, new_session=new_session)
     if not wait:
         return p
-    try:
-        out, _ = p.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        p.kill()
-        out, _ = p.communicate()
-        raise AssertionError(f"timed out after {timeout} s: {cmd}\n{out[-4000:]}") from None
-    return p.returncode, out
+    rc, out, _ = _finish(p, cmd, timeout)
+    return rc, out
 
 
 def python(

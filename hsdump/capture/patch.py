@@ -201,6 +201,13 @@ def tap_stream(stack, layers: Sequence[int]) -> None:
         norm.register_forward_hook(functools.partial(_stash_stream, k))
 
 
+def _layer_flags(stack) -> bool:
+    """Whether the stack captures through per-layer flags (it has a setter of its own)."""
+    return hasattr(stack, "set_eagle3_layers_to_capture") or hasattr(
+        stack, "set_dflash_layers_to_capture"
+    )
+
+
 def _set_layers(stack, layers: Sequence[int], flags: bool) -> None:
     """hsdump's capture list on the decoder stack: entry i of `layers_to_capture` is the stream
     entering layer i (transformers' hidden_states[i]); per-layer flags where the stack captures
@@ -230,9 +237,7 @@ def _install_patch(spec: dict) -> None:
         stack = decoder_stack(model)
         # a stack that captures through per-layer flags (Qwen3.5) gets them from the same list:
         # SGLang 0.5.17's wrapper setter leaves them unset, and its text class has no setter
-        flags = hasattr(stack, "set_eagle3_layers_to_capture") or hasattr(
-            stack, "set_dflash_layers_to_capture"
-        )
+        flags = _layer_flags(stack)
         if hasattr(model, "set_eagle3_layers_to_capture"):
             model.set_eagle3_layers_to_capture([k - 1 for k in layers])
         elif not flags:
@@ -259,10 +264,7 @@ def _install_patch(spec: dict) -> None:
             out = orig_backends(self, *a, **k)
             if not getattr(self, "is_draft_worker", False):
                 stack = decoder_stack(self.model)
-                flags = hasattr(stack, "set_eagle3_layers_to_capture") or hasattr(
-                    stack, "set_dflash_layers_to_capture"
-                )
-                _set_layers(stack, layers, flags)
+                _set_layers(stack, layers, _layer_flags(stack))
             return out
 
         mr.ModelRunner.init_attention_backends = init_attention_backends
