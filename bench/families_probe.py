@@ -130,6 +130,14 @@ CPU_OVERRIDES = {
     "gemma4_vl": ["engine.attention_backend=intel_amx"],
     "gemma4_unified": ["engine.attention_backend=intel_amx"],
 }
+# and on the GPU: the tiny Llama-4 and GPT-OSS configs keep the releases' long contexts, which
+# SGLang's GPU engine sizes buffers for (0.5.17's probe, bench/results/families-cpu.json's
+# gpu_preview, ran them with this override)
+GPU_OVERRIDES = {
+    "gpt_oss": ["+engine.extra.context_length=8192"],
+    "llama4": ["+engine.extra.context_length=8192"],
+    "llama4_text": ["+engine.extra.context_length=8192"],
+}
 
 
 def failure(name: str, log: str) -> str:
@@ -237,7 +245,7 @@ def probe(name: str, args, workdir: Path) -> dict:
         hidden_size=info.hidden_size,
         layers=layers,
     )
-    overrides = [*CPU_OVERRIDES.get(name, [])] if args.device == "cpu" else []
+    overrides = [*(CPU_OVERRIDES if args.device == "cpu" else GPU_OVERRIDES).get(name, [])]
     overrides += [o for o in args.override if o not in overrides]
     out_dir = workdir / f"ds-{name}"
     shutil.rmtree(out_dir, ignore_errors=True)
@@ -350,6 +358,13 @@ def main(argv=None) -> int:
     ap.add_argument(
         "--merge", action="store_true", help="keep the other families' results already in --out"
     )
+    ap.add_argument(
+        "--jobs",
+        type=int,
+        default=1,
+        help="families probed at once, each in its own process (a GPU has room for several tiny "
+        "engines when each one's KV pool is capped: --override engine.max_total_tokens=N)",
+    )
     args = ap.parse_args(argv)
     names = args.families or list(FAMILIES)
     bad = [n for n in names if n not in FAMILIES]
@@ -390,11 +405,27 @@ def main(argv=None) -> int:
         out.write_text(json.dumps(report, indent=1, default=str) + "\n")
         return 0
     print(f"work dir {workdir}; results -> {out}", flush=True)
-    for name in names:
-        r = probe(name, args, workdir)
-        report["results"][name] = r
+    def record(r: dict) -> None:
+        report["results"][r["family"]] = r
         print(line(r), flush=True)
         out.write_text(json.dumps(report, indent=1, default=str) + "\n")
+
+    if args.jobs <= 1:
+        for name in names:
+            record(probe(name, args, workdir))
+    else:  # spawned workers: each imports torch and touches CUDA on its own
+        import multiprocessing as mp
+        from concurrent.futures import ProcessPoolExecutor, as_completed
+
+        with ProcessPoolExecutor(args.jobs, mp_context=mp.get_context("spawn")) as pool:
+            futs = {pool.submit(probe, name, args, workdir): name for name in names}
+            for f in as_completed(futs):
+                try:
+                    record(f.result())
+                except Exception as e:  # noqa: BLE001  (a worker died: keep the others)
+                    name = futs[f]
+                    fam = FAMILIES[name]
+                    record({"family": name, "class": fam.cls, "status": f"failed: worker: {e}"})
     print("\nfamily          class                                status")
     for r in report["results"].values():
         print(line(r))

@@ -233,7 +233,12 @@ def hf_hidden_states(
 
 # --------------------------------------------------------------------------- capture
 def engine_config(device: str, chunked_prefill_size: int = -1, **over):
-    """conf/engine/gpu.yaml (mem_fraction_static lowered to 0.5) or conf/engine/cpu.yaml."""
+    """conf/engine/gpu.yaml (mem_fraction_static lowered to 0.5) or conf/engine/cpu.yaml.
+
+    `GPU_CHECK_ENGINE` (a JSON object of EngineConfig fields) overrides both, e.g.
+    '{"mem_fraction_static": 0.9, "max_total_tokens": 65536}' so that several checks share one
+    GPU (bench/gpu_stack/run-0523.sh `together`): SGLang sizes its KV pool from the memory free
+    when the engine starts, so each engine's pool must be capped for others to fit beside it."""
     from hsdump.config import EngineConfig
 
     if device == "cpu":
@@ -260,6 +265,7 @@ def engine_config(device: str, chunked_prefill_size: int = -1, **over):
         )
     kw["chunked_prefill_size"] = chunked_prefill_size
     kw.update(over)
+    kw.update(json.loads(os.environ.get("GPU_CHECK_ENGINE") or "{}"))
     return EngineConfig(**kw)
 
 
@@ -426,6 +432,8 @@ def environment() -> dict:
             env[pkg] = None
     if torch.cuda.is_available():
         env["gpu"] = torch.cuda.get_device_name(0)
+    if os.environ.get("GPU_CHECK_ENGINE"):
+        env["GPU_CHECK_ENGINE"] = os.environ["GPU_CHECK_ENGINE"]
     return env
 
 

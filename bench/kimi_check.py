@@ -51,6 +51,7 @@ def run(
     samples: int = 50,
     device: str = "gpu",
     num_layers: int = 61,
+    overrides: tuple = (),
 ) -> dict:
     ckpt = workdir / ("kimi-int4" if int4 else "kimi-bf16")
     t0 = time.time()
@@ -78,6 +79,7 @@ def run(
     ]
     if dp_attention:
         cmd += [f"+engine.extra.dp_size={tp}", "+engine.extra.enable_dp_attention=true"]
+    cmd += list(overrides)
     res["cmd"] = " ".join(cmd[1:])
     t0 = time.time()
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
@@ -143,11 +145,18 @@ def main(argv=None) -> int:
     ap.add_argument("--samples", type=int, default=50)
     ap.add_argument("--workdir", default=None)
     ap.add_argument("--out", default=None, help="results JSON")
+    ap.add_argument(
+        "--override",
+        action="append",
+        default=[],
+        help="one more extract.py override (repeatable), e.g. engine.max_total_tokens=65536 "
+        "to share the GPU with other checks",
+    )
     args = ap.parse_args(argv)
     workdir = Path(args.workdir or tempfile.mkdtemp(prefix="hsdump-kimi-"))
     report = {"env": environment(), "runs": []}
     for int4 in [False, True] if args.both else [args.int4]:
-        r = run(int4, workdir, args.tp, args.dp_attention, args.samples)
+        r = run(int4, workdir, args.tp, args.dp_attention, args.samples, overrides=args.override)
         report["runs"].append(r)
         print(json.dumps({k: v for k, v in r.items() if k != "log_tail"}, default=str), flush=True)
         if "log_tail" in r:

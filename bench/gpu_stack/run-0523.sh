@@ -10,8 +10,9 @@
 #   install      rebuild + install the bundle into /tmp/site523 (skipped when already there),
 #                the carried .whl/ into /tmp/site2, our sitecustomize into /tmp/site523
 #   import       bench/gpu_stack/import_check.py -> $OUT/import.json
-#   pytest       python -m pytest -x -q tests/test_gpu.py (single-GPU) -> $OUT/pytest-gpu.log,
-#                each case's results JSON -> $OUT/gpu-check/
+#   pytest [K]   python -m pytest -x -q tests/test_gpu.py (single-GPU) -> $OUT/pytest-gpu.log,
+#                each case's results JSON -> $OUT/gpu-check/; with K only the tests -k K
+#                selects (log pytest-gpu-K.log)
 #   probe [F,..] bench/families_probe.py --device gpu on families F (default: $PROBE_FAMILIES),
 #                skipping those already in /tmp/gpu523-results/families-gpu-0523.json (so a
 #                second call goes on where the first stopped) -> $OUT/families-gpu-0523.json
@@ -22,6 +23,12 @@
 #   aux          bench/aux_mode.py --device cuda -> $OUT/aux-mode-0523.json (SGLang's own aux
 #                return path against hsdump's patch, same prompts: rows equal? tokens/s)
 #   check        bench/gpu_check.py (all its cases, one results file) -> $OUT/gpu-check-0523.json
+#   together G1 G2 ...   (last: takes the rest of the arguments) each G, a quoted step list
+#                (e.g. "kimi int4"), runs at the same time as the others in a child of this
+#                script, on the one GPU; every engine's KV pool is capped (SHARE_GPU=1:
+#                mem_fraction_static 0.9 with max_total_tokens $SHARE_TOKENS, since SGLang sizes
+#                its pool from the memory free at its start) and GPU processes are ended only
+#                when all groups are done. For fidelity checks (tiny models), not for timings.
 # Every step after install runs with the environment of `env523` below, under a deadline:
 # DEADLINE_S (default 575) from the script's start, less a 20 s margin to copy results back;
 # a step that would start with less than 30 s left is skipped (recorded as such).
@@ -43,10 +50,20 @@ SITE2=/tmp/site2
 RES=/tmp/gpu523-results            # results that outlive a call (families probe, --merge)
 CACHE=/tmp/gpu523-cache            # triton / flashinfer JIT caches, reused while warm
 mkdir -p "$PARTS" "$RES" "$CACHE"
-# GPU-only families first (MLA: no CPU engine), then those recorded on the GPU for 0.5.17 only
-# (llama and deepseek_v3 run in pytest; the CPU-runnable ones are verified by tests/test_families.py)
-PROBE_FAMILIES=${PROBE_FAMILIES:-deepseek_v2,glm4_moe_lite,qwen3_5,qwen3_5_moe,minimax_m2,gpt_oss,qwen3_next,llama4,glm5_next,gemma4,qwen2_moe,gemma3}
+# the targets 0.5.23's CPU engine cannot run (refused with that reason in families-cpu.json:
+# MLA, triton-only kernels, GPU-only attention backends) first, then those recorded on the GPU
+# for 0.5.17 only (llama and deepseek_v3 run in pytest; the CPU-runnable ones are verified by
+# tests/test_families.py; deepseek_v32 last: the bundle has no sgl-flash-mla, expected to fail)
+PROBE_FAMILIES=${PROBE_FAMILIES:-deepseek_v2,glm4_moe_lite,qwen2_moe,llama4_text,exaone_moe,glm5_next,gemma4_unified,qwen3_5,qwen3_5_moe,qwen3_5_vl,qwen3_5_moe_vl,minimax_m2,gpt_oss,qwen3_next,llama4,deepseek_v32}
 PROBE_TIMEOUT=${PROBE_TIMEOUT:-200}
+PROBE_JOBS=${PROBE_JOBS:-1}
+SHARE_TOKENS=${SHARE_TOKENS:-65536}
+# SHARE_GPU=1 (set by `together` for its children): cap every engine's KV pool (see together)
+SHARE_OVR=()
+if [ "${SHARE_GPU:-0}" = 1 ]; then
+  SHARE_OVR=(--override engine.mem_fraction_static=0.9 --override "engine.max_total_tokens=$SHARE_TOKENS")
+  export GPU_CHECK_ENGINE="{\"mem_fraction_static\": 0.9, \"max_total_tokens\": $SHARE_TOKENS}"
+fi
 
 left() { echo $(( DEADLINE_S - ($(date +%s) - T0) - 20 )); }
 
@@ -95,7 +112,7 @@ run_step() {
   local note=""; [ $rc -eq 124 ] && note="timed out after ${want}s"
   record "$name" $rc $(( $(date +%s) - t )) "$note"
   tail -n 25 "$OUT/$name.log"
-  gpu_cleanup
+  [ "${SHARE_GPU:-0}" = 1 ] || gpu_cleanup   # a `together` child: the parent ends them
   return 0
 }
 
@@ -158,15 +175,21 @@ while [ $# -gt 0 ]; do
         import)
           run_step import 240 python3 bench/gpu_stack/import_check.py --out "$OUT/import.json" ;;
         pytest)
-          rm -rf /tmp/gpu523-pytest
+          # `pytest K`: only the tests -k K selects (a word that is no step name), with its own
+          # log, junit file and temp dir, so two `together` groups can split the file
+          kx=(); tag=""
+          if [ $# -gt 0 ] && [[ $1 != -* ]] && ! [[ " stash install import pytest probe kimi bench8b aux check together " == *" $1 "* ]]; then
+            kx=(-k "$1"); tag="-${1//[^A-Za-z0-9_]/_}"; shift
+          fi
+          rm -rf "/tmp/gpu523-pytest$tag"
           # shellcheck disable=SC2086
-          run_step pytest-gpu 560 python3 -m pytest ${PYTEST_ARGS:--x -q} -s -p no:cacheprovider \
-            --basetemp=/tmp/gpu523-pytest --junitxml="$OUT/pytest-gpu.xml" tests/test_gpu.py
+          run_step "pytest-gpu$tag" 560 python3 -m pytest ${PYTEST_ARGS:--x -q} -s -p no:cacheprovider \
+            --basetemp="/tmp/gpu523-pytest$tag" --junitxml="$OUT/pytest-gpu$tag.xml" "${kx[@]}" tests/test_gpu.py
           mkdir -p "$OUT/gpu-check"
-          find /tmp/gpu523-pytest -name '*.json' -size -20M -exec cp {} "$OUT/gpu-check/" \; 2>/dev/null ;;
+          find "/tmp/gpu523-pytest$tag" -name '*.json' -size -20M -exec cp {} "$OUT/gpu-check/" \; 2>/dev/null ;;
         probe)
           fams=$PROBE_FAMILIES
-          if [ $# -gt 0 ] && [[ $1 != -* ]] && ! [[ " stash install import pytest probe kimi bench8b aux check " == *" $1 "* ]]; then
+          if [ $# -gt 0 ] && [[ $1 != -* ]] && ! [[ " stash install import pytest probe kimi bench8b aux check together " == *" $1 "* ]]; then
             fams=$1; shift
           fi
           # written straight into $OUT (after each family), so a call cut short keeps what
@@ -185,7 +208,8 @@ EOF
           if [ -z "$todo" ]; then record probe 0 0 "all of $fams already probed"; else
             # shellcheck disable=SC2086
             run_step probe 560 python3 bench/families_probe.py --device gpu --merge \
-              --timeout "$PROBE_TIMEOUT" --workdir /tmp/gpu523-families --out "$FJ" $todo
+              --timeout "$PROBE_TIMEOUT" --workdir /tmp/gpu523-families --out "$FJ" \
+              --jobs "$PROBE_JOBS" "${SHARE_OVR[@]}" $todo
           fi
           cp "$FJ" "$RES/" 2>/dev/null || true ;;
         kimi)
@@ -196,7 +220,7 @@ EOF
           # through unverified.py: the family gate accepts Kimi-K2.5 on 0.5.17 only, and
           # kimi_check.py's extract.py gets no capture.allow_unverified=true of its own
           run_step "kimi-$mode" 560 python3 bench/gpu_stack/unverified.py bench/kimi_check.py $flag \
-            --workdir /tmp/gpu523-kimi --out "$OUT/kimi-gpu-0523-$mode.json" ;;
+            --workdir /tmp/gpu523-kimi --out "$OUT/kimi-gpu-0523-$mode.json" "${SHARE_OVR[@]}" ;;
         bench8b)
           run_step bench8b 560 python3 bench/bench.py --device cuda \
             --models llama8b:2048:512:2 --modes a,b --weights dummy --dd-mib 1024 \
@@ -207,6 +231,22 @@ EOF
           run_step gpu-check 560 python3 bench/gpu_check.py --device cuda \
             --workdir /tmp/gpu523-check --out "$OUT/gpu-check-0523.json" ;;
       esac ;;
+    together)
+      if ! installed; then record together 1 0 "not installed: run install first"; break; fi
+      t=$(date +%s); n=0; pids=()
+      for group in "$@"; do
+        n=$((n + 1))
+        # shellcheck disable=SC2086
+        SHARE_GPU=1 OUT="$OUT" DEADLINE_S=$(left) bash "$0" $group > "$OUT/together-$n.log" 2>&1 &
+        pids+=($!)
+        echo "[run-0523] together: group $n ($group) is pid $!"
+        sleep 5   # engines start a few seconds apart: their memory probes see each other's use
+      done
+      for p in "${pids[@]}"; do wait "$p"; done
+      record together 0 $(( $(date +%s) - t )) "$n groups: $*"
+      for i in $(seq 1 $n); do echo "== group $i"; tail -n 15 "$OUT/together-$i.log"; done
+      gpu_cleanup
+      set -- ;;
     *)
       echo "[run-0523] unknown step $step"; record "$step" 2 0 "unknown step"; break ;;
   esac
