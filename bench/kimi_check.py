@@ -57,6 +57,13 @@ def run(
     t0 = time.time()
     if not (ckpt / "config.json").exists():
         build(ckpt, write_kimi_tokenizer, int4=int4, num_layers=num_layers)
+    if not (ckpt / "chat_template.jinja").exists():
+        # moonshotai/Kimi-K2.5 ships its template as chat_template.jinja beside
+        # tokenizer_config.json, and `model=kimi_k25 model.path=<ckpt>` takes the checkpoint's
+        # own; the tiny checkpoint gets hsdump's copy of it (hsdump/corpus/templates)
+        from hsdump.corpus.chat import template_path
+
+        (ckpt / "chat_template.jinja").write_text(template_path("kimi_k25.jinja").read_text())
     res = {
         "int4": int4,
         "tp": tp,
@@ -82,10 +89,13 @@ def run(
     cmd += list(overrides)
     res["cmd"] = " ".join(cmd[1:])
     t0 = time.time()
-    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
+    log = workdir / f"extract-{out.name}.log"  # written as it runs: a run cut short keeps it
+    res["log"] = str(log)
+    with open(log, "w") as f:
+        proc = subprocess.run(cmd, cwd=ROOT, stdout=f, stderr=subprocess.STDOUT, text=True)
     res.update(extract_rc=proc.returncode, extract_s=round(time.time() - t0, 1))
     if proc.returncode != 0:
-        res.update(status="failed: extract", log_tail=(proc.stdout + proc.stderr)[-4000:])
+        res.update(status="failed: extract", log_tail=log.read_text(errors="replace")[-4000:])
         return res
     v = subprocess.run(
         [sys.executable, "-m", "hsdump", "verify", str(out)],

@@ -58,6 +58,11 @@ WHEELS=(
   apache-tvm-ffi==0.1.11
   sgl-deep-gemm==0.2.3.post2
   transformers==5.19.0
+  nvidia-cutlass-dsl==4.8.0
+  nvidia-cutlass-dsl-libs-base==4.8.0
+  nvidia-cutlass-dsl-libs-core==4.8.0
+  nvidia-cutlass-dsl-libs-cu12==4.8.0
+  nvidia-cutlass-dsl-libs-cu13==4.8.0
   torchvision==0.29.1
   torchaudio==2.11.0
   xgrammar==0.2.7

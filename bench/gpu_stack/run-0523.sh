@@ -220,7 +220,11 @@ EOF
           # through unverified.py: the family gate accepts Kimi-K2.5 on 0.5.17 only, and
           # kimi_check.py's extract.py gets no capture.allow_unverified=true of its own
           run_step "kimi-$mode" 560 python3 bench/gpu_stack/unverified.py bench/kimi_check.py $flag \
-            --workdir /tmp/gpu523-kimi --out "$OUT/kimi-gpu-0523-$mode.json" "${SHARE_OVR[@]}" ;;
+            --workdir /tmp/gpu523-kimi --out "$OUT/kimi-gpu-0523-$mode.json" "${SHARE_OVR[@]}" ${KIMI_EXTRA:-}
+          # extract.py's own log (kimi_check.py streams it), the last 200 lines, even after a timeout
+          for f in /tmp/gpu523-kimi/extract-*.log; do
+            [ -f "$f" ] && tail -n 200 "$f" > "$OUT/$(basename "$f")"
+          done ;;
         bench8b)
           run_step bench8b 560 python3 bench/bench.py --device cuda \
             --models llama8b:2048:512:2 --modes a,b --weights dummy --dd-mib 1024 \
