@@ -4,7 +4,8 @@ Rows: every architecture the installed SGLang registers with EAGLE-3 aux capture
 (`set_eagle3_layers_to_capture`), every class of tests/families.py, and hsdump.capture.families'
 verified list. Errors come from the results files: bench/results/families-cpu.json (`results`:
 `bench/families_probe.py` on the CPU, SGLang 0.5.23; `gpu_preview`: the same with `--device
-gpu` on one H200, SGLang 0.5.17), bench/results/kimi-gpu-first.json (bench/kimi_check.py) and
+gpu` on one H200, SGLang 0.5.17), bench/results/families-gpu-0523.json (the same on one H200,
+SGLang 0.5.23), bench/results/kimi-gpu-first.json and kimi-gpu-0523-bf16.json (bench/kimi_check.py) and
 bench/results/gpu-check-h200.json and gpu-0523-deepseek_v3.json (tests/test_gpu.py's cases on
 SGLang 0.5.17 and 0.5.23); families-cpu.json's
 `refused` block gives, per class, why a target stays refused (with the SGLang version). Status is hsdump's: verified
@@ -59,6 +60,14 @@ def measured() -> dict:
             out.setdefault(TEST_FAMILIES[name].cls, []).append(
                 (where, r.get("worst"), r.get("bf16_worst"), status)
             )
+    gpu23 = json.loads((RESULTS / "families-gpu-0523.json").read_text())
+    for name, r in gpu23["results"].items():
+        status = r.get("status", "?")
+        if status.startswith("wrong") and r.get("moe_rule_ok"):
+            status = "ok (MoE rule)"
+        out.setdefault(TEST_FAMILIES[name].cls, []).append(
+            ("H200, SGLang 0.5.23", r.get("worst"), r.get("bf16_worst"), status)
+        )
     kimi = json.loads((RESULTS / "kimi-gpu-first.json").read_text())
     for r in kimi["runs"]:
         worst = max(v["worst"] for v in r["per_layer"].values())
@@ -74,6 +83,16 @@ def measured() -> dict:
                 ("ok" if r["status"] == "ok" else "ok by the MoE rule's worst-sample part")
                 if ok
                 else "wrong",
+            )
+        )
+    # SGLang 0.5.23: bf16 only (the INT4 run did not finish in its 380 s, gpu-0523-second.json)
+    for r in json.loads((RESULTS / "kimi-gpu-0523-bf16.json").read_text())["runs"]:
+        out.setdefault("KimiK25ForConditionalGeneration", []).append(
+            (
+                "H200, SGLang 0.5.23, bf16",
+                max(v["worst"] for v in r["per_layer"].values()),
+                max(v["bf16_worst"] for v in r["per_layer"].values()),
+                "ok" if r["status"] == "ok" else r["status"],
             )
         )
     for name in ("gpu-check-h200.json", "gpu-0523-deepseek_v3.json"):

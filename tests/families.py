@@ -1383,9 +1383,23 @@ FAMILIES: Dict[str, Family] = {
     ),
     "gemma4": Family("Gemma4ForCausalLM", gemma4, num_layers=4),
     "gemma4_vl": Family("Gemma4ForConditionalGeneration", gemma4_vl, num_layers=4),
-    "exaone_moe": Family("ExaoneMoeForCausalLM", exaone_moe, num_layers=4),
+    # the release's config.json lists `is_moe_layer` (SGLang 0.5.23 reads it at load; transformers'
+    # config class derives mlp_layer_types instead and does not write it)
+    "exaone_moe": Family(
+        "ExaoneMoeForCausalLM",
+        exaone_moe,
+        {"is_moe_layer": [False, True, True, True]},
+        num_layers=4,
+    ),
     "mellum": Family("MellumForCausalLM", mellum, num_layers=4),
-    "glm5_next": Family("Glm5NextForConditionalGeneration", glm5_next, num_layers=4),
+    # GLM-5-next's text_config carries `index_kpool_compress: true` (SGLang 0.5.23's DSA K-pool
+    # indexer reads it at load); transformers' config class does not write it
+    "glm5_next": Family(
+        "Glm5NextForConditionalGeneration",
+        glm5_next,
+        num_layers=4,
+        text_extras={"index_kpool_compress": True},
+    ),
     # SGLang's encoder-free vision embedder reads `model_patch_size` (patch_size x
     # pooling_kernel_size: 48 in gemma-4-12B-it), which transformers' config does not write
     "gemma4_unified": Family(

@@ -51,8 +51,9 @@ CPU_FAMILIES = [
 CPU_OVERRIDES = {"gemma4_vl": ["engine.attention_backend=intel_amx"]}
 MOE = {"qwen3_moe", "glm4_moe"}
 
-# the families SGLang's CPU engine cannot run, on one GPU (SGLang 0.5.17 on the device; their
-# last results: bench/results/families-cpu.json, gpu_preview); extra overrides per family
+# the families SGLang's CPU engine cannot run, on one GPU; their last results: SGLang 0.5.17 in
+# bench/results/families-cpu.json (gpu_preview), SGLang 0.5.23 in families-gpu-0523.json
+# (bench/families_probe.py --device gpu, the same checks); extra overrides per family
 GPU_FAMILIES = {
     "qwen3_next": [],
     "qwen3_5": [],
@@ -68,7 +69,8 @@ GPU_FAMILIES = {
     "gemma3": [],
     "gemma3_vl": [],
     # issue 33's targets SGLang 0.5.23's CPU engine cannot run (the reasons:
-    # bench/results/families-cpu.json, `refused`); not run on a GPU yet
+    # bench/results/families-cpu.json, `refused`); qwen2_moe, deepseek_v2 and glm4_moe_lite
+    # passed the 0.5.23 GPU probe, the others failed there (reasons in `refused`)
     "qwen2_moe": [],
     "llama4_text": ["+engine.extra.context_length=8192"],
     "deepseek_v2": [],

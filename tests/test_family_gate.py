@@ -148,6 +148,37 @@ def test_every_cpu_verified_class_has_a_passing_cpu_result():
         assert family_of(arch) is None or family_of(arch).verified_on("0.5.23") is None, arch
 
 
+def test_every_gpu_probe_on_0523_has_a_passing_gpu_result():
+    # a class the gate accepts on 0.5.23 by the GPU probe has a recorded probe run on SGLang
+    # 0.5.23 that passed (the per-sample rule, or the MoE rule where the note says so), in
+    # bench/results/families-gpu-0523.json; and no family that failed there is accepted on 0.5.23
+    from factories import ROOT
+    from families import FAMILIES as TEST_FAMILIES
+
+    results = json.loads((ROOT / "bench" / "results" / "families-gpu-0523.json").read_text())
+    assert results["env"]["sglang"] == "0.5.23" and "H200" in results["env"]["gpu"]
+    passed, failed = set(), set()
+    for n, r in results["results"].items():
+        moe = r.get("status", "").startswith("wrong") and r.get("moe_rule_ok")
+        (passed if r.get("status") == "ok" or moe else failed).add(TEST_FAMILIES[n].cls)
+    probed = 0
+    for fam in FAMILIES:
+        where = fam.verified_on("0.5.23") or ""
+        if where.startswith(families.GPU_PROBE):
+            probed += 1
+            ok = [a for a in fam.architectures if a in passed]
+            assert ok, (fam.name, "no passing SGLang 0.5.23 GPU result")
+            if "MoE rule" not in where:
+                assert all(
+                    results["results"][n]["status"] == "ok"
+                    for n, f in TEST_FAMILIES.items()
+                    if f.cls in ok and n in results["results"]
+                ), fam.name
+    assert probed >= 9
+    for arch in failed:
+        assert family_of(arch) is None or family_of(arch).verified_on("0.5.23") is None, arch
+
+
 def test_final_norm_is_the_stack_norm_beside_other_direct_norms():
     # Gemma-4's text stack has a per-layer-input projection norm beside its final `norm`:
     # capture.final takes `norm`; two norms neither named so stay ambiguous

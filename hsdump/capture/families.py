@@ -79,8 +79,16 @@ def _cpu(*extra: Tuple[str, str]) -> Tuple[Tuple[str, str], ...]:
     return ((V23, CPU_TEST),) + extra
 
 
-def _gpu(note: str = "") -> Tuple[Tuple[str, str], ...]:
-    return ((V17, GPU_PROBE + (", " + note if note else "")),)
+def _gpu(note: str = "", *versions: str) -> Tuple[Tuple[str, str], ...]:
+    """GPU probe runs on SGLang 0.5.17 and on each of `versions` (0.5.23's:
+    bench/results/families-gpu-0523.json)."""
+    where = GPU_PROBE + (", " + note if note else "")
+    return tuple((v, where) for v in (V17, *versions))
+
+
+def _gpu23(note: str = "") -> Tuple[Tuple[str, str], ...]:
+    """Probed on the GPU on SGLang 0.5.23 only (its CPU engine cannot run the class)."""
+    return ((V23, GPU_PROBE + (", " + note if note else "")),)
 
 
 FAMILIES = (
@@ -91,26 +99,33 @@ FAMILIES = (
     Family("GLM-4.5 MoE", ("Glm4MoeForCausalLM",), _cpu()),
     Family("Phi-3", ("Phi3ForCausalLM",), _cpu()),
     Family("Mistral", ("MistralForCausalLM",), _cpu()),
-    Family("MiniMax-M2", ("MiniMaxM2ForCausalLM",), _gpu()),
-    Family("GPT-OSS", ("GptOssForCausalLM",), _gpu("MoE rule")),
+    Family("MiniMax-M2", ("MiniMaxM2ForCausalLM",), _gpu("", V23)),
+    Family("GPT-OSS", ("GptOssForCausalLM",), _gpu("MoE rule", V23)),
     Family(
         "Llama-4",
         ("Llama4ForConditionalGeneration",),
         _gpu("+engine.extra.context_length=8192"),
     ),
     Family("DeepSeek-V3", ("DeepseekV3ForCausalLM",), ((V17, GPU_TEST), (V23, GPU_TEST))),
-    Family("DeepSeek-V3.2", ("DeepseekV32ForCausalLM",), _gpu("with deep_gemm and FlashMLA")),
-    Family("Qwen3-Next", ("Qwen3NextForCausalLM",), _gpu("MoE rule")),
+    Family(
+        "DeepSeek-V3.2",
+        ("DeepseekV32ForCausalLM",),
+        ((V17, GPU_PROBE + ", with deep_gemm and FlashMLA"), (V23, GPU_PROBE + ", with deep_gemm")),
+    ),
+    Family("Qwen3-Next", ("Qwen3NextForCausalLM",), _gpu("MoE rule", V23)),
     Family(
         "Qwen3.5",
         ("Qwen3_5ForCausalLM", "Qwen3_5ForConditionalGeneration"),
-        _gpu("per-layer flags"),
+        _gpu("per-layer flags", V23),
     ),
     Family(
         "Qwen3.5-MoE",
         ("Qwen3_5MoeForCausalLM", "Qwen3_5MoeForConditionalGeneration"),
-        _gpu("per-layer flags"),
+        _gpu("per-layer flags", V23),
     ),
+    Family("DeepSeek-V2", ("DeepseekV2ForCausalLM",), _gpu23()),
+    Family("GLM-4-MoE-Lite", ("Glm4MoeLiteForCausalLM",), _gpu23()),
+    Family("Qwen2-MoE", ("Qwen2MoeForCausalLM",), _gpu23()),
     Family(
         "Gemma-3",
         ("Gemma3ForCausalLM", "Gemma3ForConditionalGeneration"),
