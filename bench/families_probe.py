@@ -405,6 +405,7 @@ def main(argv=None) -> int:
         out.write_text(json.dumps(report, indent=1, default=str) + "\n")
         return 0
     print(f"work dir {workdir}; results -> {out}", flush=True)
+
     def record(r: dict) -> None:
         report["results"][r["family"]] = r
         print(line(r), flush=True)
