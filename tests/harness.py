@@ -128,8 +128,8 @@ class Forked:
 class _Server:
     """tests/zygote.py, started on first use with the harness's clean environment."""
 
-    def __init__(self):
-        self.env = clean_env()
+    def __init__(self, env: Dict[str, str]):
+        self.env = env
         self.proc = subprocess.Popen(
             [sys.executable, str(Path(__file__).with_name("zygote.py"))],
             cwd=ROOT,
@@ -177,10 +177,7 @@ class _Server:
             self.forked.notify_all()
 
     def takes(self, env: Dict[str, str]) -> bool:
-        if self.proc.poll() is not None:
-            return False
-        keys = set(env) | set(self.env)
-        return all(k.startswith("HSDUMP_") for k in keys if env.get(k) != self.env.get(k))
+        return self.proc.poll() is None and same_outside_hsdump(env, self.env)
 
     def start(self, cmd, *, cwd, env, new_session) -> Forked:
         fd, out = tempfile.mkstemp(prefix="hsdump-run-", suffix=".log")
@@ -199,16 +196,28 @@ class _Server:
         return run
 
 
-_server: Optional[_Server] = None
+def same_outside_hsdump(a: Dict[str, str], b: Dict[str, str]) -> bool:
+    """`a` and `b` differ in HSDUMP_* variables alone (hsdump reads those when it runs)."""
+    return all(k.startswith("HSDUMP_") for k in set(a) | set(b) if a.get(k) != b.get(k))
+
+
+_servers: list = []
 
 
 def fork_server() -> Optional[_Server]:
-    global _server
+    """The server started with this process's clean environment as it is now. A test that
+    imports sglang in process leaves sglang's variables (TRITON_CACHE_DIR, LD_LIBRARY_PATH,
+    ...) in os.environ, as a monkeypatched variable is there for its test: a plain subprocess
+    would inherit them, so runs from then on get a server started with them (one per such
+    environment, kept: one started earlier may still have runs of its own going)."""
     if os.environ.get(FORK_ENV, "1") == "0":
         return None
-    if _server is None:
-        _server = _Server()
-    return _server
+    env = clean_env()
+    for server in _servers:
+        if server.proc.poll() is None and same_outside_hsdump(env, server.env):
+            return server
+    _servers.append(_Server(env))
+    return _servers[-1]
 
 
 def run_python_script(cmd, *, cwd, env, timeout, wait, new_session=False):
