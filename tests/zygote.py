@@ -1,8 +1,9 @@
 """The fork server of tests/harness.py: `python tests/zygote.py`, started once per test process.
 
 It imports what every dry `extract.py` run imports (torch, transformers' AutoTokenizer,
-datasets, Hydra, hsdump's pipeline: about 6 s of CPU a run on the 2-core machine), then forks
-one child per request. Each child is a fresh process in every other respect: it takes the
+datasets, Hydra, hsdump's pipeline: about 6 s of CPU a run on the 2-core machine) and loads the
+default model's tokenizer (`preload_tokenizer`: served only where the folder's files are the
+bytes it was loaded from), then forks one child per request. Each child is a fresh process in every other respect: it takes the
 request's argv, environment, working directory and output file (stdout and stderr, stdin
 /dev/null), runs the script as `__main__` (runpy, as `python SCRIPT ARGS` does) and exits with
 the status `python` would give (SystemExit's code, 1 and the traceback for an error, killed by
@@ -38,6 +39,58 @@ def preload() -> None:
     import hsdump.config  # noqa: F401
     import hsdump.pipeline  # noqa: F401
     import hsdump.store.reader  # noqa: F401
+    from hsdump.tiny import resolve_model_path
+
+    preload_tokenizer(resolve_model_path("tiny:llama"))
+
+
+WEIGHTS = (".safetensors", ".bin", ".pt", ".gguf")
+
+
+def folder_digest(folder: str) -> dict:
+    """{name: sha256} of every file in `folder` but the weights: all a tokenizer load reads."""
+    import hashlib
+
+    out = {}
+    for name in sorted(os.listdir(folder)):
+        path = os.path.join(folder, name)
+        if name.endswith(WEIGHTS) or not os.path.isfile(path):
+            continue
+        with open(path, "rb") as f:
+            out[name] = hashlib.file_digest(f, "sha256").hexdigest()
+    return out
+
+
+def preload_tokenizer(folder: str) -> None:
+    """The default model's tokenizer (tiny:llama's folder: DeepSeek-V3's 129K tokens, ~2 s of
+    CPU a load), loaded once here. A child's first `AutoTokenizer.from_pretrained` of that
+    folder, with no other arguments than trust_remote_code=False, gets this tokenizer when
+    every file of the folder but the weights still has the bytes it was loaded from (checked
+    in the child, per call); any other load, and a second one in the same child (the run may
+    have changed the first: its chat_template), is transformers' own."""
+    from transformers import AutoTokenizer
+
+    folder = os.path.realpath(folder)
+    digest = folder_digest(folder)
+    tok = AutoTokenizer.from_pretrained(folder)
+    real = AutoTokenizer.from_pretrained
+    served = []
+
+    def from_pretrained(source, *args, **kwargs):
+        if (
+            not served
+            and not args
+            and kwargs in ({}, {"trust_remote_code": False})
+            and isinstance(source, (str, os.PathLike))
+            and os.path.isdir(source)
+            and os.path.realpath(source) == folder
+            and folder_digest(folder) == digest
+        ):
+            served.append(source)
+            return tok
+        return real(source, *args, **kwargs)
+
+    AutoTokenizer.from_pretrained = from_pretrained
 
 
 def child(req: dict, proto_out: int) -> None:
