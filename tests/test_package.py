@@ -72,10 +72,15 @@ def build_wheel(dest: Path) -> Path:
 
 
 @pytest.fixture(scope="module")
-def installed(tmp_path_factory, tiny_llama):
+def wheel(tmp_path_factory) -> Path:
+    """hsdump's wheel, built once for the module: checked, then installed."""
+    return build_wheel(tmp_path_factory.mktemp("wheel"))
+
+
+@pytest.fixture(scope="module")
+def installed(tmp_path_factory, tiny_llama, wheel):
     """(venv bin folder, a work folder outside the checkout) with hsdump's wheel installed."""
     base = tmp_path_factory.mktemp("pkg")
-    wheel = build_wheel(base)
     venv = base / "venv"
     rc, out = harness.python("-m", "venv", "--without-pip", venv, cwd=base)
     assert rc == 0, out
@@ -106,10 +111,10 @@ def installed(tmp_path_factory, tiny_llama):
     return venv / "bin", work
 
 
-def test_wheel_holds_configs_templates_and_data(tmp_path):
+def test_wheel_holds_configs_templates_and_data(wheel):
     import zipfile
 
-    names = set(zipfile.ZipFile(build_wheel(tmp_path)).namelist())
+    names = set(zipfile.ZipFile(wheel).namelist())
     for f in ROOT.joinpath("conf").rglob("*.yaml"):  # conf/ is copied in whole, as hsdump/conf
         assert f"hsdump/conf/{f.relative_to(ROOT / 'conf')}" in names
     assert (
