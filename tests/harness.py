@@ -9,12 +9,13 @@ what SGLang decides leave it out and get the real CPU engine of the embedded def
 
 A dry `extract.py` run (and any `extract.py` run of a test in the fast tier, which the engine
 guard keeps from starting SGLang) is forked from a server that has already imported torch, transformers,
-datasets, Hydra and hsdump (tests/zygote.py, one per test process), so it does not pay ~6 s of
+datasets, Hydra and hsdump and loaded the default tokenizer (tests/zygote.py), so it does not pay ~8 s of
 CPU for the imports: it is still a process of its own, with its argv, environment, working
-directory, output, exit status and signals, and the script runs as `__main__`. Only runs whose
-environment differs from the server's in HSDUMP_* variables alone are forked (what the imports
-read is then the same); every other run, and every run with HSDUMP_TEST_FORK=0, is a plain
-subprocess.
+directory, output, exit status and signals, and the script runs as `__main__`. A server is
+started per clean environment (`fork_server`: a test that imports sglang in process changes
+os.environ for the rest of it), and only runs whose environment differs from the server's in
+HSDUMP_* variables alone are forked (what the imports read is then the same); every other run,
+and every run with HSDUMP_TEST_FORK=0, is a plain subprocess.
 """
 
 from __future__ import annotations
