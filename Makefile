@@ -36,7 +36,7 @@ test: setup
 # the tests that start no SGLang engine (a few minutes): the inner loop while developing; on
 # both cores, a test file per worker (pytest-xdist), the slowest files first (tests/conftest.py)
 test-fast: setup
-	$(PYTHON) -m pytest -q -ra --durations=10 -n 2 --dist loadgroup --no-loadscope-reorder -m "not engine and not gpu" tests $(ARGS)
+	$(PYTHON) -m pytest -q -ra --durations=10 -n 2 --dist loadfile --no-loadscope-reorder -m "not engine and not gpu" tests $(ARGS)
 
 # ruff (configured in pyproject.toml): `make lint` checks, `make format` rewrites
 lint: setup

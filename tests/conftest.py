@@ -32,9 +32,9 @@ SPREAD = ("test_families.py",)
 
 
 # the fast tier's slowest files, slowest first (measured 2026-12-02: each one's tests took
-# 35-95 s on a worker): `make test-fast` (`--dist loadgroup --no-loadscope-reorder`) hands the
-# groups out in collection order, so these start first and neither worker is left with one of
-# them at the end. (Without --no-loadscope-reorder, xdist orders the groups by test count.)
+# 35-95 s on a worker): `make test-fast` (`--dist loadfile --no-loadscope-reorder`) hands the
+# files out in collection order, so these start first and neither worker is left with one of
+# them at the end. (Without --no-loadscope-reorder, xdist orders the files by test count.)
 FIRST = (
     "test_data.py",
     "test_package.py",
