@@ -51,8 +51,12 @@ def measured() -> dict:
     from families import FAMILIES as TEST_FAMILIES
 
     fam = json.loads((RESULTS / "families-cpu.json").read_text())
-    for key, where in (("results", "CPU, SGLang 0.5.23"), ("gpu_preview", "H200, SGLang 0.5.17")):
-        block = fam["results"] if key == "results" else fam.get(key, {}).get("results", {})
+    gpu23 = json.loads((RESULTS / "families-gpu-0523.json").read_text())
+    for block, where in (
+        (fam["results"], "CPU, SGLang 0.5.23"),
+        (fam.get("gpu_preview", {}).get("results", {}), "H200, SGLang 0.5.17"),
+        (gpu23["results"], "H200, SGLang 0.5.23"),
+    ):
         for name, r in block.items():
             status = r.get("status", "?")
             if status.startswith("wrong") and r.get("moe_rule_ok"):
@@ -60,14 +64,6 @@ def measured() -> dict:
             out.setdefault(TEST_FAMILIES[name].cls, []).append(
                 (where, r.get("worst"), r.get("bf16_worst"), status)
             )
-    gpu23 = json.loads((RESULTS / "families-gpu-0523.json").read_text())
-    for name, r in gpu23["results"].items():
-        status = r.get("status", "?")
-        if status.startswith("wrong") and r.get("moe_rule_ok"):
-            status = "ok (MoE rule)"
-        out.setdefault(TEST_FAMILIES[name].cls, []).append(
-            ("H200, SGLang 0.5.23", r.get("worst"), r.get("bf16_worst"), status)
-        )
     kimi = json.loads((RESULTS / "kimi-gpu-first.json").read_text())
     for r in kimi["runs"]:
         worst = max(v["worst"] for v in r["per_layer"].values())

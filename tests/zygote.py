@@ -49,16 +49,13 @@ WEIGHTS = (".safetensors", ".bin", ".pt", ".gguf")
 
 def folder_digest(folder: str) -> dict:
     """{name: sha256} of every file in `folder` but the weights: all a tokenizer load reads."""
-    import hashlib
+    from hsdump.store.layout import sha256_file
 
-    out = {}
-    for name in sorted(os.listdir(folder)):
-        path = os.path.join(folder, name)
-        if name.endswith(WEIGHTS) or not os.path.isfile(path):
-            continue
-        with open(path, "rb") as f:
-            out[name] = hashlib.file_digest(f, "sha256").hexdigest()
-    return out
+    return {
+        name: sha256_file(os.path.join(folder, name))
+        for name in sorted(os.listdir(folder))
+        if not name.endswith(WEIGHTS) and os.path.isfile(os.path.join(folder, name))
+    }
 
 
 def preload_tokenizer(folder: str) -> None:

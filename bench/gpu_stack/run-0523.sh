@@ -58,6 +58,7 @@ PROBE_FAMILIES=${PROBE_FAMILIES:-deepseek_v2,glm4_moe_lite,qwen2_moe,llama4_text
 PROBE_TIMEOUT=${PROBE_TIMEOUT:-200}
 PROBE_JOBS=${PROBE_JOBS:-1}
 SHARE_TOKENS=${SHARE_TOKENS:-65536}
+STEPS=" stash install import pytest probe kimi bench8b aux check together "   # an argument that is none of these is the step's own
 # SHARE_GPU=1 (set by `together` for its children): cap every engine's KV pool (see together)
 SHARE_OVR=()
 if [ "${SHARE_GPU:-0}" = 1 ]; then
@@ -178,7 +179,7 @@ while [ $# -gt 0 ]; do
           # `pytest K`: only the tests -k K selects (a word that is no step name), with its own
           # log, junit file and temp dir, so two `together` groups can split the file
           kx=(); tag=""
-          if [ $# -gt 0 ] && [[ $1 != -* ]] && ! [[ " stash install import pytest probe kimi bench8b aux check together " == *" $1 "* ]]; then
+          if [ $# -gt 0 ] && [[ $1 != -* ]] && ! [[ $STEPS == *" $1 "* ]]; then
             kx=(-k "$1"); tag="-${1//[^A-Za-z0-9_]/_}"; shift
           fi
           rm -rf "/tmp/gpu523-pytest$tag"
@@ -189,7 +190,7 @@ while [ $# -gt 0 ]; do
           find "/tmp/gpu523-pytest$tag" -name '*.json' -size -20M -exec cp {} "$OUT/gpu-check/" \; 2>/dev/null ;;
         probe)
           fams=$PROBE_FAMILIES
-          if [ $# -gt 0 ] && [[ $1 != -* ]] && ! [[ " stash install import pytest probe kimi bench8b aux check together " == *" $1 "* ]]; then
+          if [ $# -gt 0 ] && [[ $1 != -* ]] && ! [[ $STEPS == *" $1 "* ]]; then
             fams=$1; shift
           fi
           # written straight into $OUT (after each family), so a call cut short keeps what
