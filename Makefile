@@ -31,12 +31,12 @@ extract: setup
 # On both cores (pytest-xdist): a test file per worker, except the family tests, spread one by
 # one (tests/conftest.py); torch's threads are split between the workers
 test: setup
-	$(PYTHON) -m pytest -q -ra --durations=25 -n 2 --dist loadgroup tests $(ARGS)
+	$(PYTHON) -m pytest -q -ra --durations=25 -n 2 --dist loadscope --no-loadscope-reorder tests $(ARGS)
 
 # the tests that start no SGLang engine (a few minutes): the inner loop while developing; on
 # both cores, a test file per worker (pytest-xdist), the slowest files first (tests/conftest.py)
 test-fast: setup
-	$(PYTHON) -m pytest -q -ra --durations=10 -n 2 --dist loadfile --no-loadscope-reorder -m "not engine and not gpu" tests $(ARGS)
+	$(PYTHON) -m pytest -q -ra --durations=10 -n 2 --dist loadscope --no-loadscope-reorder -m "not engine and not gpu" tests $(ARGS)
 
 # ruff (configured in pyproject.toml): `make lint` checks, `make format` rewrites
 lint: setup

@@ -26,15 +26,16 @@ def pytest_configure(config):
     torch.set_num_threads(threads)
 
 
-# test files whose tests share no module-scoped fixture and each start their own engine:
-# under `--dist loadgroup` (make test) their tests are spread over the workers one by one
+# test files whose tests share no module-scoped fixture and each start their own engine: their
+# tests are spread over the workers one by one (`make test`); every other file runs whole on one
+# worker, so its module fixtures (test_engine's shared engine, test_ray's cluster, test_hostile's
+# cases) are built once
 SPREAD = ("test_families.py",)
 
 
-# the fast tier's slowest files, slowest first (measured 2026-12-02: each one's tests took
-# 35-95 s on a worker): `make test-fast` (`--dist loadfile --no-loadscope-reorder`) hands the
-# files out in collection order, so these start first and neither worker is left with one of
-# them at the end. (Without --no-loadscope-reorder, xdist orders the files by test count.)
+# the slowest files (or, for SPREAD files, tests), slowest first: the workers take them in this
+# order, so neither is left alone with a long one at the end. Measured on the 2-core machine
+# (see docs/development.md, "The tiers"); a file not listed comes after these, in collection order
 FIRST = (
     "test_data.py",
     "test_package.py",
@@ -52,16 +53,32 @@ FIRST = (
 )
 
 
+def scope(nodeid: str) -> str:
+    """The unit a worker runs whole: the test's file, or the test itself in a SPREAD file."""
+    path = nodeid.split("::", 1)[0]
+    return nodeid if path.rsplit("/", 1)[-1] in SPREAD else path
+
+
+def pytest_xdist_make_scheduler(config, log):
+    """`-n N --dist loadscope` (make test, make test-fast) with hsdump's scopes (`scope`), the
+    units in collection order (`--no-loadscope-reorder`: FIRST's). Here and not through
+    `xdist_group` marks and `--dist loadgroup`: pytest-xdist 3.8 tags a grouped test by
+    rewriting `item._nodeid`, which pytest 9.2 no longer reads (its node ids live in `_id`), so
+    under loadgroup every test was a unit of its own and module fixtures were built on both
+    workers (tests/test_tiers.py checks the units)."""
+    if config.getvalue("dist") != "loadscope":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class Scheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return scope(nodeid)
+
+    return Scheduling(config, log)
+
+
 def pytest_collection_modifyitems(config, items):
-    """`--dist loadgroup`: every test in the group of its file (what `--dist loadfile` does:
-    a module's fixtures are built once, in one worker), except the files in SPREAD, whose
-    tests get a group each, so that two of their engines run at once. The files in FIRST
-    come first, in that order (each file's tests keep theirs)."""
-    for item in items:
-        if item.get_closest_marker("xdist_group"):
-            continue
-        name = item.nodeid if item.path.name in SPREAD else item.path.name
-        item.add_marker(pytest.mark.xdist_group(name))
+    """The files in FIRST come first, in that order (each file's tests keep theirs)."""
     rank = {name: i for i, name in enumerate(FIRST)}
     items.sort(key=lambda item: rank.get(item.path.name, len(FIRST)))
 
