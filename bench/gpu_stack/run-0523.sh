@@ -75,7 +75,10 @@ record() {  # step rc wall [note]
 }
 
 env523() {
-  export PYTHONPATH="$SITE:$SITE2:$REPO"
+  # nvidia-cutlass-dsl puts `cutlass` on sys.path through a .pth file (nvidia_cutlass_dsl/
+  # dsl_packages), and Python reads .pth files only in site dirs, not on PYTHONPATH: named here
+  # (sglang 0.5.23's LlamaMLP imports cutlass on CUDA: "No module named 'cutlass'" without it)
+  export PYTHONPATH="$SITE:$SITE/nvidia_cutlass_dsl/dsl_packages:$SITE2:$REPO"
   export LD_LIBRARY_PATH="$SITE/nvidia/nccl/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
   export PYTHONUNBUFFERED=1
   export GPU523_CUDNN=${GPU523_CUDNN:-off}
