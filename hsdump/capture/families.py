@@ -92,7 +92,11 @@ def _gpu23(note: str = "") -> Tuple[Tuple[str, str], ...]:
 
 
 FAMILIES = (
-    Family("Llama", ("LlamaForCausalLM",), _cpu((V17, GPU_TEST))),
+    Family(
+        "Llama",
+        ("LlamaForCausalLM",),
+        ((V23, CPU_TEST + "; " + GPU_TEST), (V17, GPU_TEST)),
+    ),
     Family("Qwen2", ("Qwen2ForCausalLM",), _cpu()),
     Family("Qwen3", ("Qwen3ForCausalLM",), _cpu()),
     Family("Qwen3-MoE", ("Qwen3MoeForCausalLM",), _cpu()),
@@ -104,7 +108,7 @@ FAMILIES = (
     Family(
         "Llama-4",
         ("Llama4ForConditionalGeneration",),
-        _gpu("+engine.extra.context_length=8192"),
+        _gpu("+engine.extra.context_length=8192", V23),
     ),
     Family("DeepSeek-V3", ("DeepseekV3ForCausalLM",), ((V17, GPU_TEST), (V23, GPU_TEST))),
     Family(
