@@ -59,6 +59,7 @@ def scope(nodeid: str) -> str:
     return nodeid if path.rsplit("/", 1)[-1] in SPREAD else path
 
 
+@pytest.hookimpl(optionalhook=True)
 def pytest_xdist_make_scheduler(config, log):
     """`-n N --dist loadscope` (make test, make test-fast) with hsdump's scopes (`scope`), the
     units in collection order (`--no-loadscope-reorder`: FIRST's). Here and not through
