@@ -15,18 +15,29 @@ def test_a_unit_is_a_file_except_in_the_spread_files():
     assert scope(fam) == fam
 
 
-def test_a_file_runs_whole_on_one_worker():
-    """A real pytest-xdist run of two quick files on two workers: each file's tests all ran on
-    one worker (before 2026-12-02, pytest 9.2 + xdist 3.8's loadgroup split them test by test)."""
+def test_a_file_runs_whole_on_one_worker_and_a_spread_file_test_by_test():
+    """A real pytest-xdist run on two workers: each of two quick files ran whole on one worker
+    (before 2026-12-02, pytest 9.2 + xdist 3.8's loadgroup split them test by test), and two
+    tests of the SPREAD file (its two that start no engine) ran on different workers: the first
+    two units go to the two workers, which stock `--dist loadscope` (the file as one unit)
+    would not do, so this fails if xdist does not use conftest's scheduler."""
+    fam = f"tests/{SPREAD[0]}"
+    spread = [
+        f"{fam}::test_unverified_class_is_refused_before_the_engine",
+        f"{fam}::test_readme_table_is_the_generated_one",
+    ]
     files = ["tests/test_boundary.py", "tests/test_dist.py"]
     args = ["-m", "pytest", "-v", "-p", "no:cacheprovider", "-n", "2", "--dist", "loadscope"]
-    args += ["--no-loadscope-reorder", "-m", "not engine and not gpu", *files]
+    args += ["--no-loadscope-reorder", *spread, *files]
     rc, log = python(*args, timeout=300)
     assert rc == 0, log[-3000:]
-    ran = re.findall(r"\[(gw\d)\] \[\s*\d+%\] PASSED (tests/[\w/]+\.py)::", log)
-    assert {f for _, f in ran} == set(files), log[-3000:]
+    ran = re.findall(r"\[(gw\d)\] \[\s*\d+%\] PASSED (tests/[\w/]+\.py::\w+)", log)
+    where = {test: w for w, test in ran}
+    assert set(spread) <= set(where), log[-3000:]
+    assert where[spread[0]] != where[spread[1]], ran
     for f in files:
-        assert len({w for w, g in ran if g == f}) == 1, (f, ran)
+        workers = {w for test, w in where.items() if test.startswith(f + "::")}
+        assert len(workers) == 1, (f, ran)
 
 
 def test_first_names_files_that_exist():
