@@ -51,6 +51,7 @@ FIRST = (
     "test_preview.py",
     "test_regenerate.py",
     "test_idle.py",
+    "test_tiers.py",  # its nested two-worker pytest: ~18 s on one worker
 )
 
 
