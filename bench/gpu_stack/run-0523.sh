@@ -23,6 +23,13 @@
 #   aux          bench/aux_mode.py --device cuda -> $OUT/aux-mode-0523.json (SGLang's own aux
 #                return path against hsdump's patch, same prompts: rows equal? tokens/s)
 #   check        bench/gpu_check.py (all its cases, one results file) -> $OUT/gpu-check-0523.json
+#   bg G         start the quoted step list G (e.g. "kimi int4") in its own process session
+#                (setsid: the device tool ends a call's processes when it returns, but not a new
+#                session's, which runs on while the host stays warm), with SHARE_GPU=1, its own
+#                OUT=/tmp/gpu523-bg and a deadline of BG_DEADLINE_S (default 1500); later steps
+#                (and later calls) run beside it; gpu_cleanup spares its processes
+#   collect      $OUT/bg.tgz: what the bg run has written so far (its steps, logs, JSON), and
+#                whether it is still running (bg-state.txt)
 #   together G1 G2 ...   (last: takes the rest of the arguments) each G, a quoted step list
 #                (e.g. "kimi int4"), runs at the same time as the others in a child of this
 #                script, on the one GPU; every engine's KV pool is capped (SHARE_GPU=1:
@@ -36,7 +43,10 @@
 # Knobs: GPU523_CUDNN=off|on|skipcheck (sitecustomize.py), GPU523_FLASHINFER=on|off (off hides
 # flashinfer, so sgl_kernel takes its own RMSNorm instead of flashinfer's JIT one),
 # PROBE_FAMILIES, PROBE_TIMEOUT (per family, default 300), PYTEST_ARGS (default "-x -q"),
-# DEADLINE_S.
+# DEADLINE_S, KIMI_LIMIT_S (the kimi step's own limit, default 560: SGLang 0.5.23's first INT4
+# forward JIT-builds its Marlin MoE kernel, over 4 minutes on a fresh host; run it with `bg`).
+# SGLang's JIT kernel cache is kept under /tmp/gpu523-cache/jit (SGLANG_JIT_CACHE_DIR), so a
+# later call on the same warm host loads what an earlier one built.
 set -uo pipefail
 
 T0=$(date +%s)
@@ -58,7 +68,8 @@ PROBE_FAMILIES=${PROBE_FAMILIES:-deepseek_v2,glm4_moe_lite,qwen2_moe,llama4_text
 PROBE_TIMEOUT=${PROBE_TIMEOUT:-300}   # GLM-5-next ran 194 s beside two other checks (2026-12-02)
 PROBE_JOBS=${PROBE_JOBS:-1}
 SHARE_TOKENS=${SHARE_TOKENS:-65536}
-STEPS=" stash install import pytest probe kimi bench8b aux check together "   # an argument that is none of these is the step's own
+BG=/tmp/gpu523-bg                  # the bg run's OUT, pid (= its session id) and log
+STEPS=" stash install import pytest probe kimi bench8b aux check bg collect together "   # an argument that is none of these is the step's own
 # SHARE_GPU=1 (set by `together` for its children): cap every engine's KV pool (see together)
 SHARE_OVR=()
 if [ "${SHARE_GPU:-0}" = 1 ]; then
@@ -85,6 +96,7 @@ env523() {
   export TRITON_CACHE_DIR="$CACHE/triton"
   export FLASHINFER_WORKSPACE_BASE="$CACHE"
   export TORCHINDUCTOR_CACHE_DIR="$CACHE/inductor"
+  export SGLANG_JIT_CACHE_DIR="$CACHE/jit"
   export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 HF_DATASETS_OFFLINE=1
   # NVLink multicast stays off (the host's image sets these; kept if a step resets the env)
   export NCCL_NVLS_ENABLE=${NCCL_NVLS_ENABLE:-0}
@@ -120,11 +132,15 @@ run_step() {
   return 0
 }
 
-gpu_cleanup() {
-  local pids
+gpu_cleanup() {   # every GPU process but ours and the bg run's (its own session)
+  local pids bgsid="" sid
   pids=$(nvidia-smi --query-compute-apps=pid --format=csv,noheader 2>/dev/null | tr -d ' ')
+  [ -f "$BG/sid" ] && kill -0 "$(cat "$BG/pid")" 2>/dev/null && bgsid=$(cat "$BG/sid")
   for p in $pids; do
-    [ "$p" != "$$" ] && kill -9 "$p" 2>/dev/null && echo "[run-0523] ended leftover GPU process $p"
+    [ "$p" = "$$" ] && continue
+    sid=$(ps -o sid= -p "$p" 2>/dev/null | tr -d ' ')
+    if [ -n "$bgsid" ] && [ "$sid" = "$bgsid" ]; then continue; fi
+    kill -9 "$p" 2>/dev/null && echo "[run-0523] ended leftover GPU process $p"
   done
   true
 }
@@ -223,7 +239,7 @@ EOF
           # shellcheck disable=SC2086
           # through unverified.py: the family gate accepts Kimi-K2.5 on 0.5.17 only, and
           # kimi_check.py's extract.py gets no capture.allow_unverified=true of its own
-          run_step "kimi-$mode" 560 python3 bench/gpu_stack/unverified.py bench/kimi_check.py $flag \
+          run_step "kimi-$mode" "${KIMI_LIMIT_S:-560}" python3 bench/gpu_stack/unverified.py bench/kimi_check.py $flag \
             --workdir /tmp/gpu523-kimi --out "$OUT/kimi-gpu-0523-$mode.json" "${SHARE_OVR[@]}" ${KIMI_EXTRA:-}
           # extract.py's own log (kimi_check.py streams it), the last 200 lines, even after a timeout
           for f in /tmp/gpu523-kimi/extract-*.log; do
@@ -239,6 +255,29 @@ EOF
           run_step gpu-check 560 python3 bench/gpu_check.py --device cuda \
             --workdir /tmp/gpu523-check --out "$OUT/gpu-check-0523.json" ;;
       esac ;;
+    bg)
+      if ! installed; then record bg 1 0 "not installed: run install first"; break; fi
+      group=$1; shift
+      if [ -f "$BG/pid" ] && kill -0 "$(cat "$BG/pid")" 2>/dev/null; then
+        record bg 1 0 "a bg run is still going (pid $(cat "$BG/pid")): not started"
+      else
+        rm -rf "$BG" && mkdir -p "$BG/out"
+        # shellcheck disable=SC2086
+        SHARE_GPU=1 OUT="$BG/out" DEADLINE_S=${BG_DEADLINE_S:-1500} \
+          setsid bash "$0" $group > "$BG/run.log" 2>&1 < /dev/null &
+        echo $! > "$BG/pid"; date +%s > "$BG/t0"; sleep 1
+        ps -o sid= -p "$(cat "$BG/pid")" | tr -d ' ' > "$BG/sid"
+        record bg 0 0 "started [$group] as pid $(cat "$BG/pid"), session $(cat "$BG/sid")"
+      fi ;;
+    collect)
+      state=none
+      if [ -f "$BG/pid" ]; then
+        if kill -0 "$(cat "$BG/pid")" 2>/dev/null; then state=running; else state=done; fi
+        echo "$state after $(( $(date +%s) - $(cat "$BG/t0") ))s" > "$BG/out/bg-state.txt"
+        cp "$BG/run.log" "$BG/out/bg-run.log" 2>/dev/null
+        tar -C "$BG" -czf "$OUT/bg.tgz" out
+      fi
+      record collect 0 0 "bg: $state" ;;
     together)
       if ! installed; then record together 1 0 "not installed: run install first"; break; fi
       t=$(date +%s); n=0; pids=()
