@@ -300,6 +300,10 @@ def probe(name: str, args, workdir: Path) -> dict:
             traceback=traceback.format_exc()[-3000:],
         )
         return res
+    if not cmp["per_layer"]:  # every row was refused before a comparison (shape, say)
+        res.update(status="wrong", problems=cmp["problems"][:20], samples=len(records))
+        res.pop("log_tail")
+        return res
     res.update(
         status=cmp["status"],
         moe_rule_ok=cmp["moe_rule_ok"],

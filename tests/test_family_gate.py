@@ -2,6 +2,7 @@
 its rows were checked on against transformers; no engine, no SGLang import."""
 
 import json
+import os
 import sys
 
 import pytest
@@ -37,19 +38,22 @@ def test_gate_accepts_a_class_on_its_verified_versions_only():
     for v in llama.versions:
         assert check_verified("LlamaForCausalLM", False, v) is llama
         assert check_verified("LlamaForCausalLM", False, v + ".post1") is llama
-    # a Kimi-K2.5 check ran on 0.5.17 (GPU) only
+    # Kimi-K2.5: GPU checks on 0.5.17 and (bf16 and INT4 runs) on 0.5.23; refused on a release
+    # between them that no check ran on, with the verified versions and the way to allow it named
     kimi = family_of("KimiK25ForConditionalGeneration")
-    assert kimi.versions == ("0.5.17",)
-    assert check_verified("KimiK25ForConditionalGeneration", False, "0.5.17") is kimi
+    assert set(kimi.versions) == {"0.5.23", "0.5.17"}
+    for v in kimi.versions:
+        assert check_verified("KimiK25ForConditionalGeneration", False, v) is kimi
     with pytest.raises(ValueError) as e:
-        check_verified("KimiK25ForConditionalGeneration", False, "0.5.23")
+        check_verified("KimiK25ForConditionalGeneration", False, "0.5.20")
     msg = str(e.value)
-    assert "KimiK25ForConditionalGeneration (Kimi-K2.5)" in msg and "SGLang 0.5.17 only" in msg
-    assert "installed SGLang 0.5.23" in msg and "capture.allow_unverified=true" in msg
+    assert "KimiK25ForConditionalGeneration (Kimi-K2.5)" in msg
+    assert "SGLang 0.5.23, 0.5.17 only" in msg
+    assert "installed SGLang 0.5.20" in msg and "capture.allow_unverified=true" in msg
     with pytest.raises(ValueError, match=r"on SGLang 0\.5\.23, 0\.5\.17 only, not on the "):
         check_verified("LlamaForCausalLM", False, "0.5.20")
     # allowed: captured, but the manifest records no verified family
-    assert check_verified("KimiK25ForConditionalGeneration", True, "0.5.23") is None
+    assert check_verified("KimiK25ForConditionalGeneration", True, "0.5.20") is None
     # no SGLang runs (engine=dry): the class alone is checked
     assert check_verified("KimiK25ForConditionalGeneration", False, None) is kimi
 
@@ -98,30 +102,33 @@ def test_verified_string_names_every_version():
 
 
 def test_extract_refuses_a_class_verified_on_another_sglang_version(tmp_path, tiny_llama):
-    # extract.py on a checkpoint whose class hsdump verified, but never on the installed SGLang:
-    # refused before the engine, naming the verified versions and the way to allow it
-    import shutil
-
+    # extract.py on a checkpoint whose class hsdump verified, but not on the installed SGLang (a
+    # user who upgraded to a release no check ran on; simulated by a sitecustomize that makes
+    # importlib.metadata report SGLang 0.5.99): refused before the engine, naming the verified
+    # versions and the way to allow it, with nothing written
     import harness
 
-    installed = families.installed_sglang()
-    if installed is None:
-        pytest.skip("SGLang is not installed: the gate checks the class alone")
-    fam = next((f for f in FAMILIES if f.verified_on(installed) is None), None)
-    if fam is None:
-        pytest.skip(f"every family is verified on SGLang {installed}")
-    arch = fam.architectures[0]
-    ckpt = tmp_path / "ckpt"
-    shutil.copytree(tiny_llama, ckpt)
-    cfg = json.loads((ckpt / "config.json").read_text())
-    cfg["architectures"] = [arch]
-    (ckpt / "config.json").write_text(json.dumps(cfg))
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(
+        "from importlib import metadata\n"
+        "_version = metadata.version\n"
+        "metadata.version = lambda name: '0.5.99' if name == 'sglang' else _version(name)\n"
+    )
+    path = os.pathsep.join(p for p in (str(site), os.environ.get("PYTHONPATH", "")) if p)
     out = tmp_path / "ds"
     rc, text = harness.extract(
-        f"model.path={ckpt}", "dataset.max_samples=2", "capture.layers=[1,2]", out=out, timeout=300
+        f"model.path={tiny_llama}",
+        "dataset.max_samples=2",
+        "capture.layers=[1,2]",
+        out=out,
+        env={"PYTHONPATH": path},
+        timeout=300,
     )
-    assert rc != 0 and f"{arch} ({fam.name})" in text, text[-2000:]
-    assert f"on SGLang {', '.join(fam.versions)} only" in text and installed in text
+    fam = family_of("LlamaForCausalLM")
+    assert rc != 0 and "LlamaForCausalLM (Llama)" in text, text[-2000:]
+    assert f"on SGLang {', '.join(fam.versions)} only" in text
+    assert "installed SGLang 0.5.99" in text
     assert "capture.allow_unverified=true" in text and "Traceback" not in text
     assert not (out / "manifest.json").exists()
 

@@ -204,7 +204,7 @@ while [ $# -gt 0 ]; do
           rm -rf "/tmp/gpu523-pytest$tag"
           # shellcheck disable=SC2086
           run_step "pytest-gpu$tag" 560 python3 -m pytest ${PYTEST_ARGS:--x -q} -s -p no:cacheprovider \
-            --basetemp="/tmp/gpu523-pytest$tag" --junitxml="$OUT/pytest-gpu$tag.xml" "${kx[@]}" tests/test_gpu.py
+            --basetemp="/tmp/gpu523-pytest$tag" --junitxml="$OUT/pytest-gpu$tag.xml" "${kx[@]}" ${PYTEST_FILE:-tests/test_gpu.py}
           mkdir -p "$OUT/gpu-check"
           find "/tmp/gpu523-pytest$tag" -name '*.json' -size -20M -exec cp {} "$OUT/gpu-check/" \; 2>/dev/null ;;
         probe)

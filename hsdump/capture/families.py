@@ -150,7 +150,10 @@ FAMILIES = (
     Family(
         "Kimi-K2.5",
         ("KimiK25ForConditionalGeneration",),
-        ((V17, "GPU, bench/kimi_check.py --both (bf16 and INT4 experts)"),),
+        (
+            (V23, "GPU, bench/kimi_check.py (bf16 and INT4 experts, separate runs)"),
+            (V17, "GPU, bench/kimi_check.py --both (bf16 and INT4 experts)"),
+        ),
     ),
 )
 
