@@ -222,6 +222,27 @@ def compare(records, layers, ref32, ref16) -> dict:
     }
 
 
+def outcome(cmp: dict, prompts) -> dict:
+    """The verdict fields of a family's results from compare()'s. A family whose every row was
+    refused before a comparison (transformers' rows of another shape: GLM-5-next's 4
+    hyper-connection streams, say) is "wrong" with the problems, not a crash."""
+    if not cmp["per_layer"]:
+        return {"status": "wrong", "problems": cmp["problems"], "samples": len(prompts)}
+    per = cmp["per_layer"].values()
+    return {
+        "status": cmp["status"],
+        "moe_rule_ok": cmp["moe_rule_ok"],
+        "detail": cmp["detail"],
+        "problems": cmp["problems"],
+        "per_layer": cmp["per_layer"],
+        "samples": len(prompts),
+        "sample_lens": [len(p) for p in prompts],
+        "worst": max(v["worst"] for v in per),
+        "bf16_worst": max(v["bf16_worst"] for v in per),
+        "neighbour_min": min(min(v["prev_min"], v["next_min"] or 9e9) for v in per),
+    }
+
+
 # --------------------------------------------------------------------------- one family
 def probe(name: str, args, workdir: Path) -> dict:
     from hsdump.capture.layers import read_model_info
@@ -300,25 +321,7 @@ def probe(name: str, args, workdir: Path) -> dict:
             traceback=traceback.format_exc()[-3000:],
         )
         return res
-    if not cmp["per_layer"]:  # every row was refused before a comparison (shape, say)
-        res.update(status="wrong", problems=cmp["problems"][:20], samples=len(records))
-        res.pop("log_tail")
-        return res
-    res.update(
-        status=cmp["status"],
-        moe_rule_ok=cmp["moe_rule_ok"],
-        detail=cmp["detail"],
-        problems=cmp["problems"],
-        per_layer=cmp["per_layer"],
-        samples=len(records),
-        sample_lens=[len(p) for p in prompts],
-        worst=max(v["worst"] for v in cmp["per_layer"].values()),
-        bf16_worst=max(v["bf16_worst"] for v in cmp["per_layer"].values()),
-        neighbour_min=min(
-            min(v["prev_min"], v["next_min"] or 9e9) for v in cmp["per_layer"].values()
-        ),
-        total_s=round(time.time() - t0, 1),
-    )
+    res.update(outcome(cmp, prompts), total_s=round(time.time() - t0, 1))
     res.pop("log_tail")
     return res
 

@@ -1,0 +1,58 @@
+"""bench/families_probe.py's verdict from captured rows and transformers' (no engine): the right
+layer passes, a shifted layer is named, and rows transformers shapes otherwise (GLM-5-next keeps
+4 hyper-connection streams per layer) give "wrong" with the problem, not a crash."""
+
+import sys
+
+import torch
+from factories import ROOT
+
+sys.path.insert(0, str(ROOT / "bench"))
+import families_probe as fp  # noqa: E402
+
+T, H, L = 12, 16, 4
+LAYERS = [1, 2, 3]
+
+
+def reference(seed, streams=None):
+    g = torch.Generator().manual_seed(seed)
+    shape = (T, H) if streams is None else (T, streams, H)
+    return [torch.randn(*shape, generator=g) for _ in range(L + 1)]
+
+
+def records(ref, shift=0):
+    rows = [ref[k + shift] if ref[k + shift].dim() == 2 else ref[k].mean(1) for k in LAYERS]
+    return {0: {"input_ids": torch.arange(T), "hidden_states": [r.clone() for r in rows]}}
+
+
+def noisy(ref, eps):
+    g = torch.Generator().manual_seed(7)
+    return [r + eps * r.norm() / r.numel() ** 0.5 * torch.randn(*r.shape, generator=g) for r in ref]
+
+
+def test_the_right_layers_pass():
+    ref = reference(0)
+    rec = records(ref)
+    cmp = fp.compare(rec, LAYERS, {0: ref}, {0: noisy(ref, 0.01)})
+    out = fp.outcome(cmp, [rec[0]["input_ids"].tolist()])
+    assert out["status"] == "ok" and out["worst"] == 0 and out["samples"] == 1
+    assert out["bf16_worst"] > 0.005 and out["neighbour_min"] > 0.5
+
+
+def test_a_shifted_layer_is_named():
+    ref = reference(1)
+    rec = records(ref, shift=-1)  # layer k holds hf[k - 1]
+    cmp = fp.compare(rec, LAYERS, {0: ref}, {0: noisy(ref, 0.01)})
+    out = fp.outcome(cmp, [rec[0]["input_ids"].tolist()])
+    assert out["status"] == "wrong-layer", out
+    assert any("rows match hf[0]" in d for d in out["detail"]), out["detail"]
+
+
+def test_stream_rows_are_wrong_with_the_shape_problem_not_a_crash():
+    ref = reference(2, streams=4)  # [T, 4, H] per layer, as transformers' GLM-5-next
+    rec = records(ref)  # one row of H per token, as SGLang captures
+    cmp = fp.compare(rec, LAYERS, {0: ref}, {0: ref})
+    assert cmp["per_layer"] == {}
+    out = fp.outcome(cmp, [rec[0]["input_ids"].tolist()])
+    assert out["status"] == "wrong" and "worst" not in out
+    assert f"sample 0 layer 1: shape ({T}, {H}) != ({T}, 4, {H})" in out["problems"]
