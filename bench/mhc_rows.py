@@ -11,6 +11,11 @@ against each candidate built from transformers float32 on the same checkpoint:
            final `hc_head` take)
   s0..sN   one stream
   pre      the layer's own collapse (`layers[k].attn_hc`), the attention block's input
+  plain    the same weights with every hyper-connection replaced by a plain residual
+           (collapse = mean of identical streams, post = 1, comb = I: h + block(norm(h))), which
+           is what SGLang 0.5.23 builds when the checkpoint's text_config lacks `mhc: true`
+           (sglang/srt/configs/glm5_next.py defaults it to false and the loader then drops the
+           hc_* weights)
   bf16     transformers bf16's stream mean against float32's: the noise floor
 
     .venv/bin/python bench/mhc_rows.py --dataset /tmp/g5/ds-glm5_next \
@@ -35,6 +40,13 @@ def rel(a: torch.Tensor, b: torch.Tensor) -> float:
     return round(((a - b).norm() / b.norm()).item(), 4)
 
 
+def plain_hc(self, streams):  # replaces Glm5NextTextHyperConnection.forward for `plain`
+    b, t, n, _ = streams.shape
+    post = torch.ones(b, t, n, dtype=torch.float32)
+    comb = torch.eye(n, dtype=torch.float32).expand(b, t, n, n)
+    return post, comb, streams.mean(2)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--dataset", required=True)
@@ -55,12 +67,22 @@ def main() -> int:
     m16 = cls.from_pretrained(args.checkpoint, dtype=torch.bfloat16).eval()
     text = m32.model.language_model if hasattr(m32.model, "language_model") else m32.model
     rows = []
-    print(f"{'sample':>6} {'layer':>5} {'T':>4} {'mean':>7} {'pre':>7} {'best s':>7} {'bf16':>7}")
+    hc = type(text.layers[0].attn_hc)
+    mhc_forward = hc.forward
+    print(
+        f"{'sample':>6} {'layer':>5} {'T':>4} {'mean':>7} {'pre':>7} {'best s':>7} "
+        f"{'plain':>7} {'bf16':>7}"
+    )
     for sid in sorted(records):
         ids = records[sid]["input_ids"].unsqueeze(0)
         with torch.no_grad():
             a = m32(input_ids=ids, output_hidden_states=True).hidden_states
             b = m16(input_ids=ids, output_hidden_states=True).hidden_states
+            try:
+                hc.forward = plain_hc
+                p = m32(input_ids=ids, output_hidden_states=True).hidden_states
+            finally:
+                hc.forward = mhc_forward
         for j, k in enumerate(layers):
             h = records[sid]["hidden_states"][j]
             ref = a[k][0]
@@ -76,12 +98,13 @@ def main() -> int:
                 "mean": rel(h, ref.mean(1)),
                 "pre": rel(h, pre),
                 "streams": [rel(h, ref[:, s]) for s in range(ref.shape[1])],
+                "plain": rel(h, p[k][0].mean(1)),
                 "bf16": rel(b[k][0].mean(1), ref.mean(1)),
             }
             rows.append(r)
             print(
                 f"{sid:>6} {k:>5} {r['tokens']:>4} {r['mean']:>7} {r['pre']:>7} "
-                f"{min(r['streams']):>7} {r['bf16']:>7}"
+                f"{min(r['streams']):>7} {r['plain']:>7} {r['bf16']:>7}"
             )
     ds.close()
     if args.out:

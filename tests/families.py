@@ -1393,12 +1393,15 @@ FAMILIES: Dict[str, Family] = {
     ),
     "mellum": Family("MellumForCausalLM", mellum, num_layers=4),
     # GLM-5-next's text_config carries `index_kpool_compress: true` (SGLang 0.5.23's DSA K-pool
-    # indexer reads it at load); transformers' config class does not write it
+    # indexer reads it at load) and `mhc: true` (SGLang's config defaults it to false and then
+    # builds plain residuals, dropping the checkpoint's hyper-connection weights: the run of
+    # 2026-12-02 without it captured a plain-residual model, bench/mhc_rows.py); transformers'
+    # config class writes neither (its model always runs the hyper-connections)
     "glm5_next": Family(
         "Glm5NextForConditionalGeneration",
         glm5_next,
         num_layers=4,
-        text_extras={"index_kpool_compress": True},
+        text_extras={"index_kpool_compress": True, "mhc": True},
     ),
     # SGLang's encoder-free vision embedder reads `model_patch_size` (patch_size x
     # pooling_kernel_size: 48 in gemma-4-12B-it), which transformers' config does not write
@@ -1438,6 +1441,22 @@ def _rename_weights(path: Path, renames, transposed=()) -> None:
     save_file(out, path, metadata={"format": "pt"})
 
 
+def _stale(config_file: Path, fam) -> bool:
+    """A cached checkpoint whose config.json lacks a field the family now adds (extras,
+    text_extras, vision_extras: the fields real config.json files carry)."""
+    raw = json.loads(config_file.read_text())
+
+    def lacks(have: dict, want: dict) -> bool:  # as _merge wrote them, through JSON
+        return any(have.get(k) != v for k, v in json.loads(json.dumps(want)).items())
+
+    return (
+        raw.get("architectures") != [fam.cls]
+        or lacks(raw, fam.extras or {})
+        or lacks(raw.get("text_config") or {}, fam.text_extras or {})
+        or lacks(raw.get("vision_config") or {}, fam.vision_extras or {})
+    )
+
+
 def build(name: str, dest: Optional[Path] = None, seed: int = 0, force: bool = False) -> Path:
     """The family's checkpoint folder (built on first use, then cached)."""
     import torch
@@ -1449,7 +1468,9 @@ def build(name: str, dest: Optional[Path] = None, seed: int = 0, force: bool = F
     fam = FAMILIES[name]
     dest = Path(dest) if dest else families_dir() / name
     if (dest / "config.json").exists() and not force:
-        return dest
+        if not _stale(dest / "config.json", fam):
+            return dest
+        force = True  # built before the family's config fields changed
     dest.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.", dir=dest.parent))
     try:

@@ -56,3 +56,29 @@ def test_stream_rows_are_wrong_with_the_shape_problem_not_a_crash():
     out = fp.outcome(cmp, [rec[0]["input_ids"].tolist()])
     assert out["status"] == "wrong" and "worst" not in out
     assert f"sample 0 layer 1: shape ({T}, {H}) != ({T}, 4, {H})" in out["problems"]
+
+
+def test_a_cached_checkpoint_lacking_a_new_config_field_is_rebuilt(tmp_path, monkeypatch):
+    # tests/families.py caches each family's checkpoint by name; a field added to the family
+    # later (GLM-5-next's `mhc: true`, which SGLang reads and transformers does not write) must
+    # reach the cached checkpoint, or the probe tests the old one
+    import dataclasses
+    import json
+
+    import families
+
+    fam = dataclasses.replace(families.FAMILIES["qwen2"], text_extras={"mhc": True})
+    monkeypatch.setitem(families.FAMILIES, "qwen2", fam)
+    dest = tmp_path / "qwen2"
+    dest.mkdir()
+    old = {"architectures": [fam.cls], **fam.extras, "text_config": {"mhc": True}, "marker": 1}
+    (dest / "config.json").write_text(json.dumps(old))
+    assert families.build("qwen2", dest=dest) == dest  # carries every field: reused as it is
+    assert json.loads((dest / "config.json").read_text()) == old
+    old["text_config"] = {}  # built before the family added the field
+    (dest / "config.json").write_text(json.dumps(old))
+    assert families._stale(dest / "config.json", fam)
+    families.build("qwen2", dest=dest)
+    raw = json.loads((dest / "config.json").read_text())
+    assert raw["text_config"]["mhc"] is True and "marker" not in raw
+    assert (dest / "model.safetensors").exists() and not families._stale(dest / "config.json", fam)
