@@ -151,7 +151,10 @@ FAMILIES = (
         "Kimi-K2.5",
         ("KimiK25ForConditionalGeneration",),
         (
-            (V23, "GPU, bench/kimi_check.py (bf16 and INT4 experts, separate runs)"),
+            (
+                V23,
+                "GPU, bench/kimi_check.py (bf16 and INT4 experts, separate runs); GPU, tests/test_gpu_kimi.py",
+            ),
             (V17, "GPU, bench/kimi_check.py --both (bf16 and INT4 experts)"),
         ),
     ),
