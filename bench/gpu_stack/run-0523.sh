@@ -12,7 +12,8 @@
 #   import       bench/gpu_stack/import_check.py -> $OUT/import.json
 #   pytest [K]   python -m pytest -x -q tests/test_gpu.py (single-GPU) -> $OUT/pytest-gpu.log,
 #                each case's results JSON -> $OUT/gpu-check/; with K only the tests -k K
-#                selects (log pytest-gpu-K.log)
+#                selects (log pytest-gpu-K.log); a K that is a step's name (kimi, probe, ...) is
+#                read as the next step; PYTEST_FILE (default tests/test_gpu.py) picks the file
 #   probe [F,..] bench/families_probe.py --device gpu on families F (default: $PROBE_FAMILIES),
 #                skipping those already in /tmp/gpu523-results/families-gpu-0523.json (so a
 #                second call goes on where the first stopped) -> $OUT/families-gpu-0523.json
