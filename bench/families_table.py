@@ -65,33 +65,31 @@ def measured() -> dict:
             out.setdefault(TEST_FAMILIES[name].cls, []).append(
                 (where, r.get("worst"), r.get("bf16_worst"), status)
             )
-    kimi = json.loads((RESULTS / "kimi-gpu-first.json").read_text())
-    for r in kimi["runs"]:
-        worst = max(v["worst"] for v in r["per_layer"].values())
-        bf16 = max(v["bf16_worst"] for v in r["per_layer"].values())
-        # recorded then: per-layer worst errors (the per-sample rule's verdict in "status"); the
-        # MoE rule's mean part was not recorded by that run
-        ok = r["status"] == "ok" or worst <= 3 * bf16 + 0.005
-        out.setdefault("KimiK25ForConditionalGeneration", []).append(
-            (
-                "H200, SGLang 0.5.17, " + ("INT4 experts" if r["int4"] else "bf16"),
-                worst,
-                bf16,
-                ("ok" if r["status"] == "ok" else "ok by the MoE rule's worst-sample part")
-                if ok
-                else "wrong",
-            )
-        )
-    # SGLang 0.5.23: bf16 (gpu-0523-second.json) and INT4 (gpu-0523-fourth.json: its first
-    # forward JIT-builds SGLang's Marlin MoE kernels, 11 min on a fresh host, run as a bg step)
-    for name in ("kimi-gpu-0523-bf16.json", "kimi-gpu-0523-int4.json"):
+    # bench/kimi_check.py's runs: SGLang 0.5.17 (kimi-gpu-first.json), 0.5.23 bf16
+    # (gpu-0523-second.json) and INT4 (gpu-0523-fourth.json: its first forward JIT-builds
+    # SGLang's Marlin MoE kernels, 11 min on a fresh host, run as a bg step)
+    for name, version in (
+        ("kimi-gpu-first.json", "0.5.17"),
+        ("kimi-gpu-0523-bf16.json", "0.5.23"),
+        ("kimi-gpu-0523-int4.json", "0.5.23"),
+    ):
         for r in json.loads((RESULTS / name).read_text())["runs"]:
+            worst = max(v["worst"] for v in r["per_layer"].values())
+            bf16 = max(v["bf16_worst"] for v in r["per_layer"].values())
+            # "status" is the per-sample rule's verdict; the first run did not record the MoE
+            # rule's mean part, so its worst-sample part is applied here
+            if r["status"] == "ok":
+                status = "ok"
+            elif worst <= 3 * bf16 + 0.005:
+                status = "ok by the MoE rule's worst-sample part"
+            else:
+                status = "wrong"
             out.setdefault("KimiK25ForConditionalGeneration", []).append(
                 (
-                    "H200, SGLang 0.5.23, " + ("INT4 experts" if r["int4"] else "bf16"),
-                    max(v["worst"] for v in r["per_layer"].values()),
-                    max(v["bf16_worst"] for v in r["per_layer"].values()),
-                    "ok" if r["status"] == "ok" else r["status"],
+                    f"H200, SGLang {version}, " + ("INT4 experts" if r["int4"] else "bf16"),
+                    worst,
+                    bf16,
+                    status,
                 )
             )
     for name, case, arch in (

@@ -1393,7 +1393,8 @@ FAMILIES: Dict[str, Family] = {
     ),
     "mellum": Family("MellumForCausalLM", mellum, num_layers=4),
     # GLM-5-next's text_config carries `index_kpool_compress: true` (SGLang 0.5.23's DSA K-pool
-    # indexer reads it at load) and `mhc: true` (SGLang's config defaults it to false and then
+    # indexer reads it at load) and `mhc: true` (seen in GLM-5.x test configs in public
+    # repositories, not in the release's own file; SGLang's config defaults it to false and then
     # builds plain residuals, dropping the checkpoint's hyper-connection weights: the run of
     # 2026-12-02 without it captured a plain-residual model, bench/mhc_rows.py); transformers'
     # config class writes neither (its model always runs the hyper-connections)

@@ -153,7 +153,8 @@ FAMILIES = (
         (
             (
                 V23,
-                "GPU, bench/kimi_check.py (bf16 and INT4 experts, separate runs); GPU, tests/test_gpu_kimi.py",
+                "GPU, bench/kimi_check.py (bf16 and INT4 experts, separate runs); "
+                "GPU, tests/test_gpu_kimi.py",
             ),
             (V17, "GPU, bench/kimi_check.py --both (bf16 and INT4 experts)"),
         ),
