@@ -201,6 +201,7 @@ def reference_model(path: str, dtype, device: str = "cpu", trust_remote_code: bo
     `device`, eval mode."""
     import transformers
 
+    transformers.utils.logging.disable_progress_bar()
     config = transformers.AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code)
     archs = getattr(config, "architectures", None) or []
     cls = getattr(transformers, archs[0], None) if archs else None
@@ -449,6 +450,14 @@ def compare_layers(
         for p, rec in enumerate(samples):
             f32, f16 = ref["fp32"][p].hidden_states, ref["bf16"][p].hidden_states
             h = rec["hidden_states"][j].float()
+            sid = rec.get("id", p)
+            if not 0 <= k < len(f32) or h.shape != f32[k].shape:
+                have = f"[{len(f32[0])}, {f32[0].shape[1]}] x {len(f32)} indices"
+                r.failures.append(
+                    f"layer {k}, sample {sid}: rows {list(h.shape)} have no counterpart in the "
+                    f"model's hidden_states ({have}): another model, or a wrong manifest"
+                )
+                continue
             err, scale = rel_err(h, f32[k]), rel_err(f16[k], f32[k])
             r.err.append(err)
             r.hf_bf16.append(scale)
@@ -458,24 +467,26 @@ def compare_layers(
             r.prev.append(near.get(k - 1))
             r.next.append(near.get(k + 1))
             r.best.append(min(near, key=near.get))
-            sid = rec.get("id", p)
             if not moe and not per_sample_ok(err, scale):
                 r.failures.append(
                     f"layer {k}, sample {sid}: err {err:.4f} > {PER_SAMPLE_FACTOR} * hf-bf16 "
                     f"err {scale:.4f} + {PER_SAMPLE_EPS}"
                 )
+            if r.best[-1] != k:
+                r.failures.append(
+                    f"layer {k}, sample {sid}: its rows are index {r.best[-1]}'s, not {k}'s "
+                    f"(err {near[r.best[-1]]:.4f} against index {r.best[-1]}, {own:.4f} "
+                    f"against {k})"
+                )
+                continue
             for other in (k - 1, k + 1):
                 if other in near and not neighbour_far(near[other], own):
                     r.failures.append(
-                        f"neighbour: layer {k}, sample {sid}: its rows are as close to index "
-                        f"{other} ({near[other]:.4f}) as to {k} ({own:.4f})"
+                        f"neighbour: layer {k}, sample {sid}: its rows are not far from index "
+                        f"{other}'s (err {near[other]:.4f} <= {NEIGHBOUR_FACTOR} * {own:.4f} "
+                        f"+ {NEIGHBOUR_EPS}): an off-by-one could pass unseen"
                     )
-            if r.best[-1] != k:
-                r.failures.append(
-                    f"layer {k}, sample {sid}: its rows are closest to index {r.best[-1]} "
-                    f"({near[r.best[-1]]:.4f}; index {k}: {own:.4f})"
-                )
-        if moe:
+        if moe and r.err:
             r.failures += moe_layer_failures(
                 k, r.err, r.hf_bf16, [len(s["input_ids"]) for s in samples]
             )

@@ -1,7 +1,7 @@
 """The `hsdump` command (console script `hsdump`, also `python -m hsdump`).
 
     hsdump extract [OVERRIDES...]    capture hidden states: the Hydra app of extract.py
-    hsdump verify|inspect|export|vocab|preview ARGS...
+    hsdump verify|check|inspect|export|vocab|preview ARGS...
     hsdump --version
 
 `extract` takes every override `python extract.py` takes (`-m` for sweeps and launchers,
@@ -33,6 +33,7 @@ log = logging.getLogger("hsdump")
 COMMANDS = {
     "extract": ("", "capture hidden states into a dataset (Hydra overrides, -m for sweeps)"),
     "verify": ("hsdump.tools.verify", "check a dataset's index, checksums and every sample"),
+    "check": ("hsdump.tools.check", "compare a few samples' rows with transformers"),
     "compact": ("hsdump.store.commits", "rewrite a dataset's index.json from its commit logs"),
     "inspect": ("hsdump.tools.inspect", "print a dataset's facts and plot its length histograms"),
     "export": ("hsdump.tools.export", "convert a dataset to a peer trainer's layout"),
