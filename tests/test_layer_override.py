@@ -4,7 +4,7 @@ SGLang 0.5.23 calls the model's `set_eagle3_layers_to_capture` a second time, fr
 `ModelRunner.init_attention_backends`, and each family maps the ids by its own rule:
 DeepSeek-V2/V3's (Kimi-K2.5's text model) adds 1 only when the first id is 1, so hsdump's
 [3, 31, 59] would become [2, 30, 58] (measured on the GPU: docs/performance.md, "Fidelity on the
-GPU"). MLA does not run on SGLang's CPU engine, so bench/gpu_stack/layer_override_check.py
+GPU"). MLA does not run on SGLang's CPU engine, so tests/layer_override_check.py
 gives the tiny Llama's setter DeepSeek's rule inside the real scheduler process, captures
 [1, 3, 4] through CaptureEngine and says which transformers float32 hidden_states[i] each
 stored layer is. Real engine: the second setter call and its timing are SGLang's.
@@ -26,7 +26,7 @@ ROOT = Path(__file__).resolve().parent.parent
 def test_capture_layers_survive_a_setter_that_remaps_them(tmp_path):
     out = tmp_path / "override.json"
     p = subprocess.run(
-        [sys.executable, str(ROOT / "bench/gpu_stack/layer_override_check.py"), "--deepseek-rule"]
+        [sys.executable, str(ROOT / "tests" / "layer_override_check.py"), "--deepseek-rule"]
         + ["--out", str(out)],
         cwd=ROOT,
         capture_output=True,

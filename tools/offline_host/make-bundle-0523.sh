@@ -1,16 +1,16 @@
 #!/usr/bin/env bash
 # make-bundle-0523.sh: the pinned GPU stack (SGLang 0.5.23, torch 2.14.1) for the offline H200
 # host, whose image has python 3.12.3, torch 2.11.0+cu130, transformers 5.17.0, triton 3.6.0,
-# NCCL 2.28.9 and cuDNN 9.19. Adapted from ../shared/device/make-bundle.sh (the 0.5.17 bundle).
+# NCCL 2.28.9 and cuDNN 9.19.
 #
 # Run from anywhere inside the checkout, on a machine whose pip reaches PyPI:
-#     bench/gpu_stack/make-bundle-0523.sh
+#     tools/offline_host/make-bundle-0523.sh
 # It commits nothing. It writes
 #   .gpu523/pNN/        (ignored: '/.gpu523/' goes into .git/info/exclude) parts of at most
-#                       PART_MB MiB, each with a copy of MANIFEST; send one per device call
+#                       PART_MB MiB, each with a copy of MANIFEST; copy them to the host
 #   $BUILD_DIR          (default /tmp/sglang523-bundle: wheels, kept and reused; the unpacked
 #                       site is deleted after packing)
-# and bench/gpu_stack/run-0523.sh installs it on the host (README.md beside this file).
+# and tools/offline_host/run-0523.sh installs it on the host (README.md beside this file).
 #
 # What travels:
 #   * torch, triton and nvidia-nccl-cu13 as their wheels, unchanged (already deflated; xz gains
@@ -242,7 +242,7 @@ git check-ignore -q "$OUTDIR/p00/MANIFEST" || { echo "$OUTDIR is not ignored!" >
 n=$(ls -d "$OUTDIR"/p* | wc -l)
 du -sh "$OUTDIR"/p* | sed 's/^/  /'
 echo
-echo "Send the parts one per device call, back to back (the host keeps /tmp ~30 s after a call):"
-echo "  run(command=\"bash bench/gpu_stack/run-0523.sh stash NN\", carry=[\".gpu523/pNN\"])   NN = 00 .. $(printf %02d $((n-1)))"
-echo "the last one with install and the import check:"
-echo "  run(command=\"bash bench/gpu_stack/run-0523.sh stash $(printf %02d $((n-1))) install import\", carry=[\".gpu523/p$(printf %02d $((n-1)))\", \".whl\"])"
+echo "On the host, from the checkout's root, with each part copied to .gpu523/pNN (NN = 00 .. $(printf %02d $((n-1)))):"
+echo "  bash tools/offline_host/run-0523.sh stash NN        (once per part)"
+echo "then, with .whl/ (tools/offline_host/make-whl.sh) beside them:"
+echo "  bash tools/offline_host/run-0523.sh install import"

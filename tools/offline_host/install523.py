@@ -1,8 +1,8 @@
 """Rebuild and install the SGLang 0.5.23 bundle (make-bundle-0523.sh) on the GPU host.
 
-    python3 bench/gpu_stack/install523.py [--parts /tmp/gpu523-parts] [--site /tmp/site523]
+    python3 tools/offline_host/install523.py [--parts /tmp/gpu523-parts] [--site /tmp/site523]
 
-The parts (`pNN/` folders, stashed one per device call by run-0523.sh) hold pieces
+The parts (`pNN/` folders, stashed by run-0523.sh, one at a time where they arrive one at a time) hold pieces
 `<file>.NNN` of the payload files listed in their MANIFEST: site.tar.xz (SGLang and the rest,
 trimmed) and the wheels of torch, triton and nvidia-nccl-cu13 (and cuDNN if it was built with
 WITH_CUDNN=1). Each file is joined in index order, checked against its sha256, and extracted

@@ -1,32 +1,31 @@
 #!/usr/bin/env bash
-# run-0523.sh: hsdump on the pinned stack (SGLang 0.5.23, torch 2.14.1) on the GPU host.
-# Run from the checkout's root there, one device call per line of README.md ("The calls"):
+# run-0523.sh: hsdump on the pinned stack (SGLang 0.5.23, torch 2.14.1) on a GPU host without
+# internet access. Run from the checkout's root there (README.md beside this file):
 #
-#   bash bench/gpu_stack/run-0523.sh STEP [ARG] [STEP [ARG]] ...
+#   bash tools/offline_host/run-0523.sh STEP [ARG] [STEP [ARG]] ...
 #
 # Steps (in the order given; each writes its log and JSON under $OUT, and $OUT/steps.jsonl
 # gets one line per step with its exit status and wall time):
-#   stash NN     copy the carried .gpu523/pNN into /tmp/gpu523-parts (survives while warm)
+#   stash NN     copy .gpu523/pNN of the checkout into /tmp/gpu523-parts (kept while /tmp is)
 #   install      rebuild + install the bundle into /tmp/site523 (skipped when already there),
-#                the carried .whl/ into /tmp/site2, our sitecustomize into /tmp/site523
-#   import       bench/gpu_stack/import_check.py -> $OUT/import.json
+#                the checkout's .whl/ into /tmp/site2, our sitecustomize into /tmp/site523
+#   import       tools/offline_host/import_check.py -> $OUT/import.json
 #   pytest [K]   python -m pytest -x -q tests/test_gpu.py (single-GPU) -> $OUT/pytest-gpu.log,
-#                each case's results JSON -> $OUT/gpu-check/; with K only the tests -k K
+#                each case's results JSON (HSDUMP_GPU_RESULTS) -> $OUT/gpu-check/; with K only the tests -k K
 #                selects (log pytest-gpu-K.log); a K that is a step's name (kimi, probe, ...) is
 #                read as the next step; PYTEST_FILE (default tests/test_gpu.py) picks the file
 #   probe [F,..] bench/families_probe.py --device gpu on families F (default: $PROBE_FAMILIES),
 #                skipping those already in /tmp/gpu523-results/families-gpu-0523.json (so a
 #                second call goes on where the first stopped) -> $OUT/families-gpu-0523.json
-#   kimi [MODE]  bench/kimi_check.py, MODE bf16 | int4 | both (default both)
-#                -> $OUT/kimi-gpu-0523-MODE.json
+#   kimi [MODE]  tests/test_gpu_kimi.py, MODE bf16 | int4 | both (default both)
+#                -> $OUT/kimi-bf16.json, $OUT/kimi-int4.json (the runs' results), $OUT/kimi-MODE.log
 #   bench8b      bench/bench.py --device cuda --models llama8b:2048:512:2 --modes a,b
 #                --weights dummy -> $OUT/gpu-llama8b-0523.json
-#   aux          bench/aux_mode.py --device cuda -> $OUT/aux-mode-0523.json (SGLang's own aux
-#                return path against hsdump's patch, same prompts: rows equal? tokens/s)
-#   check        bench/gpu_check.py (all its cases, one results file) -> $OUT/gpu-check-0523.json
+#   check        tests/test_gpu.py, every case, with -q and no -x (each case's results JSON
+#                -> $OUT/gpu-check/)
 #   bg G         start the quoted step list G (e.g. "kimi int4") in its own process session
-#                (setsid: the device tool ends a call's processes when it returns, but not a new
-#                session's, which runs on while the host stays warm), with SHARE_GPU=1, its own
+#                (setsid: a caller that ends its command's processes when it returns leaves a new
+#                session's running while the host stays up), with SHARE_GPU=1, its own
 #                OUT=/tmp/gpu523-bg and a deadline of BG_DEADLINE_S (default 1500); later steps
 #                (and later calls) run beside it; gpu_cleanup spares its processes
 #   collect      $OUT/bg.tgz: what the bg run has written so far (its steps, logs, JSON), and
@@ -47,7 +46,7 @@
 # DEADLINE_S, KIMI_LIMIT_S (the kimi step's own limit, default 560: SGLang 0.5.23's first INT4
 # forward JIT-builds its Marlin MoE kernel, over 4 minutes on a fresh host; run it with `bg`).
 # SGLang's JIT kernel cache is kept under /tmp/gpu523-cache/jit (SGLANG_JIT_CACHE_DIR), so a
-# later call on the same warm host loads what an earlier one built.
+# later run on the same host loads what an earlier one built.
 set -uo pipefail
 
 T0=$(date +%s)
@@ -59,7 +58,7 @@ PARTS=/tmp/gpu523-parts
 SITE=/tmp/site523
 SITE2=/tmp/site2
 RES=/tmp/gpu523-results            # results that outlive a call (families probe, --merge)
-CACHE=/tmp/gpu523-cache            # triton / flashinfer JIT caches, reused while warm
+CACHE=/tmp/gpu523-cache            # triton / flashinfer JIT caches, reused while /tmp is kept
 mkdir -p "$PARTS" "$RES" "$CACHE"
 # the targets 0.5.23's CPU engine cannot run (refused with that reason in families-cpu.json:
 # MLA, triton-only kernels, GPU-only attention backends) first, then those recorded on the GPU
@@ -70,12 +69,13 @@ PROBE_TIMEOUT=${PROBE_TIMEOUT:-300}   # GLM-5-next ran 194 s beside two other ch
 PROBE_JOBS=${PROBE_JOBS:-1}
 SHARE_TOKENS=${SHARE_TOKENS:-65536}
 BG=/tmp/gpu523-bg                  # the bg run's OUT, pid (= its session id) and log
-STEPS=" stash install import pytest probe kimi bench8b aux check bg collect together "   # an argument that is none of these is the step's own
+STEPS=" stash install import pytest probe kimi bench8b check bg collect together "   # an argument that is none of these is the step's own
 # SHARE_GPU=1 (set by `together` for its children): cap every engine's KV pool (see together)
 SHARE_OVR=()
 if [ "${SHARE_GPU:-0}" = 1 ]; then
   SHARE_OVR=(--override engine.mem_fraction_static=0.9 --override "engine.max_total_tokens=$SHARE_TOKENS")
-  export GPU_CHECK_ENGINE="{\"mem_fraction_static\": 0.9, \"max_total_tokens\": $SHARE_TOKENS}"
+  export HSDUMP_GPU_ENGINE="{\"mem_fraction_static\": 0.9, \"max_total_tokens\": $SHARE_TOKENS}"
+  export HSDUMP_GPU_OVERRIDES="engine.mem_fraction_static=0.9 engine.max_total_tokens=$SHARE_TOKENS"
 fi
 
 left() { echo $(( DEADLINE_S - ($(date +%s) - T0) - 20 )); }
@@ -149,7 +149,7 @@ gpu_cleanup() {   # every GPU process but ours and the bg run's (its own session
 do_stash() {
   local nn=$1 t=$(date +%s)
   if [ ! -d ".gpu523/p$nn" ]; then
-    record "stash-$nn" 1 0 ".gpu523/p$nn was not carried"; return 0
+    record "stash-$nn" 1 0 ".gpu523/p$nn is not in the checkout"; return 0
   fi
   rm -rf "$PARTS/p$nn" && cp -a ".gpu523/p$nn" "$PARTS/"
   record "stash-$nn" $? $(( $(date +%s) - t )) "$(du -sh "$PARTS" | cut -f1) stashed; $(ls -d "$PARTS"/p* | wc -l) part(s)"
@@ -157,12 +157,12 @@ do_stash() {
 
 do_install() {
   local t=$(date +%s) rc=0
-  python3 "$REPO/bench/gpu_stack/install523.py" --parts "$PARTS" --site "$SITE" \
+  python3 "$REPO/tools/offline_host/install523.py" --parts "$PARTS" --site "$SITE" \
     > "$OUT/install.log" 2>&1 || rc=$?
   cat "$OUT/install.log"
   if [ $rc -eq 0 ]; then
-    cp "$REPO/bench/gpu_stack/sitecustomize.py" "$SITE/sitecustomize.py"
-    if [ -d .whl ]; then   # hsdump's own extras (datasets, hydra-core, ...), carried as .whl/
+    cp "$REPO/tools/offline_host/sitecustomize.py" "$SITE/sitecustomize.py"
+    if [ -d .whl ]; then   # hsdump's own extras (datasets, hydra-core, ...), in .whl/
       mkdir -p "$PARTS/whl" && cp -a .whl/*.whl "$PARTS/whl/"
     fi
     if ls "$PARTS"/whl/*.whl > /dev/null 2>&1 && [ ! -f "$SITE2/.done" ]; then
@@ -170,7 +170,7 @@ do_install() {
         "$PARTS"/whl/*.whl >> "$OUT/install.log" 2>&1 && touch "$SITE2/.done" || rc=$?
     fi
     if [ ! -f "$SITE2/.done" ]; then
-      echo "[run-0523] nothing installed in $SITE2: carry .whl in the install call"
+      echo "[run-0523] nothing installed in $SITE2: put .whl/ (make-whl.sh) in the checkout"
       [ $rc -eq 0 ] && rc=3
     fi
   fi
@@ -189,12 +189,12 @@ while [ $# -gt 0 ]; do
       do_stash "$1"; shift ;;
     install)
       do_install || { echo "[run-0523] install failed: stopping"; break; } ;;
-    import|pytest|probe|kimi|bench8b|aux|check)
+    import|pytest|probe|kimi|bench8b|check)
       if ! installed; then record "$step" 1 0 "not installed: run install first"; break; fi
       env523
       case $step in
         import)
-          run_step import 240 python3 bench/gpu_stack/import_check.py --out "$OUT/import.json" ;;
+          run_step import 240 python3 tools/offline_host/import_check.py --out "$OUT/import.json" ;;
         pytest)
           # `pytest K`: only the tests -k K selects (a word that is no step name), with its own
           # log, junit file and temp dir, so two `together` groups can split the file
@@ -203,11 +203,11 @@ while [ $# -gt 0 ]; do
             kx=(-k "$1"); tag="-${1//[^A-Za-z0-9_]/_}"; shift
           fi
           rm -rf "/tmp/gpu523-pytest$tag"
-          # shellcheck disable=SC2086
-          run_step "pytest-gpu$tag" 560 python3 -m pytest ${PYTEST_ARGS:--x -q} -s -p no:cacheprovider \
-            --basetemp="/tmp/gpu523-pytest$tag" --junitxml="$OUT/pytest-gpu$tag.xml" "${kx[@]}" ${PYTEST_FILE:-tests/test_gpu.py}
           mkdir -p "$OUT/gpu-check"
-          find "/tmp/gpu523-pytest$tag" -name '*.json' -size -20M -exec cp {} "$OUT/gpu-check/" \; 2>/dev/null ;;
+          # shellcheck disable=SC2086
+          HSDUMP_GPU_RESULTS="$OUT/gpu-check" run_step "pytest-gpu$tag" 560 python3 -m pytest ${PYTEST_ARGS:--x -q} -s -p no:cacheprovider \
+            --basetemp="/tmp/gpu523-pytest$tag" --junitxml="$OUT/pytest-gpu$tag.xml" "${kx[@]}" ${PYTEST_FILE:-tests/test_gpu.py}
+          ;;
         probe)
           fams=$PROBE_FAMILIES
           if [ $# -gt 0 ] && [[ $1 != -* ]] && ! [[ $STEPS == *" $1 "* ]]; then
@@ -236,25 +236,23 @@ EOF
         kimi)
           mode=both
           if [ $# -gt 0 ] && [[ $1 == bf16 || $1 == int4 || $1 == both ]]; then mode=$1; shift; fi
-          flag=""; [ $mode = int4 ] && flag=--int4; [ $mode = both ] && flag=--both
-          # shellcheck disable=SC2086
-          # through unverified.py: the family gate accepts Kimi-K2.5 on 0.5.17 only, and
-          # kimi_check.py's extract.py gets no capture.allow_unverified=true of its own
-          run_step "kimi-$mode" "${KIMI_LIMIT_S:-560}" python3 bench/gpu_stack/unverified.py bench/kimi_check.py $flag \
-            --workdir /tmp/gpu523-kimi --out "$OUT/kimi-gpu-0523-$mode.json" "${SHARE_OVR[@]}" ${KIMI_EXTRA:-}
-          # extract.py's own log (kimi_check.py streams it), the last 200 lines, even after a timeout
-          for f in /tmp/gpu523-kimi/extract-*.log; do
-            [ -f "$f" ] && tail -n 200 "$f" > "$OUT/$(basename "$f")"
+          kx=(); [ $mode = both ] || kx=(-k "$mode")
+          rm -rf /tmp/gpu523-kimi
+          # the extraction's own log streams into the test's temp dir: its last 200 lines come
+          # back even after a timeout
+          HSDUMP_GPU_RESULTS="$OUT" run_step "kimi-$mode" "${KIMI_LIMIT_S:-560}" python3 -m pytest -q -s \
+            -p no:cacheprovider --basetemp=/tmp/gpu523-kimi "${kx[@]}" tests/test_gpu_kimi.py
+          find /tmp/gpu523-kimi -name 'extract-*.log' 2>/dev/null | while read -r f; do
+            tail -n 200 "$f" > "$OUT/$(basename "$f")"
           done ;;
         bench8b)
           run_step bench8b 560 python3 bench/bench.py --device cuda \
             --models llama8b:2048:512:2 --modes a,b --weights dummy --dd-mib 1024 \
             --writer-stages-mib 0 --results-dir "$OUT" --name gpu-llama8b-0523 ;;
-        aux)
-          run_step aux 560 python3 bench/aux_mode.py --device cuda --out "$OUT/aux-mode-0523.json" ;;
         check)
-          run_step gpu-check 560 python3 bench/gpu_check.py --device cuda \
-            --workdir /tmp/gpu523-check --out "$OUT/gpu-check-0523.json" ;;
+          rm -rf /tmp/gpu523-check && mkdir -p "$OUT/gpu-check"
+          HSDUMP_GPU_RESULTS="$OUT/gpu-check" run_step gpu-check 560 python3 -m pytest -q -s \
+            -p no:cacheprovider --basetemp=/tmp/gpu523-check tests/test_gpu.py ;;
       esac ;;
     bg)
       if ! installed; then record bg 1 0 "not installed: run install first"; break; fi

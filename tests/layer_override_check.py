@@ -1,4 +1,6 @@
-"""Does hsdump's layer list survive SGLang 0.5.23's second setter call? (README §4, CPU engine)
+"""Does hsdump's layer list survive SGLang 0.5.23's second setter call? (CPU engine)
+
+tests/test_layer_override.py runs this script.
 
 With `enable_return_aux_hidden_states`, SGLang 0.5.23 calls `set_eagle3_layers_to_capture(ids)`
 again in `ModelRunner.init_attention_backends` (configure_aux_hidden_state_capture), after
@@ -11,7 +13,7 @@ layer matches (exit status 1 when one is shifted). The log's `after_init_attenti
 is SGLang's list after its own setter call, before hsdump's patch sets its list again (commit
 032f2ae); `--fix` also sets it inside this check's wrapper (for a patch without 032f2ae).
 
-    .venv/bin/python bench/gpu_stack/layer_override_check.py --deepseek-rule
+    .venv/bin/python tests/layer_override_check.py --deepseek-rule
 
 Measured 2026-12-01 (SGLang 0.5.23, CPU), layers [1, 3, 4]: before 032f2ae they matched
 transformers' hidden_states 0, 2, 3 (error 0.0000, 0.0038, 0.0045; 0.43-0.52 at the asked
@@ -29,7 +31,6 @@ import traceback
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-ROOT = HERE.parents[1]
 LOG_ENV = "HSDUMP_OVERRIDE_CHECK_LOG"
 
 
@@ -77,12 +78,9 @@ def main() -> int:
     ap.add_argument("--fix", action="store_true")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
-    for p in (str(HERE), str(ROOT), str(ROOT / "bench"), str(ROOT / "tests")):
-        if p not in sys.path:
-            sys.path.insert(0, p)
     # the scheduler processes import this module by name
     os.environ["PYTHONPATH"] = ":".join(
-        [str(HERE), str(ROOT)] + [p for p in os.environ.get("PYTHONPATH", "").split(":") if p]
+        [str(HERE)] + [p for p in os.environ.get("PYTHONPATH", "").split(":") if p]
     )
     log = Path("/tmp") / f"hsdump-override-check-{os.getpid()}.jsonl"
     os.environ[LOG_ENV] = str(log)
@@ -94,24 +92,17 @@ def main() -> int:
     import torch
     from transformers import AutoModelForCausalLM
 
-    import bench
     import hsdump.capture.engine as he
-    from hsdump.capture.layers import read_model_info
-    from hsdump.config import ModelConfig
+    from hsdump.capture.start import engine_preset, start
+    from hsdump.tiny import resolve_model_path
 
     he.run_scheduler_process = me.run_scheduler_process  # CaptureEngine's class picks it up
-    bench._prepare("cpu")
-    ec = bench.engine_config("cpu", None)
-    mp = bench.build_model("tiny-llama", "/tmp/hsdump-bench-models/tiny-llama")
-    info = read_model_info(mp)
+    mp = resolve_model_path("tiny:llama")
     layers = [1, 3, 4]
     ids = list(range(10, 50))
     got = {}
-    eng = he.CaptureEngine(mp, ModelConfig(path=mp), ec, layers, info)
-    try:
+    with start(mp, layers, engine_preset("cpu")) as eng:
         eng.run([(0, ids)], lambda sid, i, hs, bad: got.setdefault(sid, [h.float() for h in hs]))
-    finally:
-        eng.close()
     m = AutoModelForCausalLM.from_pretrained(mp, dtype=torch.float32)
     with torch.no_grad():
         ref = m(torch.tensor([ids]), output_hidden_states=True).hidden_states

@@ -1,6 +1,6 @@
 """The pinned stack on the GPU host, checked piece by piece (run-0523.sh import).
 
-    python3 bench/gpu_stack/import_check.py --out $OUT/import.json
+    python3 tools/offline_host/import_check.py --out $OUT/import.json
 
 Each check is recorded (ok / error) and the next runs anyway: the python path order (the
 staged torch, triton and transformers must come from /tmp/site523, not the image), torch's

@@ -1,0 +1,66 @@
+"""An engine for code that drives one itself (the benchmarks, the GPU tests): conf/engine/'s
+presets as an `EngineConfig`, and the engine for a model folder, SGLang's (`CaptureEngine`) or
+the dry one, built as an extraction builds it.
+
+    ec = engine_preset("gpu", chunked_prefill_size=256)
+    with start(model_path, [1, 3, 5], ec) as eng:
+        eng.run(enumerate(prompts), sink)
+
+No sglang import here: `hsdump.capture.engine` is imported only when SGLang's engine starts.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Optional, Sequence
+
+from hsdump.capture.base import Engine
+from hsdump.capture.dry import KIND as DRY
+from hsdump.capture.layers import ModelInfo, read_model_info
+from hsdump.command import config_dir
+from hsdump.config import EngineConfig, ModelConfig
+
+PRESETS = ("cpu", "gpu", "dry")
+"""conf/engine/<name>.yaml: SGLang on the CPU, SGLang on NVIDIA GPUs, the dry engine."""
+
+
+def engine_preset(name: str, **over: Any) -> EngineConfig:
+    """conf/engine/NAME.yaml as an EngineConfig, with the fields of `over` replacing its own
+    (`extra` is merged into the preset's)."""
+    import yaml
+
+    if name not in PRESETS:
+        raise ValueError(f"engine preset {name!r}: use one of {', '.join(PRESETS)}")
+    raw = yaml.safe_load((config_dir() / "engine" / f"{name}.yaml").read_text()) or {}
+    raw.pop("defaults", None)
+    unknown = set(over) - {f.name for f in dataclasses.fields(EngineConfig)}
+    if unknown:
+        raise ValueError(f"engine preset {name}: no field {sorted(unknown)} in EngineConfig")
+    extra = {**raw.pop("extra", {}), **over.pop("extra", {})}
+    return EngineConfig(**{**raw, **over, "extra": extra})
+
+
+def start(
+    model_path: str,
+    layers: Sequence[int],
+    engine: EngineConfig,
+    *,
+    tp_size: int = 1,
+    dtype: str = "bfloat16",
+    final: Sequence[str] = (),
+    generates: bool = False,
+    info: Optional[ModelInfo] = None,
+) -> Engine:
+    """The started engine for the model folder `model_path`, capturing `layers` (the
+    hf_hidden_states_index convention) and the final kinds `final`; `engine.kind` dry gives the
+    dry engine. Call from `if __name__ == "__main__":` code or a test: SGLang spawns processes.
+    The engine is a context manager (closed on exit)."""
+    model_cfg = ModelConfig(path=model_path, tp_size=tp_size, dtype=dtype)
+    info = info or read_model_info(model_path)
+    if engine.kind == DRY:
+        from hsdump.capture.dry import DryEngine as EngineClass
+    else:  # the sglang import happens only now
+        from hsdump.capture.engine import CaptureEngine as EngineClass
+    return EngineClass(
+        model_path, model_cfg, engine, list(layers), info, final=final, generates=generates
+    )
