@@ -25,12 +25,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
-from hsdump import __version__
 from hsdump.capture.base import Engine, EngineDied
 from hsdump.capture.dry import KIND as DRY
 from hsdump.capture.families import Family, check_verified
 from hsdump.capture.layers import (
-    CONVENTION,
     ModelInfo,
     engine_context,
     length_limit,
@@ -48,7 +46,8 @@ from hsdump.corpus.tokenizer import load_tokenizer
 from hsdump.dist import owns, writer_tag
 from hsdump.locate import check_model_path
 from hsdump.store.files import fault, size_text
-from hsdump.store.layout import FORMAT, STORAGE_BYTES, VERSION
+from hsdump.store.layout import STORAGE_BYTES
+from hsdump.store.manifest import Manifest, ModelFacts, ResumeKey, Source, versions
 from hsdump.store.stats import count_if_complete, write_token_freq
 from hsdump.store.writer import DatasetWriter
 from hsdump.tiny import resolve_model_path
@@ -199,18 +198,6 @@ def hsdump_command() -> str:
     return f"{shlex.quote(sys.executable)} -m hsdump"
 
 
-def _versions() -> Dict[str, str]:
-    from importlib import metadata
-
-    out = {"hsdump": __version__}
-    for pkg in ("sglang", "torch", "transformers", "datasets", "safetensors"):
-        try:
-            out[pkg] = metadata.version(pkg)
-        except metadata.PackageNotFoundError:
-            out[pkg] = "absent"
-    return out
-
-
 def rows_in_flight(
     out: OutputConfig, inflight_tokens: int, max_seq_len: int, row_bytes: int
 ) -> int:
@@ -346,8 +333,8 @@ def run(cfg: Config, resolved_config: Optional[dict] = None) -> Summary:
     if not layout.is_head:
         return follow_node(cfg, model, layout, t0)
     corpus = tokenize(cfg, model)
-    compat, manifest = dataset_keys(cfg, model, corpus, resolved_config)
-    job = open_dataset(cfg, model, corpus, compat, manifest, t0)
+    manifest = dataset_keys(cfg, model, corpus, resolved_config)
+    job = open_dataset(cfg, model, corpus, manifest, t0)
     if not job.todo:
         return job.summary
     engine = start_engine(cfg, model, job)
@@ -499,79 +486,76 @@ def tokenize(cfg: Config, model: Model) -> Corpus:
     return Corpus(tok, rows, data)
 
 
-def dataset_keys(cfg: Config, model: Model, corpus: Corpus, resolved_config: Optional[dict]):
-    """(compat, manifest): what a resumed run must agree on, and the run-level facts."""
+def dataset_keys(
+    cfg: Config, model: Model, corpus: Corpus, resolved_config: Optional[dict]
+) -> Manifest:
+    """The run-level facts and what a resumed run must agree on (its resume key)."""
     info, data, layers, family = model.info, corpus.data, model.layers, model.family
-    compat = {
-        "model": cfg.model.path,
-        "architecture": info.architecture,
-        "hidden_size": info.hidden_size,
-        "num_hidden_layers": info.num_hidden_layers,
-        "layers": layers,
-        "final": list(cfg.capture.final),
-        "storage_dtype": cfg.output.dtype,
-        "model_dtype": cfg.model.dtype,
-        "tokenizer": cfg.model.tokenizer or cfg.model.path,
-        "chat_template_sha256": template_sha256(corpus.tok),
+    fingerprint = content_fingerprint(cfg.dataset, corpus.rows)
+    template = template_sha256(corpus.tok)
+    key = ResumeKey(
+        model=cfg.model.path,
+        architecture=info.architecture,
+        hidden_size=info.hidden_size,
+        num_hidden_layers=info.num_hidden_layers,
+        layers=layers,
+        final=list(cfg.capture.final),
+        storage_dtype=cfg.output.dtype,
+        model_dtype=cfg.model.dtype,
+        tokenizer=cfg.model.tokenizer or cfg.model.path,
+        chat_template_sha256=template,
         # the rows' content, not their path: an edited file is refused, the same file by
         # another path resumes (a dataset written before keeps its path key: legacy_dataset_key)
-        "dataset": [content_fingerprint(cfg.dataset, corpus.rows)],
-        "max_seq_len": cfg.dataset.max_seq_len,
-        "truncation": cfg.dataset.truncation,
-        "min_seq_len": cfg.dataset.min_seq_len,
-        "format": data.format,
-    }
-    legacy = legacy_dataset_key(cfg)
-    if legacy is not None:
-        compat["dataset"] = legacy
-    if cfg.regenerate.enabled:  # absent when off: older datasets still resume
-        compat["regenerate"] = cfg.regenerate.key()
-    if cfg.engine.kind == DRY:  # a real run never resumes (mixes its rows into) a dry dataset
-        compat["engine"] = DRY
-    manifest = {
-        "format": FORMAT,
-        "format_version": VERSION,
-        "engine": cfg.engine.kind,
-        "versions": _versions(),
-        "hsdump_version": __version__,
-        "sglang_version": _versions()["sglang"],
-        "model": {
-            "path": cfg.model.path,
-            "resolved_path": model.path,
-            "architecture": info.architecture,
-            "hidden_size": info.hidden_size,
-            "num_hidden_layers": info.num_hidden_layers,
-            "dtype": cfg.model.dtype,
-            "tp_size": cfg.model.tp_size,
-            "family": family.name if family else None,
-            "verified": family.verified if family else None,
-        },
-        "layers": layers,
-        "convention": CONVENTION,
-        "storage_dtype": cfg.output.dtype,
-        "final": list(cfg.capture.final),
-        "final_names": {k: "{i}/final/" + k for k in cfg.capture.final},
-        "tokenizer": {
-            "path": cfg.model.tokenizer or model.path,
-            "chat_template_sha256": template_sha256(corpus.tok),
-        },
-        "dataset": {
-            "path": cfg.dataset.path,
-            "name": cfg.dataset.name,
-            "split": cfg.dataset.split,
-            "revision": cfg.dataset.revision,
-            "fingerprint": content_fingerprint(cfg.dataset, corpus.rows),
-            "rows": data.rows,
-            "column": cfg.dataset.column,
-            "skipped_rows": data.skipped,
-        },
-        "max_seq_len": cfg.dataset.max_seq_len,
-        "truncation": cfg.dataset.truncation,
-        "tokenized": data.summary(),
-        "regenerate": cfg.regenerate.key(),
-        "config": resolved_config if resolved_config is not None else dataclasses.asdict(cfg),
-    }
-    return compat, manifest
+        dataset=legacy_dataset_key(cfg) or [fingerprint],
+        max_seq_len=cfg.dataset.max_seq_len,
+        truncation=cfg.dataset.truncation,
+        min_seq_len=cfg.dataset.min_seq_len,
+        format=data.format,
+        # absent when off: older datasets still resume
+        regenerate=cfg.regenerate.key() if cfg.regenerate.enabled else None,
+        # a real run never resumes (mixes its rows into) a dry dataset
+        engine=DRY if cfg.engine.kind == DRY else None,
+    )
+    return Manifest(
+        model=ModelFacts(
+            path=cfg.model.path,
+            resolved_path=model.path,
+            architecture=info.architecture,
+            hidden_size=info.hidden_size,
+            num_hidden_layers=info.num_hidden_layers,
+            dtype=cfg.model.dtype,
+            tp_size=cfg.model.tp_size,
+            family=family.name if family else None,
+            verified=family.verified if family else None,
+        ),
+        layers=layers,
+        resume_key=key,
+        storage_dtype=cfg.output.dtype,
+        final=list(cfg.capture.final),
+        engine=cfg.engine.kind,
+        source=Source(
+            tokenizer={
+                "path": cfg.model.tokenizer or model.path,
+                "chat_template_sha256": template,
+            },
+            dataset={
+                "path": cfg.dataset.path,
+                "name": cfg.dataset.name,
+                "split": cfg.dataset.split,
+                "revision": cfg.dataset.revision,
+                "fingerprint": fingerprint,
+                "rows": data.rows,
+                "column": cfg.dataset.column,
+                "skipped_rows": data.skipped,
+            },
+            max_seq_len=cfg.dataset.max_seq_len,
+            truncation=cfg.dataset.truncation,
+            tokenized=data.summary(),
+            regenerate=cfg.regenerate.key(),
+            config=resolved_config if resolved_config is not None else dataclasses.asdict(cfg),
+        ),
+        planned=len(data.ids),  # all jobs' samples: each job tokenizes every row
+    )
 
 
 def legacy_dataset_key(cfg: Config) -> Optional[list]:
@@ -593,9 +577,7 @@ def _slots(cfg: Config, layers: List[int]) -> int:
     return len(layers) + len(cfg.capture.final)
 
 
-def open_dataset(
-    cfg: Config, model: Model, corpus: Corpus, compat: dict, manifest: dict, t0: float
-) -> Job:
+def open_dataset(cfg: Config, model: Model, corpus: Corpus, manifest: Manifest, t0: float) -> Job:
     """The writer (resuming what is committed), this job's samples left to do, and the disk
     space check. When nothing is left to do, `todo` is empty and the writer closed."""
     d, data, info = cfg.dist, corpus.data, model.info
@@ -608,15 +590,10 @@ def open_dataset(
     writer = DatasetWriter(
         cfg.output.dir,
         manifest,
-        compat,
-        layers=model.layers,
-        hidden_size=info.hidden_size,
-        dtype=cfg.output.dtype,
         shard_bytes=cfg.output.shard_bytes,
         overwrite=cfg.output.overwrite,
         on_nonfinite=cfg.output.on_nonfinite,
         writer_tag=writer_tag(d.num_jobs, d.job_index),
-        final=cfg.capture.final,
         threads=cfg.output.writer_threads,
     )
     if not cfg.regenerate.enabled:  # regenerated answers are counted when the job ends
@@ -663,7 +640,7 @@ def start_engine(cfg: Config, model: Model, job: Job) -> Engine:
     else:
         log.info(
             "engine: starting SGLang %s on %s, tp_size %d%s",
-            _versions()["sglang"],
+            versions()["sglang"],
             cfg.engine.device,
             cfg.model.tp_size,
             "" if verbose else " (its own log: engine.log_level=info)",

@@ -18,6 +18,26 @@ H = 8
 LAYERS = [2, 4, 5]
 COMPAT = {"model": "m", "layers": LAYERS, "storage_dtype": "bfloat16"}
 
+
+def rows_manifest(layers=LAYERS, hidden_size=H, model="m", **kw):
+    """The Manifest of the small synthetic datasets (hsdump.store.manifest.Manifest.for_rows):
+    model `m`, 8 layers; keyword arguments as for_rows's (storage_dtype, final, planned...)."""
+    from hsdump.store.manifest import Manifest
+
+    return Manifest.for_rows(
+        model=model, hidden_size=hidden_size, num_hidden_layers=8, layers=layers, **kw
+    )
+
+
+def patch_manifest(path, **keys) -> dict:
+    """Set top-level keys of dataset `path`'s manifest.json (a test's damaged or hand-made
+    manifest); returns the new object."""
+    p = Path(path) / "manifest.json"
+    m = {**json.loads(p.read_text()), **keys}
+    p.write_text(json.dumps(m))
+    return m
+
+
 # extract.py / `hsdump ray` overrides of the multi-job tests (test_launch.py, test_ray.py); one
 # writer thread: shards reach the fault points in order, so "killed at its 2nd shard" means
 # exactly one listed shard (with several threads the kill may land before the 1st's index)

@@ -25,7 +25,7 @@ import traceback
 import warnings
 from pathlib import Path
 
-from factories import H
+from factories import H, rows_manifest
 
 CANARY = "CANARY-outside-the-dataset-7f3a"
 """Written only outside the dataset folder: no tool's output may ever hold it."""
@@ -33,17 +33,7 @@ CASE_SECONDS = 15
 """Each tool on each case: well above what a clean open takes (under a second)."""
 TOOLS = ("reader", "verify", "inspect", "export", "messages", "vocab", "resume", "compact")
 LAYERS = [1, 2, 3]
-COMPAT = {"model": "m", "layers": LAYERS, "storage_dtype": "bfloat16"}
-MANIFEST = {
-    "format": "hsdump/speculators-v1",
-    "format_version": 2,
-    "layers": LAYERS,
-    "convention": "hf_hidden_states_index",
-    "storage_dtype": "bfloat16",
-    "final": ["pre_norm"],
-    "final_names": {"pre_norm": "{i}/final/pre_norm"},
-    "model": {"path": "m", "hidden_size": H, "num_hidden_layers": 6},
-}
+MANIFEST = rows_manifest(layers=LAYERS, final=["pre_norm"])
 
 
 # ---------------------------------------------------------------------- the valid dataset
@@ -52,16 +42,7 @@ def _write(path: Path, tag: str, sids) -> None:
 
     from hsdump.store.writer import DatasetWriter
 
-    w = DatasetWriter(
-        str(path),
-        MANIFEST,
-        COMPAT,
-        layers=LAYERS,
-        hidden_size=H,
-        shard_bytes=600,
-        final=["pre_norm"],
-        writer_tag=tag,
-    )
+    w = DatasetWriter(str(path), MANIFEST, shard_bytes=600, writer_tag=tag)
     for sid in sids:
         n = 3 + sid % 5
         g = torch.Generator().manual_seed(sid)
@@ -394,9 +375,7 @@ def _tool(tool: str, case: Path, scratch: Path) -> int:
         from hsdump.store.writer import DatasetWriter
 
         try:
-            DatasetWriter(
-                str(case), MANIFEST, COMPAT, layers=LAYERS, hidden_size=H, final=["pre_norm"]
-            ).close(commit=False)
+            DatasetWriter(str(case), MANIFEST).close(commit=False)
         except (ValueError, OSError) as e:  # what extract reports with rc 2
             print(f"resume: {e}", file=sys.stderr)
             return 2

@@ -148,6 +148,7 @@ def test_nonfinite_rows_are_flagged_per_request(tiny_llama, tmp_path):
     from hsdump.capture.engine import CaptureEngine
     from hsdump.capture.layers import read_model_info
     from hsdump.config import ModelConfig
+    from hsdump.store.manifest import Manifest
     from hsdump.store.writer import DatasetWriter
 
     bad_model = tmp_path / "model"
@@ -183,15 +184,14 @@ def test_nonfinite_rows_are_flagged_per_request(tiny_llama, tmp_path):
         assert bad == [j for j, ok in enumerate(finite) if not ok], (sid, bad, finite)
         assert bad == ([0, 1, 2] if sid == 1 else []), (sid, bad)
 
-    writer = DatasetWriter(
-        str(tmp_path / "ds"),
-        {},
-        {},
-        layers=[3, 1],
+    manifest = Manifest.for_rows(
+        model=str(bad_model),
         hidden_size=info.hidden_size,
+        num_hidden_layers=info.num_hidden_layers,
+        layers=[3, 1],
         final=["post_norm"],
-        on_nonfinite="skip",
     )
+    writer = DatasetWriter(str(tmp_path / "ds"), manifest, on_nonfinite="skip")
     for sid, ids in samples:
         hs, bad = got[sid]
         writer.add(sid, ids, [1] * len(ids), hs[:2], {"post_norm": hs[2]}, nonfinite=bad)

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 import torch
 from datasets import load_from_disk
-from factories import LAYERS, ROOT, H, make_dataset, stored_sample
+from factories import LAYERS, ROOT, H, make_dataset, rows_manifest, stored_sample
 from safetensors.torch import load_file
 
 from hsdump.store.reader import HsdumpDataset
@@ -495,7 +495,7 @@ def test_regenerated_conversations_export_as_messages(tmp_path):
     from hsdump.store.writer import DatasetWriter
 
     out = tmp_path / "ds"
-    w = DatasetWriter(str(out), {"layers": LAYERS}, {}, layers=LAYERS, hidden_size=H)
+    w = DatasetWriter(str(out), rows_manifest())
     convs = {
         3: [{"role": "user", "content": "q"}, {"role": "assistant", "content": "é a"}],
         9: [{"role": "user", "content": "q2"}, {"role": "assistant", "content": "b"}],
@@ -517,7 +517,7 @@ def test_regenerated_conversations_export_as_messages(tmp_path):
 
     assert row_to_sample(rows[0], "messages", "messages")[0] == convs[3]
     plain = tmp_path / "plain"
-    w = DatasetWriter(str(plain), {"layers": LAYERS}, {}, layers=LAYERS, hidden_size=H)
+    w = DatasetWriter(str(plain), rows_manifest())
     w.add(0, *stored_sample(0, 4)[:3])
     w.close()
     with pytest.raises(ex.ExportError, match="no regenerated conversations"):

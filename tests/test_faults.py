@@ -14,7 +14,7 @@ from pathlib import Path
 import psutil
 import pytest
 import torch
-from factories import committed, shard_mtimes
+from factories import committed, rows_manifest, shard_mtimes
 from harness import DRY, extract
 
 from hsdump.store.reader import HsdumpDataset
@@ -176,12 +176,7 @@ def test_disk_full_leaves_a_valid_resumable_dataset(tmp_path, monkeypatch):
                 yield sid, list(range(64)), [1] * 64, hs
 
         w = DatasetWriter(
-            str(mnt / "ds"),
-            {"layers": layers},
-            {"k": 1},
-            layers=layers,
-            hidden_size=H,
-            shard_bytes=100_000,
+            str(mnt / "ds"), rows_manifest(layers=layers, hidden_size=H), shard_bytes=100_000
         )
         with pytest.raises(WriteError) as e:
             for s in samples(0, 40):
@@ -198,12 +193,7 @@ def test_disk_full_leaves_a_valid_resumable_dataset(tmp_path, monkeypatch):
         else:
             state["freed"] = True
         w = DatasetWriter(
-            str(mnt / "ds"),
-            {"layers": layers},
-            {"k": 1},
-            layers=layers,
-            hidden_size=H,
-            shard_bytes=100_000,
+            str(mnt / "ds"), rows_manifest(layers=layers, hidden_size=H), shard_bytes=100_000
         )
         assert len(w.committed) == n
         for s in samples(0, 40):

@@ -167,8 +167,8 @@ def job(out: Path, *, num_jobs=1, job_index=0, dtype="bfloat16", final=(), turns
     corpus = pipeline.Corpus(
         SimpleNamespace(chat_template="{{ messages }}"), [{}] * ROWS, tokenized()
     )
-    compat, manifest = pipeline.dataset_keys(cfg, model, corpus, None)
-    j = pipeline.open_dataset(cfg, model, corpus, compat, manifest, time.time())
+    manifest = pipeline.dataset_keys(cfg, model, corpus, None)
+    j = pipeline.open_dataset(cfg, model, corpus, manifest, time.time())
     assert j.todo
     return SimpleNamespace(
         cfg=cfg, model=model, corpus=corpus, job=j, data=corpus.data, todo=j.todo, writer=j.writer

@@ -2,7 +2,7 @@ import pickle
 
 import pytest
 import torch
-from factories import LAYERS, H, make_dataset, stored_sample
+from factories import LAYERS, H, make_dataset, rows_manifest, stored_sample
 
 from hsdump.store import fp8
 from hsdump.store.reader import (
@@ -165,14 +165,7 @@ def test_v1_view_without_a_final_state_refuses_or_warns(ds_path):
 
 
 def test_reads_what_the_writer_writes(tmp_path):
-    w = DatasetWriter(
-        str(tmp_path),
-        {"format": "hsdump/speculators-v1", "layers": LAYERS},
-        {"m": 1},
-        layers=LAYERS,
-        hidden_size=H,
-        shard_bytes=1500,
-    )
+    w = DatasetWriter(str(tmp_path), rows_manifest(), shard_bytes=1500)
     for sid, n in LENS.items():
         ids, mask, hs, _ = stored_sample(sid, n)
         w.add(sid, ids.tolist(), mask.tolist(), hs)
@@ -219,13 +212,8 @@ def test_pread_mode_gives_the_same_records_unmapped(tmp_path):
 def test_reads_the_writers_fp8_and_final_states(tmp_path):
     w = DatasetWriter(
         str(tmp_path),
-        {"format": "hsdump/speculators-v1", "layers": LAYERS, "storage_dtype": "fp8"},
-        {"m": 2},
-        layers=LAYERS,
-        hidden_size=H,
+        rows_manifest(storage_dtype="fp8", final=["pre_norm", "post_norm"]),
         shard_bytes=1500,
-        dtype="fp8",
-        final=["pre_norm", "post_norm"],
     )
     data = {sid: stored_sample(sid, n, final=("pre_norm", "post_norm")) for sid, n in LENS.items()}
     for sid, (ids, mask, hs, fin) in data.items():

@@ -7,7 +7,7 @@ import sys
 import harness
 import pytest
 import torch
-from factories import H
+from factories import H, rows_manifest
 
 from hsdump.config import DatasetConfig
 from hsdump.corpus.sources import load_rows, read_json_records
@@ -19,14 +19,7 @@ LAYERS = [1, 2, 3]
 
 
 def dataset(path, final=()):
-    m = {
-        "format": "hsdump/speculators-v1",
-        "format_version": 2,
-        "layers": LAYERS,
-        "storage_dtype": "bfloat16",
-        "model": {"path": "m", "hidden_size": H},
-    }
-    w = DatasetWriter(str(path), m, {"k": 1}, layers=LAYERS, hidden_size=H, final=list(final))
+    w = DatasetWriter(str(path), rows_manifest(layers=LAYERS, final=list(final)))
     for sid in range(3):
         w.add(
             sid,

@@ -7,7 +7,7 @@ import shutil
 
 import pytest
 import torch
-from factories import COMPAT, LAYERS, H, sample
+from factories import LAYERS, H, patch_manifest, rows_manifest, sample
 
 from hsdump.store.writer import DatasetWriter
 from hsdump.tools.verify import UNLISTED, main, read_header, verify
@@ -22,11 +22,14 @@ MANIFEST = {
 }
 
 
-def make(path, sizes=((0, 5), (3, 17), (7, 40), (8, 1), (9, 6)), manifest=MANIFEST, data=None):
-    w = DatasetWriter(str(path), manifest, COMPAT, layers=LAYERS, hidden_size=H, shard_bytes=1000)
+def make(path, sizes=((0, 5), (3, 17), (7, 40), (8, 1), (9, 6)), data=None, **manifest_keys):
+    """A dataset of `sizes` written by the writer; `manifest_keys` then set in its manifest."""
+    w = DatasetWriter(str(path), rows_manifest(), shard_bytes=1000)
     for sid, n in sizes:
         assert w.add(sid, *(data[sid] if data else sample(sid, n)))
     w.close()
+    if manifest_keys:
+        patch_manifest(path, **manifest_keys)
     return view(path)
 
 
@@ -168,7 +171,7 @@ def test_loss_mask_and_wrong_shape_are_named(tmp_path):
         "position 1: 2)"
     ]
     out2 = tmp_path / "ds2"
-    make(out2, sizes=[(1, 4)], manifest={**MANIFEST, "model": {"hidden_size": 16}})
+    make(out2, sizes=[(1, 4)], model={"hidden_size": 16})
     r = verify(out2, quick=True)
     assert len(r.problems) == 3 and all("hidden_size is 16" in p.what for p in r.problems)
 
@@ -461,12 +464,13 @@ def test_retokenize(tmp_path, tiny_llama, monkeypatch):
         sid: (ids, mask, [torch.randn(len(ids), H, generator=g) for _ in LAYERS])
         for sid, ids, mask in zip(t.ids, t.input_ids, t.loss_mask)
     }
-    manifest = {
-        **MANIFEST,
-        "config": dataclasses.asdict(cfg),
-        "tokenizer": {"path": tiny_llama, "chat_template_sha256": template_sha256(tok)},
-    }
-    make(out, sizes=[(sid, 0) for sid in t.ids], manifest=manifest, data=data)
+    make(
+        out,
+        sizes=[(sid, 0) for sid in t.ids],
+        data=data,
+        config=dataclasses.asdict(cfg),
+        tokenizer={"path": tiny_llama, "chat_template_sha256": template_sha256(tok)},
+    )
 
     r = verify(out, retokenize=True)
     assert r.ok, lines(r)
@@ -489,7 +493,7 @@ def test_retokenize(tmp_path, tiny_llama, monkeypatch):
 
 def test_regenerated_conversations_are_checked(tmp_path):
     out = tmp_path / "ds"
-    w = DatasetWriter(str(out), MANIFEST, COMPAT, layers=LAYERS, hidden_size=H)
+    w = DatasetWriter(str(out), rows_manifest())
     w.add(0, *sample(0, 5), conversation=[{"role": "user", "content": "x"}])
     w.close()
     assert verify(out).ok

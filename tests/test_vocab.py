@@ -6,7 +6,7 @@ import sys
 
 import numpy as np
 import pytest
-from factories import ROOT
+from factories import ROOT, patch_manifest, rows_manifest
 from safetensors.numpy import load_file
 
 from hsdump.corpus.tokenization import Tokenized, tokenize_dataset
@@ -132,13 +132,7 @@ def test_committed_counts_come_from_the_stored_samples(tmp_path):
     from hsdump.store.stats import COMMITTED, write_committed_token_freq
     from hsdump.store.writer import DatasetWriter
 
-    w = DatasetWriter(
-        str(tmp_path),
-        {"format": "hsdump/speculators-v1", "layers": [1]},
-        {"k": 1},
-        layers=[1],
-        hidden_size=4,
-    )
+    w = DatasetWriter(str(tmp_path), rows_manifest(layers=[1], hidden_size=4))
     stored = {0: ([5, 7, 7, 9], [0, 1, 1, 1]), 1: ([7, 3, 5], [1, 1, 0]), 4: ([2, 2], [1, 0])}
     for sid, (ids, mask) in stored.items():
         w.add(sid, ids, mask, [torch.zeros(len(ids), 4)])
@@ -162,14 +156,8 @@ def _regenerated_job(d, tag, stored, skipped=()):
 
     from hsdump.store.writer import DatasetWriter
 
-    w = DatasetWriter(
-        str(d),
-        {"format": "hsdump/speculators-v1", "layers": [1], "regenerate": {"turns": "all"}},
-        {"k": 1},
-        layers=[1],
-        hidden_size=4,
-        writer_tag=tag,
-    )
+    w = DatasetWriter(str(d), rows_manifest(layers=[1], hidden_size=4), writer_tag=tag)
+    patch_manifest(d, regenerate={"turns": "all"})  # what an extraction records
     for sid, (ids, mask) in stored.items():
         w.add(sid, ids, mask, [torch.zeros(len(ids), 4)])
     for sid in skipped:

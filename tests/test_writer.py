@@ -2,7 +2,7 @@ import json
 
 import pytest
 import torch
-from factories import COMPAT, LAYERS, H, committed, sample, shards, skipped
+from factories import LAYERS, H, committed, rows_manifest, sample, shards, skipped
 from safetensors import safe_open
 
 from hsdump.store.reader import HsdumpDataset
@@ -10,12 +10,10 @@ from hsdump.store.writer import DatasetWriter, SampleError
 
 
 def writer(path, **kw):
-    args = dict(layers=LAYERS, hidden_size=H, shard_bytes=2000)
+    args = dict(shard_bytes=2000)
     args.update(kw)
-    compat = args.pop("compat", COMPAT)
-    return DatasetWriter(
-        str(path), {"format": "hsdump/speculators-v1", "layers": LAYERS}, compat, **args
-    )
+    manifest = args.pop("manifest", None) or rows_manifest()
+    return DatasetWriter(str(path), manifest, **args)
 
 
 def test_round_trip_follows_the_spec(tmp_path):
@@ -86,10 +84,10 @@ def test_resume_refuses_a_different_config_and_names_it(tmp_path):
     w.add(0, *sample(0, 4))
     w.close()
     with pytest.raises(ValueError) as e:
-        writer(tmp_path, compat={**COMPAT, "layers": [1, 2, 3]})
+        writer(tmp_path, manifest=rows_manifest(layers=[1, 2, 3]))
     assert "layers: [2, 4, 5] -> [1, 2, 3]" in str(e.value)
     assert "output.overwrite=true" in str(e.value)
-    w = writer(tmp_path, compat={**COMPAT, "layers": [1, 2, 3]}, overwrite=True)
+    w = writer(tmp_path, manifest=rows_manifest(layers=[1, 2, 3]), overwrite=True)
     assert w.committed == set()
     w.close()
 
@@ -125,7 +123,7 @@ def test_bad_samples_are_never_committed(tmp_path):
 def test_producer_flags_replace_the_scan(tmp_path):
     # CaptureEngine checks NaN/Inf on the device and passes the flagged indices: the writer
     # then takes them as the verdict (no second pass over the rows on the CPU)
-    w = writer(tmp_path, on_nonfinite="skip", final=["post_norm"])
+    w = writer(tmp_path, on_nonfinite="skip", manifest=rows_manifest(final=["post_norm"]))
     ids, mask, hs = sample(0, 6)
     post = torch.randn(6, H)
     assert not w.add(0, ids, mask, hs, {"post_norm": post}, nonfinite=[3])
@@ -150,7 +148,7 @@ def test_producer_flags_replace_the_scan(tmp_path):
 
 
 def test_fp8_storage_and_final_states_round_trip(tmp_path):
-    w = writer(tmp_path, dtype="fp8", final=["pre_norm"])
+    w = writer(tmp_path, manifest=rows_manifest(storage_dtype="fp8", final=["pre_norm"]))
     ids, mask, hs = sample(4, 12)
     pre = torch.randn(12, H) * 30
     w.add(4, ids, mask, hs, {"pre_norm": pre})
@@ -276,7 +274,7 @@ def test_a_version_1_dataset_is_read_and_resumed_as_version_2(tmp_path):
                 "format_version": 1,
                 "layers": LAYERS,
                 "storage_dtype": "bfloat16",
-                "resume_key": COMPAT,
+                "resume_key": rows_manifest().resume_key.to_json(),
                 "model": {"hidden_size": H, "num_hidden_layers": 8},
             }
         )
@@ -318,7 +316,7 @@ def test_overwrite_replaces_a_whole_dataset_and_nothing_else(tmp_path):
     w.close()
     (tmp_path / "token_freq.json").write_text("{}")  # what an extraction writes beside it
     (tmp_path / "shard-00003.safetensors").write_bytes(b"x")  # a version 1 leftover
-    w = writer(tmp_path, overwrite=True, compat={**COMPAT, "model": "other"})
+    w = writer(tmp_path, overwrite=True, manifest=rows_manifest(model="other"))
     w.add(1, *sample(1, 4))
     w.close()
     assert sorted(p.name for p in tmp_path.iterdir()) == [

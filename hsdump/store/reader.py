@@ -32,15 +32,14 @@ from hsdump.store.commits import IdTable
 from hsdump.store.files import open_inside, parse_json, real_file
 from hsdump.store.layout import (
     FINAL_KINDS,
-    FORMAT,
     LAST_LAYER,
-    MAX_LAYERS,
     TORCH_NAME,
     check_not_dry,
     final_name,
     read_header,
     torch_dtype,
 )
+from hsdump.store.manifest import Progress, check_manifest, progress
 
 _OPEN_LOCK = threading.Lock()
 
@@ -53,33 +52,6 @@ def read_safetensors_header(path, root=None) -> dict:
     header, start = read_header(path, root)
     header["__data_start__"] = start  # where tensor data_offsets count from
     return header
-
-
-def check_manifest(path, m: dict) -> None:
-    """The manifest fields the reader relies on, bounded: a ValueError names the first that
-    is unusable."""
-    if m.get("format") != FORMAT:
-        raise ValueError(
-            f"{path}: format {str(m.get('format'))[:60]!r} is not one this reader knows ({FORMAT})"
-        )
-    layers = m.get("layers")
-    if not (
-        isinstance(layers, list)
-        and 0 < len(layers) <= MAX_LAYERS
-        and all(type(x) is int and 0 <= x < MAX_LAYERS for x in layers)
-        and len(set(layers)) == len(layers)
-    ):
-        raise ValueError(
-            f"{path}: manifest.json's layers ({str(layers)[:60]}) is not a list "
-            f"of 1 to {MAX_LAYERS} distinct layer indices"
-        )
-    hidden = (m.get("model") or {}).get("hidden_size") if isinstance(m.get("model"), dict) else None
-    if hidden is not None and not (type(hidden) is int and 0 < hidden < 1 << 24):
-        raise ValueError(
-            f"{path}: manifest.json's model.hidden_size ({str(hidden)[:40]}) is not a positive int"
-        )
-    if not isinstance(m.get("storage_dtype", "bfloat16"), str):
-        raise ValueError(f"{path}: manifest.json's storage_dtype is not a string")
 
 
 def _damaged(root, where: str, what: str) -> ValueError:
@@ -125,7 +97,7 @@ class HsdumpDataset(torch.utils.data.Dataset):
         self.mmap = mmap
         c = commits.load(self.path)  # FileNotFoundError / ValueError name the problem
         self.manifest = commits.read_manifest(self.path)
-        check_manifest(self.path, self.manifest)
+        check_manifest(self.path, self.manifest)  # the one validator (hsdump.store.manifest)
         check_not_dry(self.path, self.manifest, allow_dry, "HsdumpDataset(..., allow_dry=True)")
         self.version = c.version
         self.commits = c
@@ -273,18 +245,14 @@ class HsdumpDataset(torch.utils.data.Dataset):
 
     @property
     def hidden_size(self) -> int:
-        h = (self.manifest.get("model") or {}).get("hidden_size")
-        if h is None and self.ids:
-            sid = self.ids[0]
-            shape = self._meta(self._shard_of[sid], f"{sid}/hidden_states/0")["shape"]
-            if len(shape) != 2:
-                raise _damaged(
-                    self.path,
-                    self._shard_of[sid],
-                    f"sample {sid}'s hidden states are not [seq, hidden]",
-                )
-            h = shape[1]
-        return int(h)
+        return int(self.manifest["model"]["hidden_size"])  # checked on open
+
+    @property
+    def progress(self) -> Progress:
+        """How far the run that writes this dataset is: samples committed and refused of the
+        planned ones (`.partial`: a run left it unfinished; the same command resumes it)."""
+        c = self.commits
+        return progress(self.manifest, len(c), len(set(c.skipped) - c.sample_ids()))
 
     @property
     def final_kinds(self) -> List[str]:

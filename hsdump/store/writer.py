@@ -44,6 +44,7 @@ from hsdump.store.layout import (
     st_code,
     torch_dtype,
 )
+from hsdump.store.manifest import Manifest
 
 log = logging.getLogger(__name__)
 
@@ -86,24 +87,6 @@ def write_safetensors(
             f.write(buf)  # both release the GIL: other shards proceed meanwhile
             digest.update(buf)
     return 8 + len(header) + offset, digest.hexdigest()
-
-
-_WHY = {
-    "dataset": "the source rows' content is not the same: the file was edited, or it is "
-    "another file; restore the one the dataset was made from",
-    "engine": "engine=dry rows and a real engine's never mix in one dataset",
-}
-
-
-def compat_diff(old: dict, new: dict) -> List[str]:
-    """Keys of the resume fingerprint that differ, as 'key: old -> new' lines (with why, where
-    the key alone does not say it)."""
-    keys = sorted(set(old) | set(new))
-    return [
-        f"{k}: {old.get(k)!r} -> {new.get(k)!r}" + (f" ({_WHY[k]})" if k in _WHY else "")
-        for k in keys
-        if old.get(k) != new.get(k)
-    ]
 
 
 def check_sample(
@@ -160,31 +143,33 @@ class DatasetWriter:
     def __init__(
         self,
         out_dir: str,
-        manifest: dict,
-        compat: dict,
+        manifest: Manifest,
         *,
-        layers: Sequence[int],
-        hidden_size: int,
-        dtype: str = "bfloat16",
         shard_bytes: int = SHARD_BYTES,
         overwrite: bool = False,
         on_nonfinite: str = "raise",
         writer_tag: str = "",
-        final: Sequence[str] = (),
         threads: int = WRITER_THREADS,
     ):
+        if not isinstance(manifest, Manifest):
+            raise TypeError(
+                f"DatasetWriter takes a hsdump.store.manifest.Manifest, not "
+                f"{type(manifest).__name__} (Manifest.for_rows(...) for rows of no dataset source)"
+            )
+        manifest.check()
         self.dir = Path(out_dir)
         self.tag = writer_tag
-        self.final = list(final)
-        self.fp8 = fp8.is_fp8(dtype)
-        self.layers = list(layers)
-        self.hidden = hidden_size
-        self.dtype = torch_dtype(dtype)
+        self.manifest = manifest
+        self.final = list(manifest.final)
+        self.fp8 = fp8.is_fp8(manifest.storage_dtype)
+        self.layers = list(manifest.layers)
+        self.hidden = manifest.model.hidden_size
+        self.dtype = torch_dtype(manifest.storage_dtype)
         self.shard_bytes = shard_bytes
         self.on_nonfinite = on_nonfinite
         self.dir.mkdir(parents=True, exist_ok=True)
         with commits.dataset_lock(self.dir):
-            self._open(manifest, compat, overwrite)
+            self._open(manifest, overwrite)
         self.log = commits.CommitLog(self.dir, self.tag)
         try:
             state = commits.load(self.dir)
@@ -234,15 +219,14 @@ class DatasetWriter:
         if commits.compact_locked(self.dir, wait=False) is None:
             log.info("another job is compacting %s/index.json; skipped", self.dir)
 
-    def _open(self, manifest: dict, compat: dict, overwrite: bool) -> None:
+    def _open(self, manifest: Manifest, overwrite: bool) -> None:
         d = self.dir
         if overwrite:
             remove_dataset(d)
         mpath = d / MANIFEST
         if os.path.lexists(mpath):
             old = commits.read_manifest(d)  # a regular file inside d, or a ValueError
-            key = old.get("resume_key")
-            diff = compat_diff(key if isinstance(key, dict) else {}, compat)
+            diff = manifest.resume_key.diff(old.get("resume_key"))
             if diff:
                 raise ValueError(
                     f"{d} holds a dataset made with a different config; it cannot resume:\n  "
@@ -264,9 +248,7 @@ class DatasetWriter:
                 f"({', '.join(sorted(stray)[:5])}); choose an empty or new folder"
             )
         # a valid, empty dataset from the first instant: no index.json yet, no log
-        write_json(
-            mpath, {**manifest, "format": FORMAT, "format_version": VERSION, "resume_key": compat}
-        )
+        write_json(mpath, manifest.to_json())
 
     def skip(self, sid: int, reason: str, count_as: Optional[str] = None) -> None:
         """Record that sample `sid` is left out (NaN/Inf, or a regenerated conversation too
