@@ -344,6 +344,19 @@ class DistConfig:
 
 
 @dataclass
+class CheckConfig:
+    logprob_samples: int = 0
+    """In-run final-state check (hsdump.check_final): for the first N samples of the run,
+    SGLang's input-token logprobs against the next-token loss from the captured final state and
+    the checkpoint's LM head read from its safetensors (for models too big for `hsdump check`'s
+    transformers forward). 0: off. Needs capture.final."""
+
+    def __post_init__(self) -> None:
+        if self.logprob_samples < 0:
+            raise ValueError(f"check.logprob_samples={self.logprob_samples}: use 0 (off) or more")
+
+
+@dataclass
 class Config:
     model: ModelConfig = field(default_factory=ModelConfig)
     dataset: DatasetConfig = field(default_factory=DatasetConfig)
@@ -352,8 +365,17 @@ class Config:
     engine: EngineConfig = field(default_factory=EngineConfig)
     output: OutputConfig = field(default_factory=OutputConfig)
     dist: DistConfig = field(default_factory=DistConfig)
+    check: CheckConfig = field(default_factory=CheckConfig)
     progress: bool = True
     """Show a progress bar."""
+
+    def __post_init__(self) -> None:
+        if self.check.logprob_samples and not self.capture.final:
+            raise ValueError(
+                f"check.logprob_samples={self.check.logprob_samples} checks the captured final "
+                "state: add capture.final=[pre_norm] (or [post_norm]), or set "
+                "check.logprob_samples=0"
+            )
 
 
 def layers_tag(layers: Optional[List[int]], default_layers: Optional[List[int]] = None) -> str:

@@ -691,9 +691,12 @@ def capture(cfg: Config, model: Model, corpus: Corpus, job: Job, engine: Engine)
 
     masks: Dict[int, List[int]] = {}  # regenerated samples: their own masks and messages
     convs: Dict[int, list] = {}
+    first: List[tuple] = []  # check.logprob_samples: the first samples captured (id, input_ids)
 
     def sink(sid, input_ids, hidden_states, nonfinite):
         fault("sample")
+        if len(first) < cfg.check.logprob_samples:
+            first.append((sid, list(input_ids)))
         mask = masks.pop(sid) if sid in masks else data.loss_mask[pos[sid]]
         k = len(layers)
         final = dict(zip(engine.final, hidden_states[k:]))  # [seq, H] each
@@ -732,7 +735,7 @@ def capture(cfg: Config, model: Model, corpus: Corpus, job: Job, engine: Engine)
         )
         engine.request_stop()
 
-    ok, died = False, None
+    ok, died, logprobs = False, None, {}
     try:
         if not cfg.regenerate.enabled:
             ok = engine.run(((data.ids[i], data.input_ids[i]) for i in job.todo), sink, on_signal)
@@ -740,6 +743,10 @@ def capture(cfg: Config, model: Model, corpus: Corpus, job: Job, engine: Engine)
             ok = regenerate_and_capture(
                 cfg, corpus, job, engine, sink, on_signal, masks, convs, bar
             )
+        if ok and first:  # before the engine closes: SGLang's own logprobs of those samples
+            from hsdump.check_final import engine_logprobs
+
+            logprobs = engine_logprobs(engine, first, on_signal)
     except EngineDied as e:
         died = e
     except KeyboardInterrupt:
@@ -758,6 +765,10 @@ def capture(cfg: Config, model: Model, corpus: Corpus, job: Job, engine: Engine)
                 cfg.output.dir,
                 time.time() - t,
             )
+    if logprobs:  # hsdump.check_final: logged, and final_check/<writer>.json
+        from hsdump.check_final import report
+
+        report(cfg.output.dir, writer.tag, model.path, logprobs)
     return ok, signals.get("seen"), died
 
 

@@ -473,6 +473,35 @@ class CaptureEngine:
                 await asyncio.gather(*tasks, return_exceptions=True)
         return results
 
+    def input_logprobs(
+        self,
+        requests: Sequence[Tuple[object, List[int]]],
+        on_stop_signal: Optional[Callable[[str], None]] = None,
+    ) -> Dict[object, List[Optional[float]]]:
+        """SGLang's logprob of each input token given the tokens before it (the first: None) for
+        each (key, input_ids), from a request of its own (`return_logprob`, from position 0),
+        nothing captured: hsdump.check_final's in-run final-state check."""
+        return self._run_on_loop(self._input_logprobs(list(requests)), on_stop_signal)
+
+    async def _input_logprobs(self, requests) -> Dict[object, List[Optional[float]]]:
+        tag = uuid.uuid4().hex[:8]
+
+        async def one(i, key, ids):
+            out = await self._engine.async_generate(
+                input_ids=list(ids),
+                sampling_params={"max_new_tokens": 1, "temperature": 1.0},
+                return_logprob=True,
+                logprob_start_len=0,
+                rid=f"hsdump-logprob-{tag}-{i}",
+            )
+            _finish_reason(out, f"the logprobs of {key}")
+            lps = out["meta_info"]["input_token_logprobs"]
+            return key, [None if t[0] is None else float(t[0]) for t in lps]
+
+        self._check_alive()
+        done = await asyncio.gather(*(one(i, k, ids) for i, (k, ids) in enumerate(requests)))
+        return dict(done)
+
     def _check_alive(self) -> None:
         if self._died is not None:
             raise EngineDied(self._died)

@@ -34,7 +34,9 @@ TOKEN_FREQ = "token_freq.json"
 TOKEN_FREQ_FORMAT = "hsdump/token_freq"
 TOKEN_FREQ_VERSION = 1
 MAPPING = "vocab_mapping.safetensors"
-KNOWN_FILES = (MANIFEST, INDEX, LOCK, LOG_DIR, SHARD_DIR, TOKEN_FREQ, MAPPING)
+FINAL_CHECK = "final_check"
+"""The in-run final-state check's results, one per writer: final_check/<writer>.json."""
+KNOWN_FILES = (MANIFEST, INDEX, LOCK, LOG_DIR, SHARD_DIR, TOKEN_FREQ, MAPPING, FINAL_CHECK)
 """Everything hsdump writes at a dataset's top level."""
 SIDE_FILES = (TOKEN_FREQ,)
 """Files an extraction writes beside the dataset: part of it for output.overwrite."""

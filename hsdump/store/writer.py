@@ -29,6 +29,7 @@ from hsdump import __version__
 from hsdump.store import commits, fp8
 from hsdump.store.files import atomic_file, fault, fsync_dir, make_dirs, real_file, write_json
 from hsdump.store.layout import (
+    FINAL_CHECK,
     FORMAT,
     INDEX,
     LOCK,
@@ -240,7 +241,7 @@ class DatasetWriter:
             p.name
             for p in d.iterdir()
             if not SHARD_V1_RE.match(p.name)
-            and p.name not in (LOCK, LOG_DIR, SHARD_DIR) + SIDE_FILES
+            and p.name not in (LOCK, LOG_DIR, SHARD_DIR, FINAL_CHECK) + SIDE_FILES
         ]
         if stray:
             raise ValueError(
@@ -499,7 +500,7 @@ def remove_dataset(d: Path) -> None:
             or n.startswith(tuple(f + ".tmp" for f in (MANIFEST, INDEX) + SIDE_FILES))
         ):
             p.unlink()
-        elif n in (LOG_DIR, SHARD_DIR) and p.is_dir():
+        elif n in (LOG_DIR, SHARD_DIR, FINAL_CHECK) and p.is_dir():
             shutil.rmtree(p)
     fsync_dir(d)
 
