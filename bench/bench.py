@@ -63,13 +63,9 @@ import traceback
 from pathlib import Path
 from typing import Dict, List, Optional
 
-HERE = Path(__file__).resolve().parent
-ROOT = HERE.parent
-for p in (str(ROOT), str(HERE)):
-    if p not in sys.path:
-        sys.path.insert(0, p)
+import torch
 
-import torch  # noqa: E402
+HERE = Path(__file__).resolve().parent
 
 AUX_ENV = "HSDUMP_BENCH_AUX_LAYERS"
 WRITER_OPTS: Dict[str, int] = {}  # DatasetWriter's threads / shard_bytes (--writer-threads, ...)
@@ -80,136 +76,29 @@ WEIGHTS = ("files", "dummy")
 
 
 # --------------------------------------------------------------------------- models
-def llama8b_config():
-    from transformers import LlamaConfig
-
-    return LlamaConfig(
-        vocab_size=128256,
-        hidden_size=4096,
-        intermediate_size=14336,
-        num_hidden_layers=32,
-        num_attention_heads=32,
-        num_key_value_heads=8,
-        head_dim=128,
-        max_position_embeddings=131072,
-        rope_theta=500000.0,
-        rms_norm_eps=1e-5,
-        tie_word_embeddings=False,
-        bos_token_id=128000,
-        eos_token_id=128001,
-    )
-
-
-def kimi_width_config(num_layers: int = 8, experts: int = 16, top_k: int = 8, vocab: int = 163840):
-    """DeepSeek-V3 architecture at Kimi-K2.5's widths (its text_config: hidden 7168, q_lora 1536,
-    kv_lora 512, qk_nope 128, qk_rope 64, v_head 128, 64 heads, expert width 2048, dense width
-    18432, 1 shared expert, first layer dense, sigmoid noaux_tc routing with n_group 1, yarn rope
-    x64 from 4,096, vocab 163840); fewer layers (61 there) and routed experts (384 there, top-8),
-    so that it fits one GPU. Each MoE layer runs as many experts per token as Kimi's (8 + 1)."""
-    from transformers import DeepseekV3Config
-
-    cfg = DeepseekV3Config(
-        vocab_size=vocab,
-        hidden_size=7168,
-        intermediate_size=18432,
-        moe_intermediate_size=2048,
-        num_hidden_layers=num_layers,
-        num_attention_heads=64,
-        num_key_value_heads=64,
-        n_shared_experts=1,
-        n_routed_experts=experts,
-        num_experts_per_tok=top_k,
-        n_group=1,
-        topk_group=1,
-        routed_scaling_factor=2.827,
-        norm_topk_prob=True,
-        first_k_dense_replace=1,
-        kv_lora_rank=512,
-        q_lora_rank=1536,
-        qk_rope_head_dim=64,
-        qk_nope_head_dim=128,
-        v_head_dim=128,
-        max_position_embeddings=262144,
-        rms_norm_eps=1e-5,
-        rope_scaling={
-            "type": "yarn",
-            "factor": 64.0,
-            "original_max_position_embeddings": 4096,
-            "beta_fast": 1.0,
-            "beta_slow": 1.0,
-            "mscale": 1.0,
-            "mscale_all_dim": 1.0,
-            "rope_theta": 50000.0,
-        },
-        # keys of the real config.json that SGLang's deepseek_v2 reads and transformers'
-        # DeepseekV3Config does not define (see gpu_check.deepseek_v3_config)
-        moe_layer_freq=1,
-        topk_method="noaux_tc",
-        scoring_func="sigmoid",
-        ep_size=1,
-        seq_aux=True,
-        aux_loss_alpha=0.001,
-        num_nextn_predict_layers=0,
-        tie_word_embeddings=False,
-        bos_token_id=163584,
-        eos_token_id=163585,
-    )
-    return cfg
-
-
-def model_config(name: str):
-    if name == "llama8b":
-        cfg, arch = llama8b_config(), "LlamaForCausalLM"
-    elif name == "kimi-width":
-        cfg, arch = kimi_width_config(), "DeepseekV3ForCausalLM"
-    elif name == "dsv3-small":
-        import gpu_check
-
-        cfg, arch = gpu_check.deepseek_v3_config(num_layers=8), "DeepseekV3ForCausalLM"
-    else:
-        raise ValueError(f"no config for {name!r}")
-    cfg.architectures = [arch]
-    return cfg
-
-
 def build_model(name: str, dest: str, weights: str = "files") -> str:
-    """Random bf16 weights, saved with save_pretrained; reused if dest already holds one.
-    weights="dummy": config.json only (SGLang's load_format="dummy" fills the weights)."""
+    """hsdump.testing.models' checkpoint of `name` (dsv3-small at 8 layers), reused if dest
+    already holds one: random bf16 weights, built on the GPU where there is one; or, weights
+    "dummy", config.json only (SGLang's load_format=dummy fills the weights)."""
+    from hsdump.testing import models
+
     if name == "tiny-llama":
         from hsdump.tiny import resolve_model_path
 
         return resolve_model_path("tiny:llama")
     if name not in MODELS:
         raise ValueError(f"unknown model {name!r}; use one of {MODELS}")
+    kw = {"num_layers": 8} if name == "dsv3-small" else {}
     if weights == "dummy":
-        dest = dest + "-dummy"
-        if not (Path(dest) / "config.json").exists():
-            model_config(name).save_pretrained(dest)  # writes config.json (dtype bfloat16)
-            cfg = json.loads((Path(dest) / "config.json").read_text())
-            cfg["torch_dtype"] = cfg["dtype"] = "bfloat16"
-            (Path(dest) / "config.json").write_text(json.dumps(cfg, indent=1))
-        return dest
+        return models.build(name, dest + "-dummy", weights="dummy", **kw)
     if (Path(dest) / "config.json").exists():
         return dest
-    if name in ("llama8b", "kimi-width"):
-        # built on the GPU in a child process, so this process never holds GPU memory
-        code = (
-            "import sys, os, torch; sys.path[:0] = [%r, %r]; import bench; "
-            "from transformers import AutoModelForCausalLM; torch.manual_seed(0); "
-            "dev = 'cuda' if torch.cuda.is_available() else 'cpu'\n"
-            "with torch.device(dev):\n"
-            "    m = AutoModelForCausalLM.from_config(bench.model_config(sys.argv[2]), "
-            "dtype=torch.bfloat16)\n"
-            "m.save_pretrained(sys.argv[1] + '.tmp')\n"
-            "os.replace(sys.argv[1] + '.tmp', sys.argv[1])" % (str(HERE), str(ROOT))
-        )
-    else:  # dsv3-small
-        code = (
-            "import sys; sys.path[:0] = [%r, %r]; import gpu_check; "
-            "gpu_check.make_model('deepseek_v3', sys.argv[1], num_layers=8)"
-            % (str(HERE), str(ROOT))
-        )
-    shutil.rmtree(dest + ".tmp", ignore_errors=True)
+    # built in a child process, so this process never holds GPU memory
+    code = (
+        "import sys, torch; from hsdump.testing import models; "
+        "models.build(sys.argv[2], sys.argv[1], device='cuda' if torch.cuda.is_available() "
+        "else 'cpu', **({'num_layers': 8} if sys.argv[2] == 'dsv3-small' else {}))"
+    )
     Path(dest).parent.mkdir(parents=True, exist_ok=True)
     subprocess.run([sys.executable, "-c", code, dest, name], check=True)
     return dest
@@ -508,44 +397,24 @@ def _prepare(device: str) -> None:
 
 
 def engine_config(device: str, mem_fraction: Optional[float]):
-    """conf/engine/cpu.yaml or conf/engine/gpu.yaml (gpu_check.engine_config;
-    mem_fraction_static overridable; as in gpu.yaml no prefill CUDA graphs, and
-    plain_kwargs/CaptureEngine skip the decode graphs of a run that never decodes)."""
-    import gpu_check
+    """conf/engine/cpu.yaml or conf/engine/gpu.yaml (mem_fraction_static overridable; as in
+    gpu.yaml no prefill CUDA graphs, and plain_kwargs and hsdump's engine skip the decode graphs
+    of a run that never decodes)."""
+    from hsdump.capture.start import engine_preset
 
     over = {"mem_fraction_static": mem_fraction} if mem_fraction else {}
-    if device == "cpu":
-        return gpu_check.engine_config("cpu", -1, **over)
-    return gpu_check.engine_config("cuda", 16384, prefill_cuda_graph_max_tokens=0, **over)
+    return engine_preset("cpu" if device == "cpu" else "gpu", **over)
 
 
 def plain_kwargs(model_path: str, ec, tp: int = 1) -> dict:
-    """The keyword arguments CaptureEngine gives sglang, minus everything about capture."""
-    kw = dict(
-        model_path=model_path,
-        tp_size=tp,
-        dtype="bfloat16",
-        device=ec.device,
-        skip_tokenizer_init=True,
-        disable_radix_cache=True,
-        chunked_prefill_size=ec.chunked_prefill_size,
-        max_prefill_tokens=ec.max_prefill_tokens,
-        disable_cuda_graph=ec.disable_cuda_graph,
-        log_level=ec.log_level,
-    )
-    for key in (
-        "attention_backend",
-        "sampling_backend",
-        "mem_fraction_static",
-        "max_running_requests",
-        "max_total_tokens",
-    ):
-        if getattr(ec, key) is not None:
-            kw[key] = getattr(ec, key)
+    """The keyword arguments hsdump's engine gives sglang, minus everything about capture."""
+    from hsdump.capture.serving import plain_kwargs as engine_settings
     from hsdump.capture.serving import start_kwargs
+    from hsdump.config import ModelConfig
 
-    kw.update(start_kwargs(ec, False))  # CaptureEngine's CUDA graphs for a run that never decodes
-    kw.update(ec.extra)  # e.g. load_format="dummy" (--weights dummy), as CaptureEngine does
+    kw = engine_settings(ec, model_path, ModelConfig(path=model_path, tp_size=tp))
+    kw.update(start_kwargs(ec, False))  # the CUDA graphs of a run that never decodes
+    kw.update(ec.extra)  # e.g. load_format="dummy" (--weights dummy), as hsdump's engine does
     return kw
 
 
@@ -679,16 +548,13 @@ def mode_hsdump(
     with storage fp8, if "fp8" is in `storages`), one engine. b8 runs on the first samples
     holding `fp8_tokens` tokens (0: all of b's). `on_partial(seq, results)` is called after
     each of them, so that a run cut short keeps what it measured."""
-    from hsdump.capture.engine import CaptureEngine
-    from hsdump.capture.layers import CONVENTION
-    from hsdump.config import ModelConfig
-    from hsdump.store.layout import FORMAT
-    from hsdump.store.layout import VERSION as FORMAT_VERSION
+    from hsdump.capture.start import start
+    from hsdump.store.manifest import Manifest
     from hsdump.store.writer import DatasetWriter
 
     out = {"_engine": {"baseline": mon.reset()}}
     t0 = time.time()
-    eng = CaptureEngine(model_path, ModelConfig(path=model_path, tp_size=tp), ec, layers, info)
+    eng = start(model_path, layers, ec, tp_size=tp, info=info)
     out["_engine"].update(engine_start_s=time.time() - t0, sglang=eng.version)
     k_bytes = len(layers) * info.hidden_size * 2
     ds_dir = os.path.join(out_dir, "dataset")
@@ -701,32 +567,20 @@ def mode_hsdump(
     def to_disk(samples: List[List[int]], storage: str) -> dict:
         """Capture + DatasetWriter(dtype=storage), timed until close() has committed all."""
         tokens = sum(len(x) for x in samples)
-        manifest = {
-            "format": FORMAT,
-            "format_version": FORMAT_VERSION,
-            "layers": layers,
-            "convention": CONVENTION,
-            "storage_dtype": storage,
-            "model": {
-                "path": model_path,
-                "hidden_size": info.hidden_size,
-                "num_hidden_layers": info.num_hidden_layers,
-            },
-        }
+        manifest = Manifest.for_rows(
+            model=model_path,
+            hidden_size=info.hidden_size,
+            num_hidden_layers=info.num_hidden_layers,
+            layers=layers,
+            storage_dtype=storage,
+            architecture=info.architecture,
+        )
         idle = mon.reset()
         walls, details = [], []
         for _ in range(repeat):
             shutil.rmtree(ds_dir, ignore_errors=True)
             t = time.time()
-            writer = DatasetWriter(
-                ds_dir,
-                manifest,
-                {"bench": True},
-                layers=layers,
-                hidden_size=info.hidden_size,
-                dtype=storage,
-                **WRITER_OPTS,
-            )
+            writer = DatasetWriter(ds_dir, manifest, **WRITER_OPTS)
 
             def sink(sid, ids, hs, bad):
                 writer.add(sid, ids, [1] * len(ids), hs, nonfinite=bad)

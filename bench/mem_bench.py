@@ -139,8 +139,7 @@ def writer_only(a) -> int:
     """The writer's share alone, with no engine (runs on any machine): samples of rows at the
     model's width (constant values, so making them costs a memset) fed to a DatasetWriter as
     fast as it takes them; its host_bytes and this process's RSS sampled every 0.05 s."""
-    from hsdump.store.layout import FORMAT
-    from hsdump.store.layout import VERSION as FORMAT_VERSION
+    from hsdump.store.manifest import Manifest
     from hsdump.store.writer import DatasetWriter
 
     if a.writer_module:  # another version of hsdump/store/writer.py, e.g. from `git show`
@@ -157,20 +156,11 @@ def writer_only(a) -> int:
         threads, shard_mib = (int(x) for x in spec.split("x"))
         for seq, n in [tuple(int(x) for x in item.split(":")) for item in a.seqs.split(",")]:
             ds = tempfile.mkdtemp(prefix="hsdump-memw-", dir=a.out_dir)
-            manifest = {
-                "format": FORMAT,
-                "format_version": FORMAT_VERSION,
-                "layers": [1, 2, 3],
-                "storage_dtype": "bfloat16",
-            }
+            manifest = Manifest.for_rows(
+                model="bench", hidden_size=hidden, num_hidden_layers=4, layers=[1, 2, 3]
+            )
             w = DatasetWriter(
-                os.path.join(ds, "d"),
-                manifest,
-                {"bench": True},
-                layers=[1, 2, 3],
-                hidden_size=hidden,
-                shard_bytes=shard_mib << 20,
-                threads=threads,
+                os.path.join(ds, "d"), manifest, shard_bytes=shard_mib << 20, threads=threads
             )
             idle = me.memory_info().rss
             peak = {"rss": idle, "writer": 0}
@@ -474,6 +464,7 @@ def caller_run(a) -> int:
     from hsdump.config import OutputConfig
     from hsdump.pipeline import rows_in_flight
     from hsdump.store import writer as writermod
+    from hsdump.store.manifest import Manifest
 
     variant = a.caller_run
     hidden, slots, chunk = a.hidden, 3, a.chunk
@@ -633,10 +624,9 @@ def caller_run(a) -> int:
             ds = tempfile.mkdtemp(prefix="hsdump-memc-ds-", dir=out_dir)
             w = writermod.DatasetWriter(
                 os.path.join(ds, "d"),
-                {"layers": [2, 16, 29], "storage_dtype": "bfloat16"},
-                {"bench": True},
-                layers=[2, 16, 29],
-                hidden_size=hidden,
+                Manifest.for_rows(
+                    model="bench", hidden_size=hidden, num_hidden_layers=32, layers=[2, 16, 29]
+                ),
                 shard_bytes=out.shard_bytes,
                 threads=out.writer_threads,
             )
@@ -919,11 +909,10 @@ def main(argv=None) -> int:
         return caller_only(a)
 
     import bench
-    from hsdump.capture.layers import CONVENTION, read_model_info, resolve_layers
+    from hsdump.capture.layers import read_model_info, resolve_layers
     from hsdump.config import ModelConfig, OutputConfig
     from hsdump.pipeline import rows_in_flight
-    from hsdump.store.layout import FORMAT
-    from hsdump.store.layout import VERSION as FORMAT_VERSION
+    from hsdump.store.manifest import Manifest
     from hsdump.store.writer import DatasetWriter
 
     bench._prepare(a.device)
@@ -978,27 +967,14 @@ def main(argv=None) -> int:
             idle = sampler.snapshot()
             ds = os.path.join(out_dir, f"ds-{seq}")
             shutil.rmtree(ds, ignore_errors=True)
-            manifest = {
-                "format": FORMAT,
-                "format_version": FORMAT_VERSION,
-                "layers": layers,
-                "convention": CONVENTION,
-                "storage_dtype": "bfloat16",
-                "model": {
-                    "path": path,
-                    "hidden_size": info.hidden_size,
-                    "num_hidden_layers": info.num_hidden_layers,
-                },
-            }
-            w = DatasetWriter(
-                ds,
-                manifest,
-                {"bench": True},
-                layers=layers,
+            manifest = Manifest.for_rows(
+                model=path,
                 hidden_size=info.hidden_size,
-                shard_bytes=out.shard_bytes,
-                threads=out.writer_threads,
+                num_hidden_layers=info.num_hidden_layers,
+                layers=layers,
+                architecture=info.architecture,
             )
+            w = DatasetWriter(ds, manifest, shard_bytes=out.shard_bytes, threads=out.writer_threads)
             sampler.writer = w
 
             def sink(sid, ids, hs, bad):

@@ -37,6 +37,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from hsdump.store import fp8  # noqa: E402
+from hsdump.store.manifest import Manifest  # noqa: E402
 from hsdump.store.reader import HsdumpDataset, PadCollator, read_safetensors_header  # noqa: E402
 from hsdump.store.writer import DatasetWriter  # noqa: E402
 
@@ -48,20 +49,14 @@ def make(path: Path, samples: int, seq: int, hidden: int, k: int) -> None:
             return
         raise SystemExit(f"{path} holds another dataset; remove it or use another --dir")
     layers = list(range(2, 2 + k))
-    manifest = {
-        "format": "hsdump/speculators-v1",
-        "layers": layers,
-        "storage_dtype": "bfloat16",
-        "model": {"path": "bench", "hidden_size": hidden, "dtype": "bfloat16"},
-    }
-    w = DatasetWriter(
-        str(path),
-        manifest,
-        {"bench": [samples, seq, hidden, k]},
-        layers=layers,
+    manifest = Manifest.for_rows(
+        model="bench",
         hidden_size=hidden,
-        shard_bytes=1 << 30,
+        num_hidden_layers=k + 3,
+        layers=layers,
+        model_dtype="bfloat16",
     )
+    w = DatasetWriter(str(path), manifest, shard_bytes=1 << 30)
     g = torch.Generator().manual_seed(0)
     t0 = time.time()
     for sid in range(samples):

@@ -18,6 +18,7 @@ import time
 
 import torch
 
+from hsdump.store.manifest import Manifest
 from hsdump.store.stats import uncommitted, write_committed_token_freq
 from hsdump.store.writer import DatasetWriter
 
@@ -30,14 +31,8 @@ def main(argv=None) -> int:
     n = args.samples
     d = tempfile.mkdtemp(prefix="hsdump-tf-")
     try:
-        w = DatasetWriter(
-            d,
-            {"format": "hsdump/speculators-v1", "layers": [1]},
-            {"k": 1},
-            layers=[1],
-            hidden_size=4,
-            shard_bytes=30000,
-        )
+        manifest = Manifest.for_rows(model="bench", hidden_size=4, num_hidden_layers=2, layers=[1])
+        w = DatasetWriter(d, manifest, shard_bytes=30000)
         g = torch.Generator().manual_seed(0)
         t = time.time()
         for sid in range(n):

@@ -23,6 +23,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from hsdump.store.manifest import Manifest  # noqa: E402
 from hsdump.store.writer import DatasetWriter  # noqa: E402
 
 
@@ -66,15 +67,10 @@ def previous(d: Path, samples, shard_bytes: int) -> float:
 
 
 def writer(d: Path, samples, shard_bytes: int, threads: int, k: int, h: int) -> float:
-    w = DatasetWriter(
-        str(d),
-        {"layers": list(range(1, k + 1))},
-        {"k": 1},
-        layers=list(range(1, k + 1)),
-        hidden_size=h,
-        shard_bytes=shard_bytes,
-        threads=threads,
+    manifest = Manifest.for_rows(
+        model="bench", hidden_size=h, num_hidden_layers=k + 2, layers=range(1, k + 1)
     )
+    w = DatasetWriter(str(d), manifest, shard_bytes=shard_bytes, threads=threads)
     t = time.time()
     for sid, (ids, hs) in enumerate(samples):
         w.add(sid, ids.tolist(), [1] * len(ids), hs)
