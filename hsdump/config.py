@@ -137,14 +137,33 @@ class CaptureConfig:
     allow_unverified: bool = False
     """Capture a model class whose rows hsdump has not checked against transformers
     (hsdump.capture.families); recorded in the manifest."""
+    kinds: List[str] = field(default_factory=lambda: ["eagle3"])
+    """Drafter kinds the capture feeds (hsdump.capture.kinds): eagle3, dflash, dspark. Unset
+    capture.layers: the union of their layers; capture.final gains the final states they
+    need (dspark: post_norm). `hsdump export --kind` picks one kind's out of the capture."""
+    kind_layers: Dict[str, List[int]] = field(default_factory=dict)
+    """A kind's own layers instead of its default for the model's depth, e.g.
+    capture.kind_layers.dflash=[2,8,14,20,28]."""
 
     def __post_init__(self) -> None:
+        from hsdump.capture.kinds import check_names, required_finals
+
         bad = [k for k in self.final if k not in FINAL_KINDS]
         if bad or len(set(self.final)) != len(self.final):
             raise ValueError(
                 f"capture.final={list(self.final)}: use a subset of {FINAL_KINDS}, "
                 "each once, e.g. capture.final=[pre_norm]"
             )
+        check_names(list(self.kinds))
+        unknown = [k for k in self.kind_layers if k not in self.kinds]
+        if unknown:
+            raise ValueError(
+                f"capture.kind_layers names {unknown}, not in capture.kinds={list(self.kinds)}: "
+                f"add it to capture.kinds or drop capture.kind_layers.{unknown[0]}"
+            )
+        self.final = list(self.final) + [
+            f for f in required_finals(self.kinds) if f not in self.final
+        ]
 
 
 REGENERATE_TURNS = ("none", "last", "all")

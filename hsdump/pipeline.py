@@ -27,13 +27,13 @@ from typing import Any, Dict, List, Optional
 
 from hsdump.capture.base import Engine, EngineDied
 from hsdump.capture.dry import KIND as DRY
-from hsdump.capture.families import Family, check_verified
+from hsdump.capture.families import Family, check_kinds, check_verified, installed_sglang
+from hsdump.capture.kinds import capture_layers, manifest_kinds
 from hsdump.capture.layers import (
     ModelInfo,
     engine_context,
     length_limit,
     read_model_info,
-    resolve_layers,
 )
 from hsdump.capture.nodes import NodeLayout, find_layout
 from hsdump.config import Config, OutputConfig
@@ -407,7 +407,15 @@ def check_model(cfg: Config) -> Model:
         cfg.capture.allow_unverified,
         **({"sglang_version": None} if cfg.engine.kind == DRY else {}),
     )
-    layers = resolve_layers(cfg.capture.layers, cfg.model.default_layers, info.num_hidden_layers)
+    # each drafter kind's layers (its default for the depth, or given); their union unless
+    # capture.layers says which; DFlash/DSpark only on classes whose serving ids were checked
+    layers, _ = capture_layers(cfg.capture, cfg.model.default_layers, info.num_hidden_layers)
+    check_kinds(
+        info.architecture,
+        cfg.capture.kinds,
+        cfg.capture.allow_unverified,
+        **({"sglang_version": None} if cfg.engine.kind == DRY else {}),
+    )
     check_length_limit(cfg, info)
     log.info(
         "model: %s (%s, %d layers, hidden %d), name %s, capturing layers %s%s -> %s",
@@ -533,6 +541,13 @@ def dataset_keys(
         storage_dtype=cfg.output.dtype,
         final=list(cfg.capture.final),
         engine=cfg.engine.kind,
+        kinds=manifest_kinds(
+            cfg.capture,
+            cfg.model.default_layers,
+            info.architecture,
+            info.num_hidden_layers,
+            None if cfg.engine.kind == DRY else installed_sglang(),
+        ),
         source=Source(
             tokenizer={
                 "path": cfg.model.tokenizer or model.path,

@@ -210,3 +210,129 @@ def check_verified(
         "capture, which tensor). Install a verified version, check this one with "
         f"`python bench/families_probe.py` on a tiny checkpoint of the class, or {allow}"
     )
+
+
+# ------------------------------------------------------------------ drafter kinds' layer ids
+@dataclass(frozen=True)
+class IdRule:
+    """How one SGLang class turns a drafter's layer ids into its `layers_to_capture` (entry k =
+    transformers `hidden_states[k]`) for one drafter kind."""
+
+    setter: str
+    """The SGLang method that takes the ids (its owner class, as resolved for the checkpoint's
+    architecture)."""
+    shift: str
+    """`plus1`: id k captures hidden_states[k + 1] (the output of decoder layer k). `none`: id
+    k captures hidden_states[k]. `first_id_1`: +1 only when the first id is 1 (DeepSeek-V2's
+    EAGLE-3 setter, sglang #25454)."""
+    where: str
+    """Where the rule was checked: a CPU engine run against transformers, or a code reading."""
+
+
+KIND_CPU_TEST = "CPU, tests/test_kinds.py (SGLang's own capture against transformers)"
+READ = "code reading of SGLang 0.5.23 (tests/test_kinds.py checks the owner class)"
+_DSPARK_ROUTE = (
+    "; DSPARK: the class has no set_dspark_layers_to_capture, and SGLang's "
+    "configure_aux_hidden_state_capture then calls its set_dflash_layers_to_capture"
+)
+
+
+def _dflash_family(
+    setter_owner: str, where_dflash: str, where_dspark: str, shift: str = "plus1"
+) -> Dict[str, IdRule]:
+    setter = f"{setter_owner}.set_dflash_layers_to_capture"
+    return {
+        "dflash": IdRule(setter, shift, where_dflash),
+        "dspark": IdRule(setter, shift, where_dspark + _DSPARK_ROUTE),
+    }
+
+
+def _eagle3(owner: str, shift: str = "plus1") -> Dict[str, IdRule]:
+    return {"eagle3": IdRule(f"{owner}.set_eagle3_layers_to_capture", shift, READ)}
+
+
+def _read(owner: str, eagle3_shift: str = "plus1", shift: str = "plus1") -> Dict[str, IdRule]:
+    """Rules read from SGLang's code (tests/test_kinds.py checks each setter's owner class)."""
+    return {**_eagle3(owner, eagle3_shift), **_dflash_family(owner, READ, READ, shift)}
+
+
+KIND_RULES: Dict[str, Dict[str, Dict[str, IdRule]]] = {
+    V23: {
+        # checked on the CPU engine: one kind per class, the other by the code reading
+        "LlamaForCausalLM": {
+            **_eagle3("LlamaForCausalLM"),
+            **_dflash_family("LlamaForCausalLM", KIND_CPU_TEST, READ),
+        },
+        "Qwen3ForCausalLM": {
+            **_eagle3("Qwen3ForCausalLM"),
+            **_dflash_family("Qwen3ForCausalLM", READ, KIND_CPU_TEST),
+        },
+        "Phi3ForCausalLM": _read("LlamaForCausalLM"),
+        "MistralForCausalLM": _read("LlamaForCausalLM"),
+        "Ministral3ForCausalLM": _read("LlamaForCausalLM"),
+        "Qwen3MoeForCausalLM": _read("Qwen3MoeForCausalLM"),
+        "MellumForCausalLM": _read("Qwen3MoeForCausalLM"),
+        "Qwen3NextForCausalLM": _read("Qwen3NextForCausalLM"),
+        "Qwen3VLForConditionalGeneration": _read("Qwen3VLForConditionalGeneration"),
+        "Qwen3VLMoeForConditionalGeneration": _read("Qwen3VLForConditionalGeneration"),
+        "Qwen3_5ForConditionalGeneration": _read("Qwen3VLForConditionalGeneration"),
+        "Qwen3_5MoeForConditionalGeneration": _read("Qwen3VLForConditionalGeneration"),
+        # the text classes take the stack's own indices: no shift for either kind
+        "Qwen3_5ForCausalLM": _read("Qwen3_5ForCausalLM", eagle3_shift="none", shift="none"),
+        "Qwen3_5MoeForCausalLM": _read("Qwen3_5ForCausalLM", eagle3_shift="none", shift="none"),
+        "GptOssForCausalLM": _read("GptOssForCausalLM"),
+        "Gemma4ForConditionalGeneration": _read("Gemma4ForConditionalGeneration"),
+        # DeepSeek-V2's EAGLE-3 setter shifts only when the first id is 1; its DFlash setter always
+        "DeepseekV2ForCausalLM": _read("DeepseekV2ForCausalLM", eagle3_shift="first_id_1"),
+        "DeepseekV3ForCausalLM": _read("DeepseekV2ForCausalLM", eagle3_shift="first_id_1"),
+        "DeepseekV32ForCausalLM": _read("DeepseekV2ForCausalLM", eagle3_shift="first_id_1"),
+        "Glm4MoeLiteForCausalLM": _read("Glm4MoeLiteForCausalLM", eagle3_shift="first_id_1"),
+        # delegates to its DeepseekV3ForCausalLM language model
+        "KimiK25ForConditionalGeneration": _read(
+            "KimiK25ForConditionalGeneration", eagle3_shift="first_id_1"
+        ),
+        # EAGLE-3 only (no DFlash setter in 0.5.23: SGLang refuses DFLASH/DSPARK on them)
+        "Qwen2ForCausalLM": _eagle3("Qwen2ForCausalLM"),
+        "Qwen2MoeForCausalLM": _eagle3("Qwen2MoeForCausalLM"),
+        "Glm4MoeForCausalLM": _eagle3("Glm4MoeForCausalLM"),
+        "MiniMaxM2ForCausalLM": _eagle3("MiniMaxM2ForCausalLM"),
+        "Qwen2_5_VLForConditionalGeneration": _eagle3("Qwen2_5_VLForConditionalGeneration"),
+        "ApertusForCausalLM": _eagle3("ApertusForCausalLM"),
+        "Gemma3ForCausalLM": _eagle3("Gemma3ForCausalLM"),
+    },
+}
+"""Per SGLang release, per architecture, per drafter kind: the rule of the setter SGLang calls
+for that kind. DFlash/DSpark rules exist for the verified classes whose SGLang 0.5.23 class has
+a DFlash setter; others are refused for those kinds (`check_kinds`). EAGLE-3's rules only give
+the serving ids the manifest records (hsdump captures its own indices for every kind)."""
+
+
+def kind_rule(architecture: str, kind: str, sglang_version: Optional[str]) -> Optional[IdRule]:
+    """The rule of `architecture`'s setter for `kind` on this SGLang release (None: unknown;
+    sglang_version None, as for engine=dry: the newest release's)."""
+    rel = release(sglang_version) if sglang_version else max(KIND_RULES)
+    return KIND_RULES.get(rel, {}).get(architecture, {}).get(kind)
+
+
+def check_kinds(
+    architecture: str, kinds, allow_unverified: bool, sglang_version: Optional[str] = _INSTALLED
+) -> None:
+    """ValueError, before any engine starts, for a DFlash or DSpark capture of a class whose
+    ids rule for that kind hsdump never checked on this SGLang release (its drafter would be
+    served one layer off, silently), unless capture.allow_unverified=true."""
+    if sglang_version == _INSTALLED:
+        sglang_version = installed_sglang()
+    for kind in kinds:
+        if kind == "eagle3" or kind_rule(architecture, kind, sglang_version) is not None:
+            continue
+        if allow_unverified:
+            continue
+        known = sorted(a for a, r in KIND_RULES.get(V23, {}).items() if kind in r)
+        raise ValueError(
+            f"capture.kinds holds {kind}, but hsdump has not checked which layers SGLang "
+            f"{sglang_version or V23} serves a {kind} drafter of {architecture} from (each class's "
+            f"setter maps a drafter's layer ids its own way; a wrong one serves the drafter "
+            f"one layer off, silently). Checked for {kind}: {', '.join(known)}. Drop {kind} "
+            "from capture.kinds, or set capture.allow_unverified=true to capture anyway (the "
+            "manifest then records no serving ids for it)"
+        )

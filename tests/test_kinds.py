@@ -1,0 +1,258 @@
+"""Drafter kinds (hsdump.capture.kinds): their layers, the union one capture holds, the
+manifest's record, the per-class serving-id rules (hsdump.capture.families.KIND_RULES) against
+SGLang's own capture and code, and the refusals.
+
+The engine tests start SGLang without hsdump's patch (tests/kind_probe.py): SGLang's own setter
+maps the serving ids, and its rows are compared with transformers at the indices hsdump says
+those ids serve.
+"""
+
+import json
+import subprocess
+import sys
+
+import pytest
+from factories import ROOT, compose_config, hf_hidden_states
+from harness import DRY, extract
+from safetensors.torch import load_file
+from test_export import _peer_root
+from tolerance import rel_err
+
+from hsdump.capture import kinds as K
+from hsdump.capture.families import (
+    KIND_CPU_TEST,
+    KIND_RULES,
+    V23,
+    check_kinds,
+    family_of,
+    kind_rule,
+)
+from hsdump.config import CaptureConfig, register_configs, to_config
+
+
+def cap(**kw) -> CaptureConfig:
+    return CaptureConfig(**kw)
+
+
+def test_dflash_default_is_specforge_and_sglang_build_target_layer_ids():
+    sys.path.insert(0, _peer_root("HSDUMP_SPECFORGE_SRC"))
+    try:
+        from specforge.modeling.draft.dflash import build_target_layer_ids
+    finally:
+        sys.path.pop(0)
+    for L in range(4, 129):
+        for n in (1, 3, 5, 8):
+            assert K.build_target_layer_ids(L, n) == build_target_layer_ids(L, n), (L, n)
+    assert K.build_target_layer_ids(36, 5) == [1, 9, 17, 25, 33]  # Qwen3-8B, SpecForge's config
+    assert K.dflash_default(36) == [2, 10, 18, 26, 34]  # hf_hidden_states_index
+    assert K.dflash_default(30) == [2, 9, 15, 21, 28]  # SmolLM2-135M: ids [1, 8, 14, 20, 27]
+    assert K.KINDS["eagle3"].default_layers(30) == [2, 15, 27]
+
+
+def test_union_of_kinds_and_their_finals():
+    c = cap(kinds=["eagle3", "dflash", "dspark"])
+    assert c.final == ["post_norm"]  # DSpark's trainer reads the post-norm state
+    layers, per = K.capture_layers(c, None, 8)
+    assert per == {"eagle3": [2, 4, 5], "dflash": [2, 3, 4, 5, 6], "dspark": [2, 3, 4, 5, 6]}
+    assert layers == [2, 4, 5, 3, 6]  # eagle3's first, then the new ones
+    assert cap(kinds=["dspark"], final=["pre_norm"]).final == ["pre_norm", "post_norm"]
+    # one kind: explicit layers are its layers (as before kinds), the preset's are EAGLE-3's
+    assert K.capture_layers(cap(layers=[5, 1]), None, 8) == ([5, 1], {"eagle3": [1, 5]})
+    assert K.capture_layers(cap(), [3, 31, 59], 61)[0] == [3, 31, 59]
+    # a kind's own layers
+    c = cap(kinds=["eagle3", "dflash"], kind_layers={"dflash": [6, 2, 4]})
+    assert K.capture_layers(c, None, 8) == (
+        [2, 4, 5, 6],
+        {"eagle3": [2, 4, 5], "dflash": [2, 4, 6]},
+    )
+
+
+def test_refusals_name_the_fix():
+    with pytest.raises(ValueError, match=r"capture.kinds=\['medusa'\].*eagle3, dflash, dspark"):
+        cap(kinds=["medusa"])
+    with pytest.raises(ValueError, match="capture.kind_layers names.*add it to capture.kinds"):
+        cap(kind_layers={"dflash": [2]})
+    c = cap(kinds=["eagle3", "dflash"], layers=[2, 4, 5])
+    with pytest.raises(
+        ValueError, match=r"lacks \[3, 6\] of dflash.*capture.layers=\[2, 3, 4, 5, 6\]"
+    ):
+        K.capture_layers(c, None, 8)
+    # a model too shallow for DFlash's spread of 5
+    with pytest.raises(ValueError, match=r"dflash's default.*repeats.*capture.kind_layers.dflash"):
+        K.capture_layers(cap(kinds=["dflash"]), None, 6)
+    with pytest.raises(ValueError, match="out of range"):
+        K.capture_layers(cap(kinds=["eagle3", "dflash"], kind_layers={"dflash": [2, 8]}), None, 8)
+
+
+def test_serving_ids_per_rule():
+    llama = kind_rule("LlamaForCausalLM", "dflash", V23)
+    assert K.serving_ids(llama, [2, 10, 18, 26, 34]) == [1, 9, 17, 25, 33]
+    ds = kind_rule("DeepseekV3ForCausalLM", "eagle3", V23)
+    assert ds.shift == "first_id_1"
+    assert K.serving_ids(ds, [3, 31, 59]) == [3, 31, 59]  # Kimi-K2.5's preset: no shift
+    assert K.serving_ids(ds, [2, 31, 59]) == [1, 30, 58]  # first id 1: every id shifts
+    assert K.serving_ids(ds, [1, 31, 59]) is None  # id 1 would be shifted: not servable
+    assert kind_rule("DeepseekV3ForCausalLM", "dflash", V23).shift == "plus1"  # always shifts
+    assert K.serving_ids(kind_rule("Qwen3_5ForCausalLM", "dflash", V23), [2, 5]) == [2, 5]
+    for arch, rules in KIND_RULES[V23].items():  # every rule maps its ids back to the layers
+        for kind, rule in rules.items():
+            for layers in ([2, 3, 4], [2, 15, 27], [3, 31, 59], [5, 9]):
+                ids = K.serving_ids(rule, layers)
+                assert ids is None or K.layers_of(ids, rule) == layers, (arch, kind)
+
+
+def test_kind_gate():
+    # every verified class whose SGLang 0.5.23 class has a DFlash setter has a rule for both
+    # DFlash-family kinds; the classes without one are refused for them
+    check_kinds("LlamaForCausalLM", ["eagle3", "dflash", "dspark"], False, "0.5.23")
+    for arch in ("Qwen2ForCausalLM", "Glm4MoeForCausalLM", "MiniMaxM2ForCausalLM"):
+        assert family_of(arch) is not None
+        with pytest.raises(ValueError, match=f"dflash.*{arch}.*capture.allow_unverified=true"):
+            check_kinds(arch, ["eagle3", "dflash"], False, "0.5.23")
+        check_kinds(arch, ["eagle3"], False, "0.5.23")  # EAGLE-3 stays the family gate's
+        check_kinds(arch, ["dflash"], True, "0.5.23")
+    # a rule holds for the release it was read on
+    with pytest.raises(ValueError, match="dspark.*SGLang 0.5.17"):
+        check_kinds("LlamaForCausalLM", ["dspark"], False, "0.5.17")
+    check_kinds("LlamaForCausalLM", ["dspark"], False, None)  # engine=dry: the class only
+
+
+def test_manifest_records_kinds_on_the_dry_engine(tmp_path):
+    out = tmp_path / "ds"
+    rc, log = extract(DRY, "capture=all_kinds", "dataset.max_samples=3", out=out, timeout=300)
+    assert rc == 0, log[-3000:]
+    m = json.loads((out / "manifest.json").read_text())
+    assert m["layers"] == [2, 4, 5, 3, 6] and m["final"] == ["pre_norm", "post_norm"]
+    kinds = m["kinds"]
+    assert sorted(kinds) == ["dflash", "dspark", "eagle3"]
+    assert kinds["eagle3"]["layers"] == [2, 4, 5] and kinds["eagle3"]["serving_ids"] == [1, 3, 4]
+    assert kinds["dflash"]["serving_ids"] == [1, 2, 3, 4, 5]
+    assert kinds["dflash"]["setter"] == "LlamaForCausalLM.set_dflash_layers_to_capture"
+    assert kinds["dflash"]["checked"].startswith(KIND_CPU_TEST)
+    assert kinds["dspark"]["algorithm"] == "DSPARK" and kinds["dspark"]["finals"] == ["post_norm"]
+    # the composed config: capture=all_kinds is a config group option
+    register_configs()
+    cfg = to_config(compose_config("capture=all_kinds", "output.dir=x"))
+    assert cfg.capture.kinds == ["eagle3", "dflash", "dspark"]
+
+
+def test_explicit_layers_that_miss_a_kind_are_refused_before_the_engine(tmp_path):
+    rc, log = extract(
+        DRY, "capture.kinds=[eagle3,dflash]", "capture.layers=[2,4,5]", out=tmp_path / "x"
+    )
+    assert rc != 0 and "capture.layers=[2, 3, 4, 5, 6] captures every kind's" in log
+    assert not (tmp_path / "x" / "manifest.json").exists()
+
+
+# ------------------------------------------------------------------ SGLang's own conventions
+def probe(model: str, kind: str, ids, tmp_path) -> dict:
+    out = tmp_path / f"{kind}.safetensors"
+    p = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "tests" / "kind_probe.py"),
+            model,
+            kind,
+            json.dumps(ids),
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=500,
+    )
+    assert p.returncode == 0, p.stderr[-4000:]
+    return load_file(out)
+
+
+@pytest.mark.engine
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize(
+    "model_fixture, arch, kind",
+    [("tiny_llama", "LlamaForCausalLM", "dflash"), ("tiny_qwen3", "Qwen3ForCausalLM", "dspark")],
+)
+def test_sglang_serves_the_kind_from_the_layers_hsdump_names(
+    model_fixture, arch, kind, request, tmp_path
+):
+    """SGLang in its capture-only mode with the kind's convention and the serving ids hsdump
+    writes for the class: its rows are transformers' hidden_states at hsdump's layers (and not
+    at the neighbours), so a drafter trained on hsdump's export is served what it trained on."""
+    model = request.getfixturevalue(model_fixture)
+    rule = kind_rule(arch, kind, V23)
+    assert rule.where.startswith(KIND_CPU_TEST)  # the rule this test backs
+    layers = K.dflash_default(8)
+    ids = K.serving_ids(rule, layers)
+    assert ids == [1, 2, 3, 4, 5]
+    got = probe(model, kind, ids, tmp_path)
+    for j in range(2):
+        ref = hf_hidden_states(model, got[f"ids/{j}"].tolist())
+        rows = got[f"rows/{j}"]
+        H = ref[0].shape[-1]
+        assert rows.shape == (len(got[f"ids/{j}"]), len(layers) * H)
+        for b, k in enumerate(layers):
+            block = rows[:, b * H : (b + 1) * H]
+            err = rel_err(block, ref[k])
+            assert err < 0.02, (k, err)  # bf16 engine against float32 (0.004-0.006 seen)
+            assert min(rel_err(block, ref[k - 1]), rel_err(block, ref[k + 1])) > 10 * err
+
+
+@pytest.mark.engine
+@pytest.mark.timeout(300)
+def test_recorded_setters_are_sglangs():
+    """The code reading KIND_RULES records, checked against the installed SGLang: for each
+    architecture, the class that owns the method SGLang calls for each kind, and its shift (the
+    `val + 1` of a +1 setter, the first-id test of DeepSeek-V2's EAGLE-3 setter); and that no
+    verified class has a DSpark hook of its own (DSPARK then goes to its DFlash setter)."""
+    script = r"""
+import importlib, inspect, json, re, sys
+from pathlib import Path
+from hsdump.capture.patch import prepare_process
+prepare_process("cpu")
+import sglang
+models = Path(sglang.__file__).parent / "srt" / "models"
+from hsdump.capture.families import KIND_RULES
+out = {}
+for arch in KIND_RULES["0.5.23"]:
+    hits = [p for p in sorted(models.glob("*.py")) if re.search(rf"^class {arch}\(", p.read_text(), re.M)]
+    try:
+        mod = importlib.import_module("sglang.srt.models." + hits[0].stem)
+    except Exception as e:  # a module the CPU build cannot import (qwen3_5: a GPU kernel)
+        out[arch] = {"error": f"{type(e).__name__}: {e}"[:200]}
+        continue
+    cls = getattr(mod, arch)
+    got = {}
+    for kind in ("eagle3", "dflash", "dspark"):
+        fn = getattr(cls, f"set_{kind}_layers_to_capture", None)
+        if fn is None:
+            continue
+        src = inspect.getsource(fn)
+        owner = fn.__qualname__.split(".")[0]
+        if "language_model.set_" in src:  # delegates: read the language model's
+            owner += " -> delegates"
+        shift = "first_id_1" if "[0] == 1" in src else "plus1" if "+ 1 for" in src else "none"
+        got[kind] = [owner, shift]
+    out[arch] = got
+print("JSON" + json.dumps(out))
+"""
+    p = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=280, cwd=ROOT
+    )
+    assert p.returncode == 0, p.stderr[-3000:]
+    got = json.loads(p.stdout.split("JSON", 1)[1])
+    for arch, rules in KIND_RULES[V23].items():
+        if "error" in got[arch]:
+            assert arch.startswith("Qwen3_5"), got[arch]  # read from the file only
+            continue
+        assert "dspark" not in got[arch], arch
+        for kind in ("eagle3", "dflash"):
+            rule = rules.get(kind)
+            if rule is None:
+                assert kind not in got[arch], (arch, kind)
+                continue
+            owner, shift = got[arch][kind]
+            assert rule.setter.split(".")[0] == owner.split(" ")[0], (arch, kind, owner)
+            if owner.endswith("delegates"):  # Kimi-K2.5 -> its DeepseekV3ForCausalLM
+                assert rule.shift == KIND_RULES[V23]["DeepseekV3ForCausalLM"][kind].shift
+            else:
+                assert rule.shift == shift, (arch, kind, shift)
+        if "dflash" in rules:
+            assert rules["dspark"].setter == rules["dflash"].setter and "dspark" in rules
