@@ -25,13 +25,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
-from hsdump.capture.base import Engine, EngineDied
+from hsdump.capture.base import REFUSED, Engine, EngineDied
 from hsdump.capture.dry import KIND as DRY
 from hsdump.capture.families import Family, check_kinds, check_verified, installed_sglang
 from hsdump.capture.kinds import capture_layers, manifest_kinds
 from hsdump.capture.layers import (
     ModelInfo,
-    engine_context,
+    check_length_limit,
     length_limit,
     read_model_info,
 )
@@ -431,24 +431,6 @@ def check_model(cfg: Config) -> Model:
     return Model(path, info, family, layers)
 
 
-def check_length_limit(cfg: Config, info: ModelInfo) -> None:
-    """Refuse a dataset.max_seq_len the engine cannot take, before the engine starts (SGLang
-    would refuse every sample that long after its start, and the run would commit nothing)."""
-    ctx = engine_context(cfg, info)
-    n = cfg.dataset.max_seq_len
-    if ctx is None or n is None or n < ctx:
-        return
-    where = (
-        f"engine.extra.context_length={ctx}"
-        if "context_length" in cfg.engine.extra
-        else f"the model's context (max_position_embeddings={ctx})"
-    )
-    raise ValueError(
-        f"dataset.max_seq_len={n} is not below {where}: SGLang refuses a prompt as long as its "
-        f"context. Set dataset.max_seq_len={ctx - 1} or less (or leave it unset for {ctx - 1})"
-    )
-
-
 def with_length_limit(cfg: Config, info: ModelInfo) -> Config:
     """cfg with dataset.max_seq_len resolved (length_limit), logged with its origin."""
     n, origin = length_limit(cfg, info)
@@ -700,6 +682,15 @@ def capture(cfg: Config, model: Model, corpus: Corpus, job: Job, engine: Engine)
         summary.already_done,
         summary.engine_start_s,
     )
+    took = getattr(engine, "max_prompt_tokens", None)
+    if took is not None and took < cfg.dataset.max_seq_len:  # its KV pool came out smaller
+        log.warning(
+            "the engine takes prompts of at most %d tokens (its own figure), fewer than the "
+            "length limit %d: longer samples are bad rows (%s)",
+            took,
+            cfg.dataset.max_seq_len,
+            REFUSED,
+        )
     bar = tqdm(total=len(job.todo), unit="sample", disable=not cfg.progress, dynamic_ncols=True)
     pos = {data.ids[i]: i for i in job.todo}
     t_run = time.time()
@@ -735,6 +726,14 @@ def capture(cfg: Config, model: Model, corpus: Corpus, job: Job, engine: Engine)
             refresh=False,
         )
 
+    def refused(sid: int, message: str) -> None:
+        # a bad row: recorded (a resumed run goes past it), counted, the others go on
+        masks.pop(sid, None)
+        convs.pop(sid, None)
+        writer.skip(sid, f"{REFUSED}: {message}", count_as=REFUSED)
+        log.warning("sample %d is a bad row (%s): %s", sid, REFUSED, message)
+        bar.update(1)
+
     signals: Dict[str, str] = {}
 
     def on_signal(name: str) -> None:
@@ -753,10 +752,11 @@ def capture(cfg: Config, model: Model, corpus: Corpus, job: Job, engine: Engine)
     ok, died, logprobs = False, None, {}
     try:
         if not cfg.regenerate.enabled:
-            ok = engine.run(((data.ids[i], data.input_ids[i]) for i in job.todo), sink, on_signal)
+            samples = ((data.ids[i], data.input_ids[i]) for i in job.todo)
+            ok = engine.run(samples, sink, on_signal, refused=refused)
         else:
             ok = regenerate_and_capture(
-                cfg, corpus, job, engine, sink, on_signal, masks, convs, bar
+                cfg, corpus, job, engine, sink, on_signal, masks, convs, bar, refused
             )
         if ok and first:  # before the engine closes: SGLang's own logprobs of those samples
             from hsdump.check_final import engine_logprobs
@@ -788,7 +788,7 @@ def capture(cfg: Config, model: Model, corpus: Corpus, job: Job, engine: Engine)
 
 
 def regenerate_and_capture(
-    cfg: Config, corpus: Corpus, job: Job, engine, sink, on_signal, masks, convs, bar
+    cfg: Config, corpus: Corpus, job: Job, engine, sink, on_signal, masks, convs, bar, refused=None
 ) -> bool:
     """`regenerate.window` samples at a time: the target model rewrites their answers
     (hsdump.corpus.regenerate), each rewritten conversation becomes a sample under the dataset's length
@@ -831,7 +831,8 @@ def regenerate_and_capture(
                 continue
             masks[sid], convs[sid] = mask, new[sid]
             batch.append((sid, ids))
-        if not engine.run(batch, sink, on_signal):  # the sink pops each one's mask and conv
+        # the sink (or `refused`) pops each one's mask and conv
+        if not engine.run(batch, sink, on_signal, refused=refused):
             return False
     return True
 
@@ -874,4 +875,13 @@ def finish(
         raise Interrupted(f"the SGLang engine died: {died}. {resume}") from died
     if not ok:
         raise Interrupted(f"stopped by {stopped_by or 'request'}. {resume}")
+    n_refused = writer.skipped.get(REFUSED, 0)
+    if n_refused and cfg.dataset.on_bad_row == "raise":
+        raise ValueError(
+            f"{n_refused} bad row(s): the engine refused them ({REFUSED}; each one's id and "
+            f"SGLang's message are in the log above and in the commit log). The other "
+            f"{writer.samples_written} samples of this run are committed, and the refused ones "
+            "are recorded as skipped: the same command resumes past them. Set "
+            "dataset.on_bad_row=skip to count such rows and end with status 0"
+        )
     return summary

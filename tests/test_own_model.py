@@ -83,34 +83,53 @@ def cfg(max_seq_len, **extra):
     )
 
 
-def test_unset_length_limit_is_the_context_less_one():
-    assert length_limit(cfg(None), info()) == (8191, "the engine's context 8192 less one")
-    n, why = length_limit(cfg(None, context_length=1024), info())
-    assert n == 1023 and "1024" in why
-    assert length_limit(cfg(None), info(ctx=None))[0] == 2048
-    assert length_limit(cfg(300), info()) == (300, "dataset.max_seq_len")
+def test_unset_length_limit_is_what_sglang_takes():
+    # SGLang 0.5.17 and 0.5.23 take a prompt of up to min(context, KV pool) - 7 tokens
+    # (hsdump.capture.layers.SGLANG_PROMPT_MARGIN; tests/test_rows.py checks it on an engine)
+    n, why = length_limit(cfg(None), info())
+    assert n == 8185 and "context 8192 less 7" in why
+    n, why = length_limit(cfg(None, context_length=128), info())
+    assert n == 121 and "engine.extra.context_length=128" in why
+    n, why = length_limit(cfg(None, max_total_tokens=1000), info())
+    assert n == 993 and "KV pool of 1000 tokens" in why
+    assert length_limit(cfg(None), info(ctx=None))[0] == 2048 - 7  # SGLang's default context
+    n, why = length_limit(cfg(300), info())
+    assert n == 300 and why.startswith("dataset.max_seq_len") and "8185" in why
+
+
+def test_sglangs_context_rule():
+    from hsdump.capture.layers import sglang_context
+
+    assert sglang_context({"max_position_embeddings": 4096}) == 4096
+    assert sglang_context({"seq_length": 1000, "max_position_embeddings": 4096}) == 1000
+    linear = {"rope_type": "linear", "factor": 4.0}
+    assert sglang_context({"max_position_embeddings": 4096, "rope_scaling": linear}) == 16384
+    assert sglang_context({"max_position_embeddings": 4096, "rope_parameters": linear}) == 16384
+    yarn = {"rope_type": "yarn", "factor": 40, "original_max_position_embeddings": 4096}
+    assert sglang_context({"max_position_embeddings": 163840, "rope_scaling": yarn}) == 163840
+    assert sglang_context({}) == 2048
 
 
 @pytest.mark.parametrize(
-    "n, extra, names",
+    "n, extra, names, works",
     [
-        (8192, {}, "max_position_embeddings=8192"),
-        (9000, {}, "max_position_embeddings=8192"),
-        (256, {"context_length": 128}, "engine.extra.context_length=128"),
+        (8192, {}, "the model's context 8192 less 7", 8185),
+        (8186, {}, "the model's context 8192 less 7", 8185),
+        (256, {"context_length": 128}, "engine.extra.context_length=128 less 7", 121),
+        (127, {"context_length": 128}, "engine.extra.context_length=128 less 7", 121),
     ],
 )
-def test_a_length_limit_at_the_context_is_refused_before_the_engine(n, extra, names):
+def test_a_length_limit_sglang_refuses_is_refused_before_the_engine(n, extra, names, works):
     with pytest.raises(ValueError) as e:
         check_length_limit(cfg(n, **extra), info())
     msg = str(e.value)
     assert names in msg and f"dataset.max_seq_len={n}" in msg
-    ctx = extra.get("context_length", 8192)
-    assert f"dataset.max_seq_len={ctx - 1} or less" in msg
+    assert f"dataset.max_seq_len={works} or less" in msg
 
 
-def test_a_length_limit_below_the_context_passes():
-    check_length_limit(cfg(8191), info())
-    check_length_limit(cfg(127, context_length=128), info())
+def test_a_length_limit_sglang_takes_passes():
+    check_length_limit(cfg(8185), info())
+    check_length_limit(cfg(121, context_length=128), info())
 
 
 # ------------------------------------------------------------------ the tokenizer is the model's
@@ -283,7 +302,8 @@ def test_the_readme_example_on_a_real_chatml_model(tmp_path, smollm2):
     assert rc == 0, log[-3000:]
     out = tmp_path / "outputs" / "smollm2-135m-instruct" / "layers-eagle3"
     assert out.is_dir(), log[-2000:]
-    assert "length limit: 8191 tokens a sample (the engine's context 8192 less one)" in log
+    assert "length limit: 8185 tokens a sample (SGLang " in log, log[-3000:]
+    assert "the model's context 8192 less 7" in log
     assert "the tokenizer's own chat template" in log
     ds = HsdumpDataset(str(out), allow_dry=True)
     tok = AutoTokenizer.from_pretrained(smollm2)
@@ -294,14 +314,15 @@ def test_the_readme_example_on_a_real_chatml_model(tmp_path, smollm2):
         assert "<|im_start|>user\n" in t and "<|im_start|>assistant\n" in t
     assert max(len(ds[i]["input_ids"]) for i in range(2)) > 3000  # not cut at 256
     manifest = json.loads((out / "manifest.json").read_text())
-    assert manifest["max_seq_len"] == 8191
+    assert manifest["max_seq_len"] == 8185
 
 
 @pytest.mark.parametrize(
     "overrides, says",
     [
         (["model.chat_template=deepseek_v3.jinja"], "'<｜User｜>'"),
-        (["dataset.max_seq_len=8192"], "dataset.max_seq_len=8191 or less"),
+        (["dataset.max_seq_len=8192"], "dataset.max_seq_len=8185 or less"),
+        (["dataset.max_seq_len=8186"], "dataset.max_seq_len=8185 or less"),
         (["+engine.extra.context_length=128", "dataset.max_seq_len=256"], "context_length=128"),
     ],
 )

@@ -29,6 +29,20 @@ class EngineDied(RuntimeError):
     """An engine process exited while hsdump was running."""
 
 
+REFUSED = "engine_refused"
+"""The bad-row reason of a sample the engine refused (commit log: `engine_refused: <message>`)."""
+
+
+class Refused(RuntimeError):
+    """The engine refused one sample as a bad request (SGLang's own checks: a prompt longer
+    than it takes, say): that sample is a bad row, not an engine failure. `Engine.run` hands it
+    to its `refused` callback, or raises this without one."""
+
+    def __init__(self, sid, message: str):
+        super().__init__(f"sample {sid}: SGLang refused it: {message}")
+        self.sid, self.reason = sid, message
+
+
 class Engine(Protocol):
     """An open engine for one run: `run` (prefill and capture) and `generate` (regeneration),
     stopped by `request_stop` (samples in flight finish) or `abort` (at once), then `close`."""
@@ -36,13 +50,22 @@ class Engine(Protocol):
     final: List[str]
     """The final-state kinds each sample's rows end with, in FINAL_KINDS order."""
 
+    max_prompt_tokens: Optional[int]
+    """The longest prompt the running engine takes, as it says itself (None: not known)."""
+
     def run(
-        self, samples: Iterable[Tuple[int, List[int]]], sink: Sink, on_stop_signal: OnSignal = None
+        self,
+        samples: Iterable[Tuple[int, List[int]]],
+        sink: Sink,
+        on_stop_signal: OnSignal = None,
+        refused: Optional[Callable[[int, str], None]] = None,
     ) -> bool:
         """Capture every (sample_id, input_ids) and hand each to `sink(sample_id, input_ids,
         hidden_states, nonfinite)`: hidden_states is one [seq, H] tensor per captured layer in
-        the run's layer order, then one per final kind. False if `request_stop()` ended it
-        early; KeyboardInterrupt after `abort()`; EngineDied if the engine died."""
+        the run's layer order, then one per final kind. A sample the engine refuses goes to
+        `refused(sample_id, message)` and the others go on (without it: Refused is raised).
+        False if `request_stop()` ended it early; KeyboardInterrupt after `abort()`;
+        EngineDied if the engine died."""
         ...
 
     def generate(

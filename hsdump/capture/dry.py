@@ -12,19 +12,22 @@ and the loader refuse it unless asked explicitly (`--allow-dry`, `allow_dry=True
 `generate` (regeneration) answers each request with a few words picked from the prompt's ids,
 so regeneration's bookkeeping (windows, skips after regeneration, stored conversations,
 token_freq.json) runs too. `engine.dry_tokens_per_s` paces it like a slow engine (0: as fast as
-it can), so a signal or a kill can land mid-run.
+it can), so a signal or a kill can land mid-run. HSDUMP_DRY_REFUSE=ID,ID,... makes it refuse
+those samples as SGLang refuses a request (a bad row, `Refused`), so a run's handling of rows
+the engine refuses runs too.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import time
 from typing import Dict, Iterable, List, Optional, Sequence, Tuple
 
 import torch
 
-from hsdump.capture.base import OnSignal, Sink
+from hsdump.capture.base import OnSignal, Refused, Sink
 from hsdump.capture.layers import ModelInfo
 from hsdump.store.layout import DRY, FINAL_KINDS, torch_dtype
 
@@ -32,6 +35,8 @@ log = logging.getLogger(__name__)
 
 KIND = DRY
 """engine.kind and the manifest's `engine` value of a dry run."""
+REFUSE_ENV = "HSDUMP_DRY_REFUSE"
+"""Sample ids (comma-separated) the dry engine refuses, as SGLang refuses a bad request."""
 
 _WORDS = (
     "the", "rows", "of", "a", "dry", "run", "are", "not", "hidden", "states", "check", "launch",
@@ -78,6 +83,8 @@ class DryEngine:
         self._tokens_per_s = float(getattr(engine_cfg, "dry_tokens_per_s", 0.0) or 0.0)
         self._stop = False
         self._aborted = False
+        self.max_prompt_tokens: Optional[int] = None
+        self._refuse = {int(x) for x in os.environ.get(REFUSE_ENV, "").split(",") if x.strip()}
         log.info("dry engine: no SGLang; rows are a function of the token ids, not hidden states")
 
     # ---------------------------------------------------------------- stopping
@@ -115,13 +122,23 @@ class DryEngine:
 
     # ---------------------------------------------------------------- driving
     def run(
-        self, samples: Iterable[Tuple[int, List[int]]], sink: Sink, on_stop_signal: OnSignal = None
+        self,
+        samples: Iterable[Tuple[int, List[int]]],
+        sink: Sink,
+        on_stop_signal: OnSignal = None,
+        refused=None,
     ) -> bool:
         old = self._signals(on_stop_signal)
         try:
             for sid, ids in samples:
                 if self._stop:
                     break
+                if sid in self._refuse:
+                    e = Refused(sid, f"refused by {REFUSE_ENV} (engine=dry)")
+                    if refused is None:
+                        raise e
+                    refused(sid, e.reason)
+                    continue
                 ids = list(ids)
                 self._pace(len(ids))
                 sink(sid, ids, dry_rows(ids, self._keys, self.hidden, self.dtype), [])

@@ -17,7 +17,7 @@ import uuid
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Dict, Iterable, List, Optional, Sequence, Tuple
 
-from hsdump.capture.base import FORBID_ENV, EngineDied, Sink
+from hsdump.capture.base import FORBID_ENV, EngineDied, Refused, Sink
 from hsdump.capture.families import family_of
 from hsdump.capture.layers import ModelInfo
 from hsdump.capture.nodes import (
@@ -66,10 +66,13 @@ def forbid_engine() -> None:
 
 
 # --------------------------------------------------------------------------- caller side
-def _finish_reason(out: dict, what: str):
-    """A finished request's finish_reason; CaptureError if SGLang aborted it."""
+def _finish_reason(out: dict, what: str, sid=None):
+    """A finished request's finish_reason; Refused if SGLang aborted it as a bad request (HTTP
+    400: `validate_input_length` and the other request checks), else CaptureError."""
     reason = (out.get("meta_info") or {}).get("finish_reason") or {}
     if isinstance(reason, dict) and reason.get("type") == "abort":
+        if reason.get("status_code") == 400 and sid is not None:
+            raise Refused(sid, str(reason.get("message")))
         raise CaptureError(f"{what}: SGLang aborted the request: {reason.get('message')}")
     return reason
 
@@ -301,6 +304,10 @@ class CaptureEngine:
                 signal.signal(s, h)
         signal.signal(signal.SIGQUIT, _sigquit)
         self._ready_at = time.monotonic()
+        # SGLang's own longest prompt (its scheduler's max_req_input_len, less one: it refuses
+        # len >= that); hsdump.capture.layers.engine_limit predicts it before the start
+        took = getattr(self._engine.tokenizer_manager, "max_req_input_len", None)
+        self.max_prompt_tokens: Optional[int] = int(took) - 1 if took else None
         self._children = _child_processes()
         self._watchdog = threading.Thread(target=self._watch, name="hsdump-watchdog", daemon=True)
         self._watchdog.start()
@@ -398,16 +405,18 @@ class CaptureEngine:
         samples: Iterable[Tuple[int, List[int]]],
         sink: Sink,
         on_stop_signal: Optional[Callable[[str], None]] = None,
+        refused: Optional[Callable[[int, str], None]] = None,
     ) -> bool:
         """Capture every sample and call `sink(sample_id, input_ids, hidden_states, nonfinite)`,
         where hidden_states is K tensors [seq, H] in the order of `layers`, followed by one per
         requested final state (in FINAL_KINDS order), in completion order, and nonfinite the
         indices into hidden_states of the tensors that hold NaN/Inf (checked on the device).
-        `on_stop_signal(name)` is called on SIGINT / SIGTERM while it runs.
+        `on_stop_signal(name)` is called on SIGINT / SIGTERM while it runs; `refused(sample_id,
+        message)` for a sample SGLang refuses as a bad request (without it, run raises Refused).
         Returns False if `request_stop()` ended it early; raises KeyboardInterrupt after
         `abort()`, EngineDied if SGLang died."""
         self._tag = uuid.uuid4().hex[:8]  # request ids unique per run: a sample id may recur
-        return self._run_on_loop(self._drive(iter(samples), sink), on_stop_signal)
+        return self._run_on_loop(self._drive(iter(samples), sink, refused), on_stop_signal)
 
     def generate(
         self,
@@ -511,13 +520,16 @@ class CaptureEngine:
     async def _one(self, sid: int, ids: List[int]):
         rid = f"hsdump-{self._tag}-{sid}"
         try:
-            out = await self._engine.async_generate(
-                input_ids=ids,
-                sampling_params={"max_new_tokens": 1, "temperature": 0.0},
-                return_hidden_states=True,
-                rid=rid,
-            )
-            _finish_reason(out, f"sample {sid}")
+            try:
+                out = await self._engine.async_generate(
+                    input_ids=ids,
+                    sampling_params={"max_new_tokens": 1, "temperature": 0.0},
+                    return_hidden_states=True,
+                    rid=rid,
+                )
+            except ValueError as e:  # the tokenizer manager's request checks (length, ...)
+                raise Refused(sid, str(e)) from None
+            _finish_reason(out, f"sample {sid}", sid)
             loop = asyncio.get_running_loop()
             rows, bad = await loop.run_in_executor(
                 None, self._rx.take, rid, len(ids), ROWS_TIMEOUT_S
@@ -533,7 +545,7 @@ class CaptureEngine:
             [j for j, s in enumerate(self._slot) if s in bad],
         )
 
-    async def _drive(self, samples, sink: Sink) -> bool:
+    async def _drive(self, samples, sink: Sink, refused=None) -> bool:
         budget = self.cfg.inflight_tokens
         inflight: Dict[asyncio.Future, int] = {}
         used = 0
@@ -560,7 +572,14 @@ class CaptureEngine:
                     if task is self._wake:
                         continue
                     used -= inflight.pop(task)
-                    sink(*task.result())
+                    try:
+                        result = task.result()
+                    except Refused as e:
+                        if refused is None:
+                            raise
+                        refused(e.sid, e.reason)
+                        continue
+                    sink(*result)
                 # a finished task holds its sample's rows: these names kept the last one alive
                 # through the next wait, after the writer had written it (one sample, 0.81 GB
                 # at 32K x 8B, measured with bench/mem_bench.py --caller-only)

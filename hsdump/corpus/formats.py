@@ -9,6 +9,7 @@ whose reason is what the summary counts.
 from __future__ import annotations
 
 import json
+import logging
 from itertools import islice
 from typing import Any, Dict, List, Optional, Tuple
 
@@ -29,6 +30,21 @@ SHAREGPT_ROLES = {
 }
 MESSAGE_ROLES = {"system", "user", "assistant", "tool"}
 MESSAGE_KEYS = ("tool_calls", "tool_call_id", "name", "reasoning_content")
+REASONING_KEYS = ("reasoning_content", "reasoning", "thinking")
+"""A turn's reasoning, as chat datasets spell it; hsdump hands it to the template as
+`reasoning_content` (the name chat templates read)."""
+SYSTEM_KEYS = ("system", "system_prompt", "system_message")
+"""Row fields holding the system prompt beside the turns; rendered as the first turn."""
+TOOLS_KEYS = ("tools", "functions")
+"""Row fields holding tool definitions (OpenAI `tools`, or its older `functions`: bare function
+specs); handed to the template as `tools`."""
+TURN_FIELDS = {
+    "sharegpt": {"from", "value", *REASONING_KEYS},
+    "messages": {"role", "content", *MESSAGE_KEYS, *REASONING_KEYS},
+}
+"""The keys of a turn that hsdump reads, per format; others are named in the run's log."""
+
+log = logging.getLogger(__name__)
 FORMATS = ("sharegpt", "messages", "text")
 DEFAULT_COLUMN = {"sharegpt": "conversations", "messages": "messages", "text": "text"}
 
@@ -73,7 +89,19 @@ def peek_records(ds, k: int = 64) -> List[Dict[str, Any]]:
     return out
 
 
+def json_turns(v: Any) -> Any:
+    """A string holding a JSON list (a conversation exported as JSON text), decoded; anything
+    else as it is."""
+    if isinstance(v, str) and v.lstrip().startswith("["):
+        try:
+            return json.loads(v)
+        except ValueError:
+            return v
+    return v
+
+
 def _turn_kind(v: Any) -> Optional[str]:
+    v = json_turns(v)
     if isinstance(v, str):
         return "text"
     if isinstance(v, list) and v and isinstance(v[0], dict):
@@ -177,6 +205,8 @@ def detect_format(ds, cfg: DatasetConfig) -> Tuple[str, str]:
         )
     col = candidates[0]
     kinds = {k for k in (_turn_kind(r.get(col)) for r in recs) if k}
+    if kinds & {"sharegpt", "messages"} and any(isinstance(r.get(col), str) for r in recs):
+        log.info("column %r holds conversations as JSON text: each row's is decoded", col)
     chat = kinds & {"sharegpt", "messages"}
     if len(chat) > 1:
         raise ValueError(
@@ -231,7 +261,8 @@ def to_messages(turns: Any, fmt: Optional[str] = None) -> List[Dict[str, Any]]:
             role = SHAREGPT_ROLES.get(str(t["from"]).lower())
             if role is None:
                 raise BadRow("unknown_role", f"from={t['from']!r}")
-            out.append({"role": role, "content": _content(role, t.get("value"), False)})
+            m = {"role": role, "content": _content(role, t.get("value"), False)}
+            out.append(_with_reasoning(m, t))
             continue
         if t.get("role") is not None and fmt != "sharegpt":
             role = t["role"]
@@ -242,11 +273,11 @@ def to_messages(turns: Any, fmt: Optional[str] = None) -> List[Dict[str, Any]]:
                 raise BadRow("bad_turn", f"{role} turn has tool_calls={calls!r:.60}")
             m = {"role": role, "content": _content(role, t.get("content"), bool(calls))}
             for k in MESSAGE_KEYS:
-                if t.get(k) is not None:
+                if t.get(k) is not None and k != "reasoning_content":
                     m[k] = t[k]
             if calls:
                 m["tool_calls"] = [_tool_call(c) for c in calls]
-            out.append(m)
+            out.append(_with_reasoning(m, t))
             continue
         want = TURN_KEYS.get(fmt, "from/value or role/content")
         other = {"sharegpt": ("role", "messages"), "messages": ("from", "sharegpt")}.get(fmt)
@@ -258,6 +289,21 @@ def to_messages(turns: Any, fmt: Optional[str] = None) -> List[Dict[str, Any]]:
             )
         raise BadRow("bad_turn", f"turn has no {want}: keys {sorted(t)}")
     return out
+
+
+def _with_reasoning(m: Dict[str, Any], turn: Dict[str, Any]) -> Dict[str, Any]:
+    """`m` with the turn's reasoning (any spelling of REASONING_KEYS) as `reasoning_content`;
+    a bad row when a turn other than the assistant's has some, or two spellings disagree."""
+    found = {k: turn[k] for k in REASONING_KEYS if turn.get(k) not in (None, "")}
+    if not found:
+        return m
+    values = list(found.values())
+    if m["role"] != "assistant":
+        raise BadRow("bad_turn", f"a {m['role']} turn has {sorted(found)}: only replies reason")
+    if any(not isinstance(v, str) for v in values) or len(set(values)) > 1:
+        raise BadRow("bad_turn", f"reasoning fields {sorted(found)} are not one string")
+    m["reasoning_content"] = values[0]
+    return m
 
 
 def _tool_call(c: Any) -> Dict[str, Any]:
@@ -272,7 +318,11 @@ def _tool_call(c: Any) -> Dict[str, Any]:
 
 
 def row_to_sample(rec: Any, fmt: str, column: str):
-    """A record to the text (format text) or (messages, tools) it holds; BadRow if unusable."""
+    """A record to the text (format text) or (messages, tools) it holds; BadRow if unusable.
+
+    Beside the turns (decoded first when the column holds them as JSON text), a row's system
+    prompt (SYSTEM_KEYS) becomes the first turn and its tool definitions (TOOLS_KEYS) are the
+    template's `tools`."""
     if not isinstance(rec, dict):
         raise BadRow("not_an_object", f"row is {type(rec).__name__}")
     if rec.get(column) is None:
@@ -280,14 +330,69 @@ def row_to_sample(rec: Any, fmt: str, column: str):
     v = rec[column]
     if fmt == "text":
         return _content("text", v, False)
-    messages = to_messages(v, fmt)
+    if isinstance(v, str):
+        v = json_turns(v)
+        if isinstance(v, str):
+            raise BadRow(
+                "broken_json",
+                f"column {column!r} holds text that is not a JSON list of turns "
+                f"({v[:40]!r}); fix the row, or set dataset.format=text to read it as text",
+            )
+    messages = _with_system(to_messages(v, fmt), rec)
     first = next((m["role"] for m in messages if m["role"] != "system"), None)
     if first == "assistant":
         raise BadRow("starts_with_assistant", STARTS_WITH_ASSISTANT)
-    tools = rec.get("tools")
+    return messages, _tools(rec)
+
+
+def _with_system(messages: List[Dict[str, Any]], rec: Dict[str, Any]) -> List[Dict[str, Any]]:
+    found = {k: rec[k] for k in SYSTEM_KEYS if rec.get(k) not in (None, "")}
+    if not found:
+        return messages
+    values = list(found.values())
+    if any(not isinstance(x, str) for x in values) or len(set(values)) > 1:
+        raise BadRow("bad_content", f"system prompt fields {sorted(found)} are not one string")
+    if messages[0]["role"] == "system":
+        if messages[0]["content"] == values[0]:
+            return messages
+        raise BadRow(
+            "two_system_prompts",
+            f"the row's {sorted(found)[0]!r} field and its first turn are two different system "
+            "prompts; keep one of them",
+        )
+    return [{"role": "system", "content": values[0]}] + messages
+
+
+def _tools(rec: Dict[str, Any]) -> Optional[List[Dict[str, Any]]]:
+    found = {k: rec[k] for k in TOOLS_KEYS if rec.get(k) not in (None, "", [])}
+    if len(found) > 1:
+        raise BadRow("bad_tools", f"both {sorted(found)}: keep one list of tool definitions")
+    if not found:
+        return None
+    key, tools = next(iter(found.items()))
     if isinstance(tools, str):
         try:
             tools = json.loads(tools) if tools.strip() else None
         except ValueError:
-            raise BadRow("bad_tools", "tools is not valid JSON") from None
-    return messages, (tools or None)
+            raise BadRow("bad_tools", f"{key} is not valid JSON") from None
+    if not tools:
+        return None
+    if not isinstance(tools, list) or not all(isinstance(t, dict) for t in tools):
+        raise BadRow("bad_tools", f"{key} is not a list of objects")
+    if key == "functions":  # bare function specs, as OpenAI's older API took them
+        tools = [{"type": "function", "function": f} for f in tools]
+    return tools
+
+
+def unused_fields(recs: List[Dict[str, Any]], fmt: str, column: str) -> Dict[str, List[str]]:
+    """What of the first rows hsdump does not read: {"columns": [...], "turn keys": [...]}."""
+    used = {column, *SYSTEM_KEYS, *TOOLS_KEYS} if fmt != "text" else {column}
+    columns: List[str] = []
+    keys: List[str] = []
+    for r in recs:
+        columns += [c for c in r if c not in used and c not in columns]
+        turns = json_turns(r.get(column)) if fmt != "text" else None
+        for t in turns if isinstance(turns, list) else ():
+            if isinstance(t, dict):
+                keys += [k for k in t if k not in TURN_FIELDS[fmt] and k not in keys]
+    return {k: v for k, v in (("columns", columns), ("turn keys", keys)) if v}

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any, Dict, List, Tuple
 
-from hsdump.corpus.chat import chat_spans, require_template
+from hsdump.corpus.chat import chat_spans, keeping_templates, render_template, require_template
 from hsdump.corpus.formats import BadRow
 
 
@@ -70,6 +70,7 @@ def encode_conversation(
     """`template` applied to a conversation -> (input_ids, loss_mask on assistant turns)."""
     text, spans = chat_spans(tok, messages, tools, template)
     check_rendered(text, messages)
+    check_fields(tok, template, messages, tools, text)
     return encode_with_spans(tok, text, spans)
 
 
@@ -100,6 +101,45 @@ def check_rendered(text: str, messages: List[Dict[str, Any]]) -> None:
                     "use a template that renders tool_calls (model.chat_template=...), or "
                     "drop tool-calling rows",
                 )
+
+
+def check_fields(tok, template: str, messages: List[Dict[str, Any]], tools, text: str) -> None:
+    """A bad row when the template leaves out the row's tool definitions, or a reply's
+    reasoning where that reply is the turn the model generates (the conversation up to it):
+    found by rendering with and without the field. Reasoning a template drops from earlier
+    turns once later ones follow (Qwen3's does) is the model's own history, not a loss."""
+    import jinja2
+
+    def render(msgs, tls):
+        try:
+            return render_template(tok, template, msgs, tls)[0]
+        except (jinja2.TemplateError, TypeError, KeyError, AttributeError, ValueError) as e:
+            raise BadRow("template_error", f"{type(e).__name__}: {e}") from None
+
+    if tools and render(messages, None) == text:
+        raise BadRow("template_drops_tools", _keep_hint(tok, "tools", "the tool definitions"))
+    for i, m in enumerate(messages):
+        if m["role"] != "assistant" or not m.get("reasoning_content"):
+            continue
+        upto = messages[: i + 1]
+        bare = upto[:i] + [{k: v for k, v in m.items() if k != "reasoning_content"}]
+        if render(upto, tools) == render(bare, tools):
+            raise BadRow(
+                "template_drops_reasoning",
+                _keep_hint(tok, "reasoning_content", f"the reasoning of message {i}"),
+            )
+
+
+def _keep_hint(tok, field: str, what: str) -> str:
+    names = keeping_templates(tok, field)
+    use = (
+        "a template shipped with hsdump that renders it and fits this tokenizer: "
+        + ", ".join(f"model.chat_template={n}" for n in names)
+        if names
+        else "no template shipped with hsdump renders it: use one that does "
+        "(model.chat_template=FILE.jinja, e.g. the model's own)"
+    )
+    return f"the chat template leaves out {what} (`{field}`); {use}; or drop the field"
 
 
 def tokenize_text(tok, text: str) -> Tuple[List[int], List[int]]:

@@ -23,14 +23,22 @@ from hsdump.corpus.chat import (
     require_template,
     template_sha256,
 )
-from hsdump.corpus.formats import BadRow, dataset_record, detect_format, row_to_sample
+from hsdump.corpus.formats import (
+    BadRow,
+    dataset_record,
+    detect_format,
+    peek_records,
+    row_to_sample,
+    unused_fields,
+)
 from hsdump.corpus.masks import encode_conversation, tokenize_text
 from hsdump.corpus.sources import dataset_fingerprint, source_info
 from hsdump.corpus.tokenizer import tokenizer_sha256
 
 log = logging.getLogger(__name__)
 
-MASK_VERSION = "2"  # 2: renderings that drop content or tool calls are bad rows
+MASK_VERSION = "3"  # 2: renderings that drop content or tool calls are bad rows; 3: system
+# and tools fields, reasoning spellings and JSON-text turns read, dropped tools/reasoning bad rows
 """Part of the tokenization cache key: bump when the mask or the rendering logic changes."""
 LENGTH_REASONS = {
     "too_long",
@@ -207,6 +215,19 @@ def tokenize_dataset(ds, tok, cfg: DatasetConfig, progress: bool = True) -> Toke
             ids=[], input_ids=[], loss_mask=[], skipped={}, rows=0, truncated=0, source=info
         )
     fmt, column = detect_format(ds, cfg)
+    unused = unused_fields(peek_records(ds), fmt, column)
+    if unused:  # named: a turn key left unread may be meant for the mask (a `weight`)
+        log.log(
+            logging.WARNING if "turn keys" in unused else logging.INFO,
+            "fields hsdump does not read (first rows): %s; it reads the %r column%s",
+            "; ".join(f"{k} {v}" for k, v in unused.items()),
+            column,
+            ""
+            if fmt == "text"
+            else " (turns: role/content or from/value, tool_calls, tool_call_id, name, "
+            "reasoning_content/reasoning/thinking) and system/system_prompt/system_message, "
+            "tools/functions",
+        )
     template = chat_template_of(tok) if fmt == "text" else require_template(tok)
     mask_source = (
         "all_tokens"

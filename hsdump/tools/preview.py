@@ -80,7 +80,7 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     color = args.color == "always" or (args.color == "auto" and sys.stdout.isatty())
 
-    from hsdump.capture.layers import length_limit, read_model_info
+    from hsdump.capture.layers import check_length_limit, length_limit, read_model_info
     from hsdump.corpus.chat import chat_template_of, has_generation_markers
     from hsdump.corpus.formats import detect_format
     from hsdump.corpus.sources import load_rows
@@ -94,8 +94,9 @@ def main(argv=None) -> int:
         want = args.start + args.num
         d.max_samples = want if d.max_samples is None else min(d.max_samples, want)
         path = resolve_model_path(cfg.model.path)
-        if d.max_seq_len is None:  # a user's dataset: the model's context, as extract uses
-            d.max_seq_len = length_limit(cfg, read_model_info(path, cfg.model.trust_remote_code))[0]
+        info = read_model_info(path, cfg.model.trust_remote_code)
+        check_length_limit(cfg, info)  # as extract: a limit the engine refuses is refused
+        d.max_seq_len, limit_origin = length_limit(cfg, info)  # and the same limit
         tok = load_tokenizer(cfg.model, path)
         rows = load_rows(d)
         fmt, column = detect_format(rows, d)
@@ -123,7 +124,8 @@ def main(argv=None) -> int:
         f"{b}dataset{r} {d.path} ({fmt}, column {column!r}); {b}tokenizer{r} "
         f"{cfg.model.tokenizer or cfg.model.path}; {b}template{r} "
         f"{cfg.model.chat_template or 'the tokenizer own'} (sha256 {sha}...); "
-        f"{b}mask{r} from {how}; max_seq_len {d.max_seq_len} ({d.truncation})"
+        f"{b}mask{r} from {how}; max_seq_len {d.max_seq_len} ({d.truncation}; "
+        f"{limit_origin})"
     )
     print("loss-masked text is " + ("green" if color else "between [[ and ]]") + "\n")
     for idx in range(args.start, min(want, len(rows))):
