@@ -255,11 +255,11 @@ def test_workers_write_what_one_writes_and_a_failing_worker_stops_the_export(
     real = ex.sample_writer
     seen = []
 
-    def failing(fmt, rec, final):  # the fifth sample built fails, in whichever thread
+    def failing(fmt, rec, final, *kind):  # the fifth sample built fails, in whichever thread
         seen.append(rec["id"])
         if len(seen) == 5:
             raise OSError("disk full (test)")
-        return real(fmt, rec, final)
+        return real(fmt, rec, final, *kind)
 
     many = tmp_path / "many"
     monkeypatch.setattr(ex, "sample_writer", failing)
@@ -345,6 +345,8 @@ PEER_WHEELS = {
     "HSDUMP_SPECULATORS03_SRC": "speculators==0.3.0",
     "HSDUMP_SPECULATORS06_SRC": "speculators==0.6.0",
     "HSDUMP_SPECFORGE_SRC": "specforge==0.2.0",
+    "HSDUMP_SPECULATORS09_SRC": "speculators==0.9.0",
+    "HSDUMP_HS_CONNECTORS_SRC": "hs-connectors==0.9.0",
 }
 
 
@@ -522,3 +524,202 @@ def test_regenerated_conversations_export_as_messages(tmp_path):
     w.close()
     with pytest.raises(ex.ExportError, match="no regenerated conversations"):
         ex.export(str(plain), str(tmp_path / "none"), "messages", progress=False)
+
+
+# -------------------------------------------------------------------------------------------
+# Drafter kinds: one capture of the union of EAGLE-3's, DFlash's and DSpark's layers (an
+# 8-layer Llama: [2, 4, 5] and [2, 3, 4, 5, 6]) with both final states, exported per kind and
+# read by the peers' own packages, imported whole from their wheels (SpecForge 0.2.0's
+# algorithm registry, offline reader, feature store and normalizers, as its trainer builds
+# them; speculators 0.9.0's ArrowDataset with hs-connectors 0.9.0's FileTransfer).
+KIND_LAYERS = [2, 4, 5, 3, 6]
+KLENS = {0: 5, 2: 17, 3: 9, 9: 40, 12: 12}
+
+
+def kind_sample(sid, n):
+    g = torch.Generator().manual_seed(100 + sid)
+    ids = torch.randint(0, 100, (n,), generator=g)
+    mask = torch.tensor([0] * (n // 2) + [1] * (n - n // 2))
+    hs = {k: torch.randn(n, H, generator=g) for k in KIND_LAYERS}
+    fin = {k: torch.randn(n, H, generator=g) for k in ("pre_norm", "post_norm")}
+    return ids, mask, hs, fin
+
+
+def kinds_dataset(path, kinds=("eagle3", "dflash", "dspark"), final=("pre_norm", "post_norm")):
+    """A dataset as `capture=all_kinds` writes it for an 8-layer Llama (its manifest's kinds
+    from hsdump.capture.kinds.record), or with fewer kinds/finals."""
+    import dataclasses
+
+    from hsdump.capture.kinds import KINDS, record
+    from hsdump.store.writer import DatasetWriter
+
+    per_kind = {k: sorted(KINDS[k].default_layers(8)) for k in kinds}
+    layers = [k for k in KIND_LAYERS if any(k in v for v in per_kind.values())]
+    m = rows_manifest(layers=layers, final=list(final), architecture="LlamaForCausalLM")
+    m = dataclasses.replace(m, kinds=record(per_kind, "LlamaForCausalLM", "0.5.23"))
+    w = DatasetWriter(str(path), m)
+    for sid, n in KLENS.items():
+        ids, mask, hs, fin = kind_sample(sid, n)
+        w.add(sid, ids.tolist(), mask.tolist(), [hs[k] for k in layers], {f: fin[f] for f in final})
+    w.close()
+    return path
+
+
+@pytest.fixture
+def peers(monkeypatch):
+    """Import the peers' wheels as packages: their roots on sys.path for this test, and their
+    modules dropped from sys.modules afterwards (the other tests load single files of older
+    releases under the same names)."""
+    roots = []
+
+    def add(*envs):
+        for env in envs:
+            roots.append(_peer_root(env))
+            monkeypatch.syspath_prepend(roots[-1])
+
+    yield add
+    for name in list(sys.modules):
+        if name.split(".")[0] in ("specforge", "speculators", "hs_connectors"):
+            del sys.modules[name]
+
+
+def specforge_loader(dest, kind, max_len=64):
+    """SpecForge 0.2.0's offline training input for algorithm `kind`, built as its launch.py
+    builds it: the algorithm's offline provider's reader (every file listed and, with
+    SPECFORGE_VALIDATE_OFFLINE_FEATURES=1, opened and checked for its keys), a LocalFeatureStore
+    and the FeatureDataLoader with the algorithm's normalizer and collator. Yields
+    (file position, the batch's tensors)."""
+    from specforge.algorithms.builtin import builtin_algorithm_registry
+    from specforge.runtime.data_plane.feature_dataloader import FeatureDataLoader
+    from specforge.runtime.data_plane.feature_store import LocalFeatureStore
+
+    provider = builtin_algorithm_registry().resolve(kind).providers.offline_for("text")
+    refs = provider.build_reader(str(dest), run_id="t", ttt_length=1, max_len=max_len).read()
+    assert len(refs) == len(KLENS) and all(r.feature_specs for r in refs)  # validated
+    norm = provider.build_normalizer(max_len, ttt_length=1, use_usp_preprocess=False)
+    loader = FeatureDataLoader(
+        LocalFeatureStore("t"),
+        refs=refs,
+        batch_size=1,
+        collate_fn=provider.build_collator(),
+        per_sample_transform=norm,
+        drop_last=False,
+        strategy=kind,
+        num_workers=0,
+    )
+    position = {r.sample_id: int(Path(r.feature_store_uri).stem.split("_")[1]) for r in refs}
+    for batch in loader:  # a TrainBatch
+        assert batch.strategy == kind and len(batch.sample_ids) == 1
+        yield position[batch.sample_ids[0]], batch.tensors
+
+
+@pytest.mark.parametrize("kind", ["eagle3", "dflash", "domino", "dspark"])
+def test_specforge_trains_each_kind_from_one_capture(kind, tmp_path, peers, monkeypatch):
+    peers("HSDUMP_SPECFORGE_SRC")
+    monkeypatch.setenv("SPECFORGE_VALIDATE_OFFLINE_FEATURES", "1")
+    src = kinds_dataset(tmp_path / "src")
+    dest = tmp_path / kind
+    assert ex.export(str(src), str(dest), "specforge", kind=kind, progress=False)["written"] == 5
+    want = [2, 4, 5] if kind == "eagle3" else [2, 3, 4, 5, 6]
+    state = json.loads((dest / ex.STATE).read_text())
+    assert state["kind"] == kind and state["kind_layers"] == want
+    assert state["serving_ids"] == [k - 1 for k in want]  # Llama's setters add 1
+    assert state["serving_ids_key"] == (
+        "eagle_config.eagle_aux_hidden_state_layer_ids"
+        if kind == "eagle3"
+        else "dflash_config.target_layer_ids"
+    )
+    seen = 0
+    for i, batch in specforge_loader(dest, kind):
+        sid = sorted(KLENS)[i]
+        ids, mask, hs, fin = kind_sample(sid, KLENS[sid])
+        cat = bf(torch.cat([hs[k] for k in want], -1))
+        assert torch.equal(batch["input_ids"][0], ids)
+        if kind == "eagle3":
+            assert torch.equal(batch["hidden_state"][0], cat)
+            assert torch.equal(batch["target"][0], bf(fin["post_norm"]))
+        else:
+            assert torch.equal(batch["hidden_states"][0], cat)
+            assert torch.equal(batch["loss_mask"][0], mask)
+            if kind == "dspark":
+                got = batch["target_last_hidden_states"][0]
+                assert torch.equal(got, bf(fin["post_norm"]))
+            else:
+                assert "target_last_hidden_states" not in batch
+        seen += 1
+    assert seen == len(KLENS)
+
+
+@pytest.mark.parametrize("kind", ["eagle3", "dflash"])
+def test_speculators_09_reads_each_kind(kind, tmp_path, peers):
+    peers("HSDUMP_SPECULATORS09_SRC", "HSDUMP_HS_CONNECTORS_SRC")
+    from speculators.train.data import ArrowDataset
+
+    src = kinds_dataset(tmp_path / "src")
+    dest = tmp_path / kind
+    ex.export(str(src), str(dest), "speculators", kind=kind, progress=False)
+    want = [2, 4, 5] if kind == "eagle3" else [2, 3, 4, 5, 6]
+    assert json.loads((dest / ex.STATE).read_text())["serving_ids"] == [k - 1 for k in want]
+    ds = ArrowDataset(max_len=64, datapath=str(dest), on_missing="raise")
+    assert len(ds) == len(KLENS)
+    for i, sid in enumerate(sorted(KLENS)):
+        ids, mask, hs, fin = kind_sample(sid, KLENS[sid])
+        r = ds[i]
+        assert torch.equal(r["hidden_states"], bf(torch.cat([hs[k] for k in want], -1)))
+        assert torch.equal(r["verifier_last_hidden_states"], bf(fin["pre_norm"]))
+        assert torch.equal(r["loss_mask"], mask)
+
+
+def test_a_kind_the_capture_lacks_is_refused_naming_the_reextraction(tmp_path):
+    only_eagle3 = kinds_dataset(tmp_path / "e3", kinds=("eagle3",), final=("post_norm",))
+    with pytest.raises(
+        ex.ExportError, match=r"not \[3, 6\] of dflash.*capture.kinds=\[eagle3,dflash\]"
+    ):
+        ex.export(str(only_eagle3), str(tmp_path / "d"), "specforge", kind="dflash", progress=False)
+    no_post = kinds_dataset(tmp_path / "np", final=("pre_norm",))
+    with pytest.raises(ValueError, match=r"capture.final=\[post_norm\]"):
+        ex.export(str(no_post), str(tmp_path / "s"), "specforge", kind="dspark", progress=False)
+    with pytest.raises(ex.ExportError, match="is the post-norm final state.*not 'pre_norm'"):
+        ex.export(
+            str(no_post),
+            str(tmp_path / "s"),
+            "specforge",
+            kind="dspark",
+            final_state="pre_norm",
+            progress=False,
+        )
+    with pytest.raises(ex.ExportError, match="speculators takes --kind eagle3, dflash"):
+        ex.export(str(no_post), str(tmp_path / "x"), "speculators", kind="dspark", progress=False)
+    for d in ("d", "s", "x"):
+        assert not (tmp_path / d).exists()  # refused before DEST is made
+    # DFlash needs no final state in SpecForge's records
+    ex.export(str(no_post), str(tmp_path / "ok"), "specforge", kind="dflash", progress=False)
+    # a dataset from before kinds were recorded: EAGLE-3 takes every layer, in their order,
+    # as before; DFlash its default for the depth, and the serving ids from the class's rule
+    mpath = only_eagle3 / "manifest.json"
+    m = json.loads(mpath.read_text())
+    del m["kinds"]
+    mpath.write_text(json.dumps(m))
+    assert (
+        ex.export(str(only_eagle3), str(tmp_path / "e"), "specforge", progress=False)["written"]
+        == 5
+    )
+    assert json.loads((tmp_path / "e" / ex.STATE).read_text())["serving_ids"] == [1, 3, 4]
+    with pytest.raises(ex.ExportError, match=r"not \[3, 6\] of dflash"):
+        ex.export(str(only_eagle3), str(tmp_path / "d"), "specforge", kind="dflash", progress=False)
+
+
+def test_cli_prints_the_serving_ids(tmp_path, capsys):
+    src = kinds_dataset(tmp_path / "src")
+    dest = tmp_path / "d"
+    argv = [str(src), str(dest), "--to", "specforge", "--kind", "dspark", "--no-progress"]
+    assert ex.main(argv) == 0
+    out = capsys.readouterr().out
+    assert "(specforge, dspark): 5 samples written" in out
+    assert (
+        "serving ids [1, 2, 3, 4, 5]: put them in the drafter's config.json as dflash_config.target_layer_ids"
+        in out
+    )
+    # another kind into the same DEST is another export
+    assert ex.main([*argv[:4], "--kind", "dflash", "--no-progress"]) == 2
+    assert "kind: 'dspark' -> 'dflash'" in capsys.readouterr().err

@@ -12,13 +12,22 @@ Formats (layouts read from the peers' own loaders, see docs/trainers.md, "Export
                   "hidden_states": [K+1 tensors [seq, H]], "loss_mask"}), plus
                   data_config.json and sample_lengths.json (no .pt besides the samples:
                   that loader takes every *.pt under DEST as a sample).
-  specforge       SpecForge: DEST/rows_{g}-{g+2000}/data_{i}.ckpt = torch.save({"input_ids"
-                  [seq], "loss_mask" [seq], "aux_hidden_state" [1, seq, K*H],
-                  "hidden_state" [1, seq, H]}), g = i - i % 2000.
+  specforge       SpecForge 0.2.0: DEST/rows_{g}-{g+2000}/data_{i}.ckpt = torch.save({...}),
+                  g = i - i % 2000; per `--kind`: eagle3 {"input_ids" [seq], "loss_mask"
+                  [seq], "aux_hidden_state" [1, seq, K*H], "hidden_state" [1, seq, H]
+                  (post-norm)}; dflash and domino {"input_ids", "loss_mask",
+                  "hidden_states" [seq, K*H]}; dspark the same plus
+                  "target_last_hidden_states" [seq, H] (post-norm).
   messages        the conversations a `regenerate.turns` run rewrote with the target model:
                   DEST/conversations.jsonl, one {"id", "messages"} object per sample (the
                   messages/ShareGPT-style input of SpecForge, speculators or hsdump itself);
                   no hidden states.
+
+`--kind` (eagle3 by default; dflash for speculators; dflash, dspark, domino for SpecForge)
+picks that drafter kind's layers out of the captured ones (the manifest's `kinds`, or the
+kind's default for the model's depth: hsdump.capture.kinds) and refuses, naming the
+re-extraction, when one was not captured; DEST/hsdump_export.json records the kind, its layers
+and the SGLang serving ids the drafter's config must carry (`serving_ids`, also printed).
 
 `i` is the sample's position in hsdump id order (0..n-1, after --min-len/--max-len), because
 speculators pairs Arrow row i with hs_{i}; DEST/hsdump_export.json records the hsdump sample
@@ -50,6 +59,7 @@ from pathlib import Path
 from typing import Callable, Dict, List, Optional
 
 from hsdump import __version__
+from hsdump.capture.kinds import EXPORT_KINDS
 from hsdump.store.commits import read_manifest
 from hsdump.store.files import read_json_object
 from hsdump.store.layout import FINAL_KINDS, LAST_LAYER, check_not_dry
@@ -59,6 +69,13 @@ STATE = "hsdump_export.json"
 SPECFORGE_GROUP = 2000
 PREFER = {"speculators": "pre_norm", "speculators-v1": "pre_norm", "specforge": "post_norm"}
 MESSAGES = "conversations.jsonl"
+CONFIG_KEY = {
+    "eagle3": "eagle_config.eagle_aux_hidden_state_layer_ids",
+    "dflash": "dflash_config.target_layer_ids",
+    "dspark": "dflash_config.target_layer_ids",
+}
+"""Where SGLang 0.5.23 reads a drafter's layer ids from its config.json, by the capture kind
+whose layers it takes (models/llama_eagle3.py's loader; speculative/dflash_utils.py)."""
 
 
 def rel_path(fmt: str, i: int) -> str:
@@ -104,14 +121,33 @@ def _json(obj) -> Callable[[Path], None]:
 
 
 # ---------------------------------------------------------------------- per-format records
-def sample_writer(fmt: str, rec: dict, final: Optional[str]) -> Callable[[Path], None]:
-    """A function writing sample `rec` in format `fmt` to a path."""
+def sample_writer(
+    fmt: str,
+    rec: dict,
+    final: Optional[str],
+    pick: Optional[List[int]] = None,
+    kind: str = "eagle3",
+) -> Callable[[Path], None]:
+    """A function writing sample `rec` in format `fmt` to a path: the hidden states at
+    positions `pick` of the captured layers (all of them when None), for drafter `kind`."""
     import torch
 
     from hsdump.store.reader import verifier_state
 
     hs: List[torch.Tensor] = list(rec["hidden_states"])
+    if pick is not None:
+        hs = [hs[j] for j in pick]
     v = verifier_state(rec, final)
+    if fmt == "specforge" and kind != "eagle3":
+        # SpecForge's DFlash-family records (dflash_family_data.normalize_offline_sample)
+        out = {
+            "input_ids": rec["input_ids"],
+            "loss_mask": rec["loss_mask"],
+            "hidden_states": torch.cat(hs, dim=-1).contiguous(),
+        }
+        if kind == "dspark":  # normalize_dspark_offline_sample: the post-norm final state
+            out["target_last_hidden_states"] = v.contiguous()
+        return _torch_save(out)
     if fmt == "speculators":
         from safetensors.torch import save_file
 
@@ -155,7 +191,8 @@ def _prepare_dest(dest: Path, state: dict, overwrite: bool) -> None:
                     "use --overwrite to start over, or another DEST"
                 ) from None
             old = {}
-        keys = ("to", "final_state", "layers", "ids")
+        keys = ("to", "kind", "final_state", "layers", "ids")
+        old = {"kind": "eagle3", **old}  # an export from before --kind
         diff = [k for k in keys if old.get(k) != state.get(k)]
         if diff and not overwrite:
             what = ", ".join(
@@ -198,12 +235,16 @@ def export(
     progress: bool = True,
     allow_dry: bool = False,
     workers: int = 8,
+    kind: str = "eagle3",
 ) -> Dict[str, int]:
-    """Export dataset `src` to `dest` in format `fmt`; returns counts (written, skipped, bytes).
-    A dataset of engine=dry is refused unless `allow_dry`. `workers` samples are written at
-    once (threads: reading, torch and the fsync release the GIL)."""
+    """Export dataset `src` to `dest` in format `fmt` for drafter `kind`; returns counts
+    (written, skipped, bytes). A dataset of engine=dry is refused unless `allow_dry`. `workers`
+    samples are written at once (threads: reading, torch and the fsync release the GIL)."""
     if fmt not in FORMATS:
         raise ExportError(f"unknown format {fmt!r}; use one of {', '.join(FORMATS)}")
+    offered = EXPORT_KINDS.get(fmt, ("eagle3",) if fmt != "messages" else None)
+    if offered is not None and kind not in offered:
+        raise ExportError(f"--to {fmt} --kind {kind}: {fmt} takes --kind {', '.join(offered)}")
     # a folder that is no dataset, or a dry one, is refused before torch loads
     check_not_dry(src, read_manifest(Path(src)), allow_dry, "hsdump export --allow-dry")
     from hsdump.store.reader import HsdumpDataset, resolve_final_state
@@ -219,8 +260,19 @@ def export(
         raise ExportError(f"{src}: no sample to export (length filter {min_len}..{max_len})")
     if fmt == "messages":
         return export_messages(ds, Path(dest), progress)
-    final = resolve_final_state(ds, final_state, prefer=PREFER[fmt])
-    if final is None:
+    chosen = pick_kind(ds, read_manifest(Path(src)), kind)
+    if fmt == "specforge" and kind in ("dflash", "domino"):
+        final = None  # SpecForge's DFlash-family records hold no final state
+    else:
+        final = resolve_final_state(ds, final_state, prefer=PREFER[fmt])
+    if kind == "dspark" and final != "post_norm":
+        raise ExportError(
+            f"{src}: a DSpark record's target_last_hidden_states is the post-norm final state "
+            f"(SpecForge feeds it to lm_head), not {final!r}: extract with "
+            "capture.kinds=[...,dspark] (or capture.final=[post_norm]) and export with "
+            "--final-state auto"
+        )
+    if final is None and not (fmt == "specforge" and kind in ("dflash", "domino")):
         raise ExportError(
             f"{fmt} needs the verifier's final state: pass --final-state "
             f"pre_norm, post_norm or {LAST_LAYER}"
@@ -233,6 +285,11 @@ def export(
         "source": str(Path(src).resolve()),
         "final_state": final,
         "layers": ds.layers,
+        "kind": kind,
+        "kind_layers": chosen["layers"],
+        "serving_ids": chosen["serving_ids"],
+        "serving_ids_key": chosen["config_key"],
+        "serving_class": chosen["architecture"],
         "min_len": min_len,
         "max_len": max_len,
         "complete": False,
@@ -254,7 +311,7 @@ def export(
 
     def one(sid: int, path: Path) -> int:  # read, build, write, fsync, rename: one sample
         rec = ds.get(sid)
-        return _commit(path, sample_writer(fmt, rec, final))
+        return _commit(path, sample_writer(fmt, rec, final, chosen["pick"], kind))
 
     def done(f) -> None:
         counts["bytes"] += f.result()  # a worker's error stops the export here
@@ -315,6 +372,49 @@ def export(
     state["complete"] = True
     _write_state(dest_p, state)
     return counts
+
+
+def pick_kind(ds, manifest: dict, kind: str) -> dict:
+    """Drafter `kind`'s layers out of dataset `ds`'s: `layers` (hf_hidden_states_index),
+    `pick` (their positions among the captured ones), `serving_ids` (what SGLang's class needs
+    in the drafter's config to serve them, None where hsdump has no checked rule), and
+    `config_key`. From the manifest's `kinds` when it recorded the kind, else the kind's
+    default for the model's depth (EAGLE-3: every captured layer, in their order, as hsdump
+    exported before kinds were recorded). ExportError naming the re-extraction when a layer
+    is missing."""
+    from hsdump.capture.families import kind_rule
+    from hsdump.capture.kinds import KINDS, LAYERS_OF, serving_ids
+
+    base = LAYERS_OF.get(kind, kind)
+    model = manifest.get("model") or {}
+    arch, depth = model.get("architecture"), model.get("num_hidden_layers")
+    rec = (manifest.get("kinds") or {}).get(base)
+    sglang = manifest.get("sglang_version")
+    if rec is not None:
+        want, ids = [int(k) for k in rec["layers"]], rec.get("serving_ids")
+    else:
+        if base == "eagle3" or depth is None:
+            want = list(ds.layers)
+        else:
+            want = KINDS[base].default_layers(int(depth))
+        version = None if sglang in (None, "absent") else sglang
+        ids = serving_ids(kind_rule(arch, base, version), want) if arch else None
+    missing = [k for k in want if k not in ds.layers]
+    if missing:
+        kinds = list((manifest.get("kinds") or {"eagle3": None}).keys())
+        again = ",".join(dict.fromkeys(kinds + [base]))
+        raise ExportError(
+            f"{ds.path} holds layers {ds.layers}, not {missing} of {base}'s {want}: extract "
+            f"again with capture.kinds=[{again}] (the union of their layers), or with "
+            f"capture.kind_layers.{base}=[...] naming layers it captured"
+        )
+    return {
+        "layers": want,
+        "pick": [ds.layers.index(k) for k in want],
+        "serving_ids": ids,
+        "config_key": CONFIG_KEY[base],
+        "architecture": arch,
+    }
 
 
 def export_messages(ds, dest: Path, progress: bool) -> Dict[str, int]:
@@ -408,6 +508,13 @@ def main(argv=None) -> int:
     p.add_argument("dest", help="where to write the export")
     p.add_argument("--to", required=True, choices=FORMATS)
     p.add_argument(
+        "--kind",
+        default="eagle3",
+        choices=EXPORT_KINDS["specforge"],
+        help="drafter kind whose layers (and records) to write: eagle3 (default); dflash "
+        "(specforge, speculators); dspark, domino (specforge)",
+    )
+    p.add_argument(
         "--final-state",
         default="auto",
         choices=("auto", *FINAL_KINDS, LAST_LAYER),
@@ -447,12 +554,25 @@ def main(argv=None) -> int:
             progress=not a.no_progress,
             allow_dry=a.allow_dry,
             workers=a.workers,
+            kind=a.kind,
         )
     except (ValueError, OSError, KeyError) as e:  # ExportError is a ValueError
         print(f"{prog('export')}: {e}", file=sys.stderr)
         return 2
     print(
-        f"exported to {a.dest} ({a.to}): {c['written']} samples written "
+        f"exported to {a.dest} ({a.to}, {a.kind}): {c['written']} samples written "
         f"({c['bytes'] / 2**20:,.1f} MiB), {c['skipped']} already there"
     )
+    if a.to in EXPORT_KINDS:
+        state = read_json_object(Path(a.dest) / STATE)
+        ids = state.get("serving_ids")
+        print(
+            f"layers {state['kind_layers']} (hf_hidden_states_index); SGLang serving ids "
+            + (
+                f"{ids}: put them in the drafter's config.json as {state['serving_ids_key']}"
+                if ids is not None
+                else f"unknown for {state.get('serving_class')} (hsdump has no checked rule "
+                'for this class and kind: docs/layers.md, "Drafter kinds")'
+            )
+        )
     return 0
