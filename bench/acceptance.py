@@ -44,8 +44,6 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
 
 DEFAULT_LAYERS = [2, 15, 27]  # EAGLE-3's [2, L // 2, L - 3] for L = 30 (docs/layers.md)
 OFF_LAYERS = [3, 16, 28]

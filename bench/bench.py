@@ -447,10 +447,10 @@ def builtin_engine(model_path: str, ec, layers: List[int], version: str, tp: int
     if version == "0.5.17":
         os.environ[AUX_ENV] = ",".join(str(k) for k in layers)
 
-        class AuxCaptureEngine(Engine):
+        class AuxEngine(Engine):
             run_scheduler_process_func = staticmethod(aux_scheduler_process)
 
-        return AuxCaptureEngine(**kw)
+        return AuxEngine(**kw)
     kw.update(
         speculative_algorithm="EAGLE3",
         enable_return_aux_hidden_states=True,

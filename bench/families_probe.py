@@ -1,7 +1,7 @@
 """Which EAGLE-3 target families hsdump captures right: a real extraction per family, checked
 against transformers.
 
-For each family of `tests/families.py` (or those named): build (or reuse) its tiny random
+For each family of `hsdump.testing.families` (or those named): build (or reuse) its tiny random
 checkpoint, run hsdump's real path in a subprocess,
 
     python extract.py model.path=CKPT capture.layers=[1,L//2,L-1] dataset.max_samples=4 \
@@ -10,8 +10,8 @@ checkpoint, run hsdump's real path in a subprocess,
 with a time limit, read the stored rows back with `hsdump.store.reader.HsdumpDataset`, and compare
 every stored tensor of layer k (hf_hidden_states_index) with transformers' float32
 `output_hidden_states=True` `hidden_states[k]` of the same input_ids (the checkpoint's own
-transformers class: a vision-language wrapper is run text-only). Tolerance: tests/tolerance.py's
-per-sample rule, as tests/test_engine.py: err <= 3 * bf16_err + 0.002 per sample and layer,
+transformers class: a vision-language wrapper is run text-only). The verdict:
+hsdump.testing.probe, by hsdump.check's per-sample rule: err <= 3 * bf16_err + 0.002 per sample and layer,
 where bf16_err is transformers' own bf16-vs-float32 error on the same input. Errors against
 hidden_states[k-1] and [k+1] are reported too, and for a failing layer the index the rows
 match best.
@@ -33,32 +33,55 @@ import json
 import os
 import re
 import shutil
+import signal
+import subprocess
 import sys
 import tempfile
 import time
 import traceback
 from pathlib import Path
 
+import torch
+
+from bench import environment as bench_environment
+from hsdump.check import PER_SAMPLE_EPS, PER_SAMPLE_FACTOR, hf_hidden_states
+from hsdump.testing.families import FAMILIES, build, extract_overrides
+from hsdump.testing.probe import compare, layers_for, outcome
+
 ROOT = Path(__file__).resolve().parents[1]
-for p in (ROOT, ROOT / "tests"):
-    if str(p) not in sys.path:
-        sys.path.insert(0, str(p))
-
-import torch  # noqa: E402
-from families import FAMILIES, build, hf_hidden_states, run_extract  # noqa: E402,F401
-from gpu_check import environment  # noqa: E402
-from tolerance import (  # noqa: E402
-    MATCH_EPS,
-    MATCH_FACTOR,
-    PER_SAMPLE_EPS,
-    PER_SAMPLE_FACTOR,
-    moe_layer_failures,
-    rel_err,
-)
 
 
-def layers_for(num_layers: int):
-    return [1, num_layers // 2, num_layers - 1]
+def environment() -> dict:
+    return bench_environment("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def run_extract(ckpt, name, layers, out_dir, device, samples, timeout, log_path, overrides):
+    """extract.py on a family's checkpoint in a session of its own, its output in `log_path`;
+    after `timeout` seconds it is killed with its SGLang processes (the process group).
+    {"rc" (None on a timeout), "timed_out", "seconds", "log"}."""
+    cmd = [sys.executable, str(ROOT / "extract.py"), "progress=false"]
+    cmd += extract_overrides(ckpt, name, layers, device, samples)
+    cmd += [f"output.dir={out_dir}", *overrides]
+    env = dict(os.environ, PYTHONFAULTHANDLER="1", PYTHONUNBUFFERED="1")
+    t0 = time.time()
+    with open(log_path, "w") as log:
+        log.write(" ".join(cmd) + "\n\n")
+        log.flush()
+        proc = subprocess.Popen(
+            cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+        )
+        try:
+            rc, timed_out = proc.wait(timeout=timeout), False
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+            rc, timed_out = None, True
+    return {
+        "rc": rc,
+        "timed_out": timed_out,
+        "seconds": round(time.time() - t0, 1),
+        "log": Path(log_path).read_text(errors="replace"),
+    }
 
 
 # --------------------------------------------------------------------------- extraction
@@ -149,100 +172,6 @@ def failure(name: str, log: str) -> str:
     return why
 
 
-def compare(records, layers, ref32, ref16) -> dict:
-    per = {str(k): {"err": [], "bf16": [], "prev": [], "next": [], "best": []} for k in layers}
-    problems = []
-    for sid, rec in records.items():
-        r32, r16 = ref32[sid], ref16[sid]
-        for j, k in enumerate(layers):
-            h = rec["hidden_states"][j]
-            d = per[str(k)]
-            if tuple(h.shape) != tuple(r32[k].shape):
-                problems.append(
-                    f"sample {sid} layer {k}: shape {tuple(h.shape)} != {tuple(r32[k].shape)}"
-                )
-                continue
-            d["err"].append(rel_err(h, r32[k]))
-            d["bf16"].append(rel_err(r16[k], r32[k]))
-            d["prev"].append(rel_err(h, r32[k - 1]))
-            d["next"].append(rel_err(h, r32[k + 1]) if k + 1 < len(r32) else None)
-            errs = [rel_err(h, r) for r in r32]
-            best = min(range(len(errs)), key=errs.__getitem__)
-            d["best"].append([best, errs[best]])
-            if not torch.isfinite(h.float()).all():
-                problems.append(f"sample {sid} layer {k}: non-finite values")
-    status, detail = "ok", []
-    for k in layers:
-        d = per[str(k)]
-        for e, s, (b, be) in zip(d["err"], d["bf16"], d["best"]):
-            if e > PER_SAMPLE_FACTOR * s + PER_SAMPLE_EPS:
-                if b != k and be <= MATCH_FACTOR * s + MATCH_EPS:
-                    status = "wrong-layer"
-                    detail.append(f"layer {k} rows match hf[{b}] ({be:.4f}), not hf[{k}] ({e:.4f})")
-                else:
-                    status = "wrong-layer" if status == "wrong-layer" else "wrong"
-                    detail.append(
-                        f"layer {k}: err {e:.4f} > {PER_SAMPLE_FACTOR} x bf16 "
-                        f"{s:.4f} + {PER_SAMPLE_EPS}; best index hf[{b}] {be:.4f}"
-                    )
-                break
-    if problems:
-        status = "wrong"
-    # tests/tolerance.py's MoE rule (tests/test_gpu.py's): per layer, mean err <= 2 x mean
-    # bf16 err + 0.005 and every err <= 3 x the largest bf16 err + 0.005. In an MoE a
-    # near-tied router flips experts for a few tokens in either bf16 run, so one prompt's bf16
-    # error can be far below the engine's while others are above it.
-    moe_ok = not problems
-    lens = [len(rec["input_ids"]) for rec in records.values()]
-    for k in layers:
-        d = per[str(k)]
-        if d["err"] and moe_layer_failures(k, d["err"], d["bf16"], lens):
-            moe_ok = False
-    summary = {}
-    for k in layers:
-        d = per[str(k)]
-        if d["err"]:
-            nxt = [x for x in d["next"] if x is not None]
-            summary[str(k)] = {
-                "worst": max(d["err"]),
-                "bf16_worst": max(d["bf16"]),
-                "prev_min": min(d["prev"]),
-                "next_min": min(nxt) if nxt else None,
-                "best_index": sorted({b for b, _ in d["best"]}),
-                "err": d["err"],
-                "bf16": d["bf16"],
-            }
-    return {
-        "status": status,
-        "moe_rule_ok": moe_ok,
-        "detail": sorted(set(detail))[:6],
-        "problems": problems[:6],
-        "per_layer": summary,
-        "raw": per,
-    }
-
-
-def outcome(cmp: dict, prompts) -> dict:
-    """The verdict fields of a family's results from compare()'s. A family whose every row was
-    refused before a comparison (transformers' rows of another shape: GLM-5-next's 4
-    hyper-connection streams, say) is "wrong" with the problems, not a crash."""
-    if not cmp["per_layer"]:
-        return {"status": "wrong", "problems": cmp["problems"], "samples": len(prompts)}
-    per = cmp["per_layer"].values()
-    return {
-        "status": cmp["status"],
-        "moe_rule_ok": cmp["moe_rule_ok"],
-        "detail": cmp["detail"],
-        "problems": cmp["problems"],
-        "per_layer": cmp["per_layer"],
-        "samples": len(prompts),
-        "sample_lens": [len(p) for p in prompts],
-        "worst": max(v["worst"] for v in per),
-        "bf16_worst": max(v["bf16_worst"] for v in per),
-        "neighbour_min": min(min(v["prev_min"], v["next_min"] or 9e9) for v in per),
-    }
-
-
 # --------------------------------------------------------------------------- one family
 def probe(name: str, args, workdir: Path) -> dict:
     from hsdump.capture.layers import read_model_info
@@ -310,8 +239,8 @@ def probe(name: str, args, workdir: Path) -> dict:
         sids = sorted(records)
         prompts = [records[s]["input_ids"].tolist() for s in sids]
         dev = "cuda" if args.device == "gpu" and torch.cuda.is_available() else "cpu"
-        r32 = hf_hidden_states(ckpt, fam.cls, prompts, torch.float32, dev)
-        r16 = hf_hidden_states(ckpt, fam.cls, prompts, torch.bfloat16, dev)
+        r32 = hf_hidden_states(ckpt, prompts, torch.float32, dev, cls=fam.cls)
+        r16 = hf_hidden_states(ckpt, prompts, torch.bfloat16, dev, cls=fam.cls)
         ref32 = dict(zip(sids, r32))
         ref16 = dict(zip(sids, r16))
         cmp = compare(records, layers, ref32, ref16)

@@ -1,12 +1,12 @@
 """README's model-family table, generated from the recorded results.
 
 Rows: every architecture the installed SGLang registers with EAGLE-3 aux capture
-(`set_eagle3_layers_to_capture`), every class of tests/families.py, and hsdump.capture.families'
+(`set_eagle3_layers_to_capture`), every class of hsdump.testing.families, and hsdump.capture.families'
 verified list. Errors come from the results files: bench/results/families-cpu.json (`results`:
 `bench/families_probe.py` on the CPU, SGLang 0.5.23; `gpu_preview`: the same with `--device
 gpu` on one H200, SGLang 0.5.17), bench/results/families-gpu-0523.json (the same on one H200,
 SGLang 0.5.23), bench/results/kimi-gpu-first.json, kimi-gpu-0523-bf16.json and kimi-gpu-0523-int4.json
-(bench/kimi_check.py) and
+(tests/test_gpu_kimi.py's checkpoint through the kimi_k25 preset) and
 bench/results/gpu-check-h200.json and gpu-0523-deepseek_v3.json (tests/test_gpu.py's cases on
 SGLang 0.5.17 and 0.5.23); families-cpu.json's
 `refused` block gives, per class, why a target stays refused (with the SGLang version). Status is hsdump's: verified
@@ -25,11 +25,11 @@ import re
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
+from hsdump.testing.families import README_TABLE
 
+ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench" / "results"
-BEGIN, END = "<!-- families:begin -->", "<!-- families:end -->"
+BEGIN, END = README_TABLE
 DRAFT = re.compile(r"(Eagle3?|MTP|NextN|Assistant)")
 
 
@@ -49,7 +49,7 @@ def registered_eagle3() -> list:
 def measured() -> dict:
     """{architecture: [(where, worst, bf16 worst, status)]} from the results files."""
     out: dict = {}
-    from families import FAMILIES as TEST_FAMILIES
+    from hsdump.testing.families import FAMILIES as TEST_FAMILIES
 
     fam = json.loads((RESULTS / "families-cpu.json").read_text())
     gpu23 = json.loads((RESULTS / "families-gpu-0523.json").read_text())
@@ -65,7 +65,7 @@ def measured() -> dict:
             out.setdefault(TEST_FAMILIES[name].cls, []).append(
                 (where, r.get("worst"), r.get("bf16_worst"), status)
             )
-    # bench/kimi_check.py's runs: SGLang 0.5.17 (kimi-gpu-first.json), 0.5.23 bf16
+    # the Kimi-K2.5 checkpoint's runs (tests/test_gpu_kimi.py's check): SGLang 0.5.17 (kimi-gpu-first.json), 0.5.23 bf16
     # (gpu-0523-second.json) and INT4 (gpu-0523-fourth.json: its first forward JIT-builds
     # SGLang's Marlin MoE kernels, 11 min on a fresh host, run as a bg step)
     for name, version in (
@@ -128,9 +128,8 @@ def _fmt(x) -> str:
 
 
 def table(archs=None) -> str:
-    from families import FAMILIES as TEST_FAMILIES
-
     from hsdump.capture.families import family_of
+    from hsdump.testing.families import FAMILIES as TEST_FAMILIES
 
     archs = set(archs if archs is not None else registered_eagle3())
     archs |= {f.cls for f in TEST_FAMILIES.values()}

@@ -6,11 +6,8 @@ states through transformers.
 """
 
 import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-import torch  # noqa: E402
+import torch
 
 from hsdump.store.fp8 import error_report, heavy_tailed  # noqa: E402
 

@@ -45,14 +45,11 @@ import time
 from pathlib import Path
 from typing import Dict, List, Optional
 
+import psutil
+import torch
+
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
-for p in (str(ROOT), str(HERE)):
-    if p not in sys.path:
-        sys.path.insert(0, p)
-
-import psutil  # noqa: E402
-import torch  # noqa: E402
 
 
 def proc_role(p: psutil.Process) -> str:
@@ -910,13 +907,13 @@ def main(argv=None) -> int:
 
     import bench
     from hsdump.capture.layers import read_model_info, resolve_layers
-    from hsdump.config import ModelConfig, OutputConfig
+    from hsdump.config import OutputConfig
     from hsdump.pipeline import rows_in_flight
     from hsdump.store.manifest import Manifest
     from hsdump.store.writer import DatasetWriter
 
     bench._prepare(a.device)
-    from hsdump.capture.engine import CaptureEngine
+    from hsdump.capture.start import start
 
     model = a.model if a.device == "cuda" else "tiny-llama"
     path = bench.build_model(model, f"{a.models_dir}/{model}", a.weights)
@@ -932,7 +929,7 @@ def main(argv=None) -> int:
     tracker = Tracker()
     install_tracker(tracker)  # before the engine's receiver starts
     t = time.time()
-    eng = CaptureEngine(path, ModelConfig(path=path), ec, layers, info)
+    eng = start(path, layers, ec, info=info)
     report = {
         "model": model,
         "layers": layers,

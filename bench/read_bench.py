@@ -34,8 +34,6 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
 from hsdump.store import fp8  # noqa: E402
 from hsdump.store.manifest import Manifest  # noqa: E402
 from hsdump.store.reader import HsdumpDataset, PadCollator, read_safetensors_header  # noqa: E402

@@ -22,26 +22,7 @@ import sys
 import time
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-ROOT = HERE.parent
-for p in (str(ROOT), str(HERE)):
-    if p not in sys.path:
-        sys.path.insert(0, p)
-
-import torch  # noqa: E402
-
-
-def engine_config(device: str, extra: dict):
-    from omegaconf import OmegaConf
-
-    from hsdump.config import EngineConfig
-
-    raw = OmegaConf.to_container(
-        OmegaConf.load(ROOT / "conf" / "engine" / ("gpu.yaml" if device == "cuda" else "cpu.yaml"))
-    )
-    raw.pop("defaults", None)
-    raw["extra"] = {**(raw.get("extra") or {}), **extra}
-    return EngineConfig(**raw)
+import torch
 
 
 def main(argv=None) -> int:
@@ -57,15 +38,14 @@ def main(argv=None) -> int:
     a = ap.parse_args(argv)
 
     import bench
-    from hsdump.capture.engine import CaptureEngine
     from hsdump.capture.layers import read_model_info, resolve_layers
-    from hsdump.config import ModelConfig
+    from hsdump.capture.start import engine_preset, start
 
     path = bench.build_model(a.model, f"{a.models_dir}/{a.model}", a.weights)
     info = read_model_info(path)
     layers = resolve_layers(None, None, info.num_hidden_layers)
     extra = {"load_format": "dummy"} if a.weights == "dummy" else {}
-    ec = engine_config(a.device, extra)
+    ec = engine_preset("gpu" if a.device == "cuda" else "cpu", extra=extra)
     g = torch.Generator().manual_seed(0)
     prompts = [
         torch.randint(100, min(info.vocab_size, 30000), (a.prompt_len,), generator=g).tolist()
@@ -80,7 +60,7 @@ def main(argv=None) -> int:
         "max_new_tokens": a.max_new_tokens,
     }
     t = time.perf_counter()
-    eng = CaptureEngine(path, ModelConfig(path=path, tp_size=1), ec, layers, info, generates=True)
+    eng = start(path, layers, ec, info=info, generates=True)
     res["engine_start_s"] = time.perf_counter() - t
     try:
         eng.generate([(i, p, sp) for i, p in enumerate(prompts[:8])])  # warm-up, both paths

@@ -24,24 +24,17 @@ import sys
 import time
 from pathlib import Path
 
+import torch
+
+from hsdump.dist import owns, writer_tag
+from hsdump.store.manifest import Manifest
+
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-import torch  # noqa: E402
-
-from hsdump.dist import owns, writer_tag  # noqa: E402
 
 H, LAYERS, SEQ = 8, [1, 2, 3], 16
 PER_SHARD = 5
 SAMPLE_BYTES = 2 * SEQ * 8 + len(LAYERS) * SEQ * H * 2
-MANIFEST = {
-    "format": "hsdump/speculators-v1",
-    "layers": LAYERS,
-    "storage_dtype": "bfloat16",
-    "convention": "hf_hidden_states_index",
-    "model": {"path": "scale", "hidden_size": H, "num_hidden_layers": 4},
-}
-COMPAT = {"model": "scale", "layers": LAYERS}
+MANIFEST = Manifest.for_rows(model="scale", hidden_size=H, num_hidden_layers=4, layers=LAYERS)
 
 
 def tensors():
@@ -53,18 +46,16 @@ def tensors():
 
 
 def open_writer(out, tag="", writer_cls=None, threads=6):
+    """Today's DatasetWriter, or `writer_cls` (old_writer_cls: format version 1, which took the
+    manifest as its JSON object and a resume key of its own)."""
+    kw = dict(shard_bytes=PER_SHARD * SAMPLE_BYTES, writer_tag=tag, threads=threads)
     if writer_cls is None:
-        from hsdump.store.writer import DatasetWriter as writer_cls
-    return writer_cls(
-        str(out),
-        MANIFEST,
-        COMPAT,
-        layers=LAYERS,
-        hidden_size=H,
-        shard_bytes=PER_SHARD * SAMPLE_BYTES,
-        writer_tag=tag,
-        threads=threads,
-    )
+        from hsdump.store.writer import DatasetWriter
+
+        return DatasetWriter(str(out), MANIFEST, **kw)
+    old = MANIFEST.to_json()
+    key = {"model": "scale", "layers": LAYERS}
+    return writer_cls(str(out), old, key, layers=LAYERS, hidden_size=H, **kw)
 
 
 def old_writer_cls():
@@ -104,10 +95,9 @@ def probe(kind: str, out: str) -> dict:
         "f,_,_=gather(OUT)\nn=f['samples']; s=time.perf_counter()-t",
     }[kind]
     script = (
-        "import resource, time, json, sys\nsys.path.insert(0, %r)\nOUT=%r\n%s\n"
+        "import resource, time, json, sys\nOUT=%r\n%s\n"
         "hwm = [l for l in open('/proc/self/status') if l.startswith('VmHWM')][0]\n"
-        "print(json.dumps({'s': s, 'n': n, 'rss_mb': int(hwm.split()[1]) / 1024}))"
-        % (str(ROOT), out, code)
+        "print(json.dumps({'s': s, 'n': n, 'rss_mb': int(hwm.split()[1]) / 1024}))" % (out, code)
     )
     r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=ROOT)
     if r.returncode != 0:

@@ -15,14 +15,12 @@ import hashlib
 import json
 import os
 import shutil
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from hsdump.store.manifest import Manifest  # noqa: E402
 from hsdump.store.writer import DatasetWriter  # noqa: E402
 

@@ -208,48 +208,24 @@ def shard_mtimes(out, names=None) -> dict:
 # --------------------------------------------------------------------------- references
 def hf_hidden_states(model_path: str, input_ids, dtype=None):
     """transformers' output_hidden_states tuple for one sequence: L + 1 tensors [seq, H]
-    (`dtype`: the model's, default float32)."""
+    (`dtype`: the model's, default float32), by hsdump.check's reference forward."""
     import torch
 
+    from hsdump.check import forward
+
     model = hf_model(model_path, torch.float32 if dtype is None else dtype)
-    with torch.no_grad():
-        out = model(torch.tensor([list(input_ids)]), output_hidden_states=True)
-    return [h[0].float() for h in out.hidden_states]
+    return forward(model, input_ids, "cpu").hidden_states
 
 
 _cache = {}
 
 
 def hf_model(path, dtype):
-    """transformers' AutoModelForCausalLM of `path` in `dtype`, loaded once per process."""
-    from transformers import AutoModelForCausalLM
+    """The checkpoint's transformers model (hsdump.check.reference_model) in `dtype`, loaded
+    once per process."""
+    from hsdump.check import reference_model
 
     key = (path, dtype)
     if key not in _cache:
-        _cache[key] = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).eval()
+        _cache[key] = reference_model(path, dtype)
     return _cache[key]
-
-
-# --------------------------------------------------------------------------- bench scripts
-def bench_literal(script: str, name: str):
-    """The value of the module-level constant `name` of bench/<script>.py, a Python literal,
-    read from its source: tests import nothing from bench/ (they run its scripts as
-    subprocesses), yet take its case tables from the one place they are written."""
-    import ast
-
-    tree = ast.parse((ROOT / "bench" / f"{script}.py").read_text())
-    for node in tree.body:
-        if isinstance(node, ast.Assign):
-            targets, value = node.targets, node.value
-        elif isinstance(node, ast.AnnAssign) and node.value is not None:
-            targets, value = [node.target], node.value
-        else:
-            continue
-        for t in targets:
-            if isinstance(t, ast.Name) and t.id == name:
-                return ast.literal_eval(value)
-            if isinstance(t, ast.Tuple) and isinstance(value, ast.Tuple):
-                for i, e in enumerate(t.elts):
-                    if isinstance(e, ast.Name) and e.id == name:
-                        return ast.literal_eval(value.elts[i])
-    raise KeyError(f"bench/{script}.py has no literal constant {name}")

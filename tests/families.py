@@ -19,6 +19,7 @@ from hsdump.testing.families import (  # noqa: F401  (the tests' names for them)
     Family,
     _stale,
     build,
+    extract_overrides,
     families_dir,
 )
 
@@ -40,19 +41,7 @@ def run_extract(
     own: after `timeout` seconds it is killed with its SGLang processes (the process group).
     Its command line and output go to `log_path`. Returns {"cmd", "rc", "timed_out",
     "seconds", "log"} (rc None on a timeout)."""
-    args = [
-        f"model.path={ckpt}",
-        f"model.tokenizer={ckpt}",
-        f"model.name=probe-{fam_name}",
-        "model.chat_template=deepseek_v3.jinja",
-        "model.default_layers=null",
-        f"capture.layers=[{','.join(map(str, layers))}]",
-        "capture.allow_unverified=true",
-        f"dataset.max_samples={samples}",
-        "output.overwrite=true",
-        f"engine={device}",
-        "engine.log_level=info",
-    ]
+    args = extract_overrides(ckpt, fam_name, layers, device, samples)
     t0 = time.time()
     proc = extract(
         *overrides,
@@ -101,23 +90,8 @@ def _kill_group(proc: subprocess.Popen) -> str:
 
 def hf_hidden_states(ckpt: Path, cls: str, prompts, dtype, device: str):
     """All of transformers' hidden_states (float32, CPU) per prompt, from the checkpoint's own
-    class; a vision-language wrapper gets input_ids only (its text path)."""
-    import torch
-    import transformers
+    class; a vision-language wrapper gets input_ids only (its text path): hsdump.check's
+    reference, the one `hsdump check` runs."""
+    from hsdump.check import hf_hidden_states as reference
 
-    torch.backends.cuda.matmul.allow_tf32 = False
-    torch.backends.cudnn.allow_tf32 = False
-    with torch.no_grad():
-        model = getattr(transformers, cls).from_pretrained(str(ckpt), dtype=dtype).to(device).eval()
-        out = []
-        for ids in prompts:
-            res = model(
-                input_ids=torch.tensor([ids], device=device),
-                output_hidden_states=True,
-                use_cache=False,
-            )
-            out.append([h[0].float().cpu() for h in res.hidden_states])
-    del model
-    if device == "cuda":
-        torch.cuda.empty_cache()
-    return out
+    return reference(ckpt, prompts, dtype, device, cls=cls)

@@ -1,8 +1,11 @@
 """The package's layering: sglang is imported only in hsdump/capture/ (the engine, its patch
 and its serving layouts), a trainer's part (hsdump/store/) imports neither sglang nor Hydra
-nor datasets, no module imports from a later stage, and the imports have no cycle."""
+nor datasets, no module imports from a later stage, and the imports have no cycle. Beside the
+package: bench/ and tests/ import nothing of each other (both import the package), and neither
+puts a folder on sys.path."""
 
 import ast
+import re
 from pathlib import Path
 
 from factories import ROOT
@@ -17,6 +20,7 @@ LAYERS = [
     {"hsdump.tools"},
     {"hsdump.pipeline"},
     {"hsdump.cli", "hsdump.launch", "hsdump.__main__"},
+    {"hsdump.testing"},  # the tests' and benchmarks' checkpoints: not in the wheel
 ]
 
 
@@ -105,3 +109,36 @@ def test_no_import_cycles():
     for n in graph:
         if n not in seen:
             visit(n)
+
+
+def top_level_imports(path: Path):
+    """The first dotted part of every module `path` imports (function-level imports too)."""
+    return {m.split(".")[0] for m in imports(path)}
+
+
+def script_modules(folder: str):
+    """The module names a script of `folder` can import as a sibling (its .py files, folders)."""
+    return {p.stem for p in (ROOT / folder).glob("*.py")} | {
+        p.name for p in (ROOT / folder).iterdir() if p.is_dir() and (p / "__init__.py").exists()
+    }
+
+
+def test_bench_and_tests_import_nothing_of_each_other():
+    # what the two share (test checkpoints' configs, the comparison with transformers, engine
+    # settings) lives in the package; results files (bench/results/*.json) are data, and a
+    # test may run a benchmark script, but not import it or read its source
+    bench, tests = script_modules("bench"), script_modules("tests")
+    bad = []
+    for folder, theirs in (("bench", tests - bench), ("tests", bench)):
+        for p in sorted((ROOT / folder).rglob("*.py")):
+            text = p.read_text()
+            hits = sorted(top_level_imports(p) & theirs)
+            if hits:
+                bad.append(f"{p.relative_to(ROOT)} imports {hits}")
+            if folder == "bench" and re.search(r"sys\.path(\.insert|\.append|\[)", text):
+                bad.append(f"{p.relative_to(ROOT)} edits sys.path (the package is installed)")
+            for line in text.splitlines():
+                if '"bench"' in line and re.search(r"ast\.parse|\.read_text\(|open\(", line):
+                    if ".py" in line:
+                        bad.append(f"{p.relative_to(ROOT)} reads bench/'s source: {line.strip()}")
+    assert not bad, "\n".join(bad)

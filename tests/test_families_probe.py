@@ -1,14 +1,10 @@
-"""bench/families_probe.py's verdict from captured rows and transformers' (no engine): the right
+"""The family probe's verdict (hsdump.testing.probe, bench/families_probe.py's) from captured rows and transformers' (no engine): the right
 layer passes, a shifted layer is named, and rows transformers shapes otherwise (GLM-5-next keeps
 4 hyper-connection streams per layer) give "wrong" with the problem, not a crash."""
 
-import sys
-
 import torch
-from factories import ROOT
 
-sys.path.insert(0, str(ROOT / "bench"))
-import families_probe as fp  # noqa: E402
+from hsdump.testing import probe as fp
 
 T, H, L = 12, 16, 4
 LAYERS = [1, 2, 3]
@@ -59,13 +55,13 @@ def test_stream_rows_are_wrong_with_the_shape_problem_not_a_crash():
 
 
 def test_a_cached_checkpoint_lacking_a_new_config_field_is_rebuilt(tmp_path, monkeypatch):
-    # tests/families.py caches each family's checkpoint by name; a field added to the family
+    # hsdump.testing.families caches each family's checkpoint by name; a field added to the family
     # later (GLM-5-next's `mhc: true`, which SGLang reads and transformers does not write) must
     # reach the cached checkpoint, or the probe tests the old one
     import dataclasses
     import json
 
-    import families
+    from hsdump.testing import families
 
     fam = dataclasses.replace(families.FAMILIES["qwen2"], text_extras={"mhc": True})
     monkeypatch.setitem(families.FAMILIES, "qwen2", fam)

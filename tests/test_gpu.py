@@ -1,31 +1,26 @@
 """Fidelity of hsdump's captured hidden states on a GPU, against transformers in float32.
 
-The cases of bench/gpu_check.py, run as that script (one case, one engine, per test): tiny
-random Llama and DeepSeek-V3 (MLA + MoE) models, prompts of 7, 33, 200 and 1000 tokens, layers
-[1, 3, 5, 4] in the hf_hidden_states_index convention, captured with CaptureEngine, written
-with DatasetWriter and read back with HsdumpDataset; its results JSON is judged here.
+Per case (CASES: one engine each): a tiny random Llama or DeepSeek-V3 (MLA + MoE) checkpoint
+(hsdump.testing.models: llama-small, dsv3-small; 6 layers), prompts of 7, 33, 200 and 1000
+tokens, layers [1, 3, 5, 4] in the hf_hidden_states_index convention (unsorted on purpose:
+hsdump puts SGLang's sorted aux rows back in the asked order), captured through
+hsdump.capture.start's engine with conf/engine/gpu.yaml, written with DatasetWriter and read
+back with HsdumpDataset; then hsdump.check's comparison with transformers' float32 forward of
+the same weights (rule 1 per sample for Llama, rule 2 for the MoE model, the neighbour verdict
+for both; the rules and their measurements are in hsdump/check.py). The chunked cases use
+256-token chunks: the 1000-token prompt spans 4 chunks and the short prompts are split to fill
+chunks; every row must still arrive, in order, at the right layer (their rows against the
+unchunked case's are recorded too).
 
-Tolerance (tests/tolerance.py, the MoE rule), per layer, against transformers' own bf16-vs-
-float32 error on the same prompts (a bf16 engine cannot be closer to float32 than bf16
-arithmetic allows): the mean over prompts of SGLang's error must be <= 2x the mean HF-bf16
-error + 0.005, and every prompt's error <= 3x the largest HF-bf16 error at that layer + 0.005.
-A wrong or shifted layer, a lost chunk or another request's rows give errors far above that
-(adjacent layers of these models differ by 0.54-4.1 relative, measured in float32). Per-prompt
-ratios are not used because MoE routing flips on near-ties in either bf16 run
-(tests/tolerance.py, docs/performance.md, "Fidelity on the GPU"; measured on an H200: Llama 0.004-0.006 vs HF-bf16
-0.004-0.006, DeepSeek-V3 MoE layers 0.035-0.083 vs HF-bf16 0.008-0.083).
-
-Run on the GPU machine: python3 -m pytest -q tests/test_gpu.py   (or bench/gpu_check.py)
+Run on a GPU machine: python3 -m pytest -q -s tests/test_gpu.py (tests/gpu.py: HSDUMP_GPU_RESULTS
+writes each case's figures, HSDUMP_GPU_ENGINE caps the engine's memory beside other checks).
 """
 
-import json
-import subprocess
-import sys
+import time
 
 import pytest
 import torch
-from factories import ROOT, bench_literal
-from tolerance import tolerance_failures
+from gpu import engine_over, save
 
 pytestmark = [
     pytest.mark.gpu,
@@ -33,64 +28,119 @@ pytestmark = [
     pytest.mark.skipif(not torch.cuda.is_available(), reason="needs an NVIDIA GPU (CUDA)"),
 ]
 
-PROMPT_LENS = bench_literal("gpu_check", "PROMPT_LENS")
-LAYERS = bench_literal("gpu_check", "LAYERS")
+PROMPT_LENS = (7, 33, 200, 1000)
+LAYERS = [1, 3, 5, 4]
+MODELS = {"llama": "llama-small", "deepseek_v3": "dsv3-small"}
+CASES = {  # case -> (family, chunked_prefill_size)
+    "llama": ("llama", -1),
+    "deepseek_v3": ("deepseek_v3", -1),
+    "llama@256": ("llama", 256),
+    "deepseek_v3@256": ("deepseek_v3", 256),
+}
 
 
 @pytest.fixture(scope="module")
-def workdir(tmp_path_factory):
-    return tmp_path_factory.mktemp("gpu_check")  # the models, built once, shared by the cases
+def shared(tmp_path_factory):
+    """The checkpoints, transformers' references and the unchunked records, built once."""
+    return {"dir": tmp_path_factory.mktemp("gpu"), "ref": {}, "records": {}}
 
 
-def run_case(case: str, workdir) -> dict:
-    """`bench/gpu_check.py --cases CASE` on the GPU (no watchdog); that case's result."""
-    out = workdir / f"{case}.json"
-    subprocess.run(
-        [
-            sys.executable,
-            str(ROOT / "bench" / "gpu_check.py"),
-            "--device",
-            "cuda",
-            "--cases",
-            case,
-            "--case-timeout-s",
-            "0",
-            "--workdir",
-            str(workdir),
-            "--out",
-            str(out),
-        ],
-        cwd=ROOT,
+def capture(model_path: str, prompts, out, chunk: int, preset: str = "gpu") -> dict:
+    """The prompts through the engine into a dataset at `out`, read back (`preset`: cpu runs
+    this file's code on SGLang's CPU engine, by hand, for the Llama cases)."""
+    from hsdump.capture.layers import read_model_info
+    from hsdump.capture.start import engine_preset, start
+    from hsdump.store.manifest import Manifest
+    from hsdump.store.reader import HsdumpDataset
+    from hsdump.store.writer import DatasetWriter
+
+    info = read_model_info(model_path)
+    manifest = Manifest.for_rows(
+        model=model_path,
+        hidden_size=info.hidden_size,
+        num_hidden_layers=info.num_hidden_layers,
+        layers=LAYERS,
+        architecture=info.architecture,
     )
-    assert out.exists(), "bench/gpu_check.py wrote no results (its output is above)"
-    res = json.loads(out.read_text())["cases"][case]
-    assert "error" not in res, res.get("traceback", res["error"])
-    return res
+    ec = engine_preset(preset, chunked_prefill_size=chunk, **engine_over())
+    writer = DatasetWriter(str(out), manifest, overwrite=True)
+    t0 = time.time()
+    try:
+        with start(model_path, LAYERS, ec, info=info) as eng:
+            t1 = time.time()
+            eng.run(
+                list(enumerate(prompts)),
+                lambda sid, ids, hs, bad: writer.add(sid, ids, [1] * len(ids), hs, nonfinite=bad),
+            )
+            t2, version = time.time(), eng.version
+    finally:
+        writer.close()
+    ds = HsdumpDataset(str(out))
+    assert ds.layers == LAYERS, (ds.layers, LAYERS)
+    recs = [ds.get(sid) for sid in sorted(ds.ids)]
+    ds.close()
+    return {"records": recs, "engine_start_s": t1 - t0, "capture_s": t2 - t1, "sglang": version}
 
 
-def _check(res):
-    # the measured errors, for the record (run with -s to see them)
-    for k, errs in sorted(res.get("sglang_vs_hf_fp32", {}).items()):
-        ref = res["hf_bf16_vs_hf_fp32"][k]
+def run_case(case: str, shared, device: str = "cuda") -> dict:
+    from hsdump import check
+    from hsdump.testing import models
+
+    family, chunk = CASES[case]
+    d = shared["dir"]
+    path = models.build(MODELS[family], d / f"model-{family}")
+    prompts = models.prompts(PROMPT_LENS)
+    preset = "gpu" if device == "cuda" else "cpu"
+    cap = capture(path, prompts, d / f"ds-{case.replace('@', '-')}", chunk, preset)
+    recs = cap.pop("records")
+    problems = [f"{len(recs)} samples in the dataset, {len(prompts)} prompts"] * (
+        len(recs) != len(prompts)
+    )
+    problems += [
+        f"sample {r['id']}: stored input_ids differ from the prompt"
+        for r, p in zip(recs, prompts)
+        if r["input_ids"].tolist() != p
+    ]
+    if family not in shared["ref"]:
+        shared["ref"][family] = check.reference(path, prompts, device=device)
+    layers = check.compare_layers(LAYERS, recs, shared["ref"][family])
+    res = {
+        "case": case,
+        "chunked_prefill_size": chunk,
+        "prompt_lens": list(PROMPT_LENS),
+        "moe": shared["ref"][family]["moe"],
+        "layers": [r.to_dict() for r in layers],
+        "problems": problems,
+        **{k: round(v, 1) if isinstance(v, float) else v for k, v in cap.items()},
+    }
+    if chunk == -1:
+        shared["records"][family] = recs
+    elif family in shared["records"]:  # the same rows as without chunks, to bf16 noise
+        base = shared["records"][family]
+        res["vs_unchunked"] = {
+            str(k): [
+                check.rel_err(a["hidden_states"][j], b["hidden_states"][j])
+                for a, b in zip(recs, base)
+            ]
+            for j, k in enumerate(LAYERS)
+        }
+    save(f"gpu-check-{case.replace('@', '-')}", res)
+    for r in layers:  # the measured errors, for the record (run with -s to see them)
         print(
-            f"layer {k}: hsdump worst {max(errs):.4f} mean {sum(errs) / len(errs):.4f} | "
-            f"hf bf16 worst {max(ref):.4f} mean {sum(ref) / len(ref):.4f}"
+            f"{case} layer {r.index}: hsdump worst {max(r.err):.4f} | hf bf16 worst "
+            f"{max(r.hf_bf16):.4f} | {r.neighbour}"
         )
-    msg = "\n".join(res.get("problems", []) + tolerance_failures(res))
-    assert not tolerance_failures(res), msg
+    return {"res": res, "failures": problems + [f for r in layers for f in r.failures]}
 
 
 @pytest.mark.parametrize("family", ["llama", "deepseek_v3"])
-def test_fidelity(family, workdir):
-    res = run_case(family, workdir)
-    assert res["prompt_lens"] == list(PROMPT_LENS)
-    assert sorted(res["sglang_vs_hf_fp32"]) == sorted(str(k) for k in LAYERS)
-    _check(res)
+def test_fidelity(family, shared):
+    out = run_case(family, shared)
+    assert [r["index"] for r in out["res"]["layers"]] == LAYERS
+    assert not out["failures"], "\n".join(out["failures"])
 
 
 @pytest.mark.parametrize("family", ["llama", "deepseek_v3"])
-def test_chunked_prefill(family, workdir):
-    # 256-token chunks: the 1000-token prompt spans 4 chunks and the short prompts are split
-    # to fill chunks; every row must still arrive, in order, at the right layer.
-    res = run_case(f"{family}@256", workdir)
-    _check(res)
+def test_chunked_prefill(family, shared):
+    out = run_case(f"{family}@256", shared)
+    assert not out["failures"], "\n".join(out["failures"])

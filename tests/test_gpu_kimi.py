@@ -1,20 +1,25 @@
-"""Kimi-K2.5 as its checkpoint is (bench/kimi_check.py, run as that script): a tiny
-KimiK25ForConditionalGeneration in the real layout with Kimi's tiktoken tokenizer files, bf16
-and with compressed-tensors INT4 routed experts, through `extract.py model=kimi_k25 engine=gpu
-model.tp_size=1 model.path=<it> dataset.max_samples=50` and nothing else; verify clean, layers
-[3, 31, 59] against transformers float32 on the same (dequantized) weights by the MoE rule of
-tests/tolerance.py.
+"""Kimi-K2.5 as its checkpoint is, through the preset and nothing else: a tiny
+KimiK25ForConditionalGeneration in the real layout (tests/kimi_checkpoint.py: a 61-layer
+DeepSeek-V3 text model, a MoonViT tower, Kimi's tiktoken tokenizer files and chat template), bf16
+and with compressed-tensors INT4 routed experts, through
 
-Run on the GPU machine: python3 -m pytest -q -s tests/test_gpu_kimi.py
+    extract.py model=kimi_k25 engine=gpu model.tp_size=1 model.path=<it> dataset.max_samples=50
+
+then `hsdump verify` (clean), and every stored layer (the preset's [3, 31, 59]) against a
+float32 transformers DeepseekV3ForCausalLM forward of the same text weights (for INT4 the
+dequantized values) by hsdump.check's comparison: the MoE rule (rule 2) and the neighbour
+verdict.
+
+Run on a GPU machine: python3 -m pytest -q -s tests/test_gpu_kimi.py (HSDUMP_GPU_RESULTS writes
+kimi-bf16.json / kimi-int4.json; HSDUMP_GPU_OVERRIDES adds extract.py overrides: tests/gpu.py).
 """
 
-import json
-import subprocess
-import sys
+import time
 
 import pytest
 import torch
-from factories import ROOT
+from gpu import records, run_extract, save, verify
+from kimi_checkpoint import build, reference_dir, write_kimi_tokenizer
 
 pytestmark = [
     pytest.mark.gpu,
@@ -22,26 +27,60 @@ pytestmark = [
     pytest.mark.skipif(not torch.cuda.is_available(), reason="needs an NVIDIA GPU (CUDA)"),
 ]
 
+PRESET_LAYERS = [3, 31, 59]
+
+
+def checkpoint(dest, int4: bool):
+    """The tiny Kimi-K2.5 checkpoint, with the chat template the release ships beside
+    tokenizer_config.json (`model=kimi_k25 model.path=<ckpt>` takes the checkpoint's own)."""
+    from hsdump.corpus.chat import template_path
+
+    if not (dest / "config.json").exists():
+        build(dest, write_kimi_tokenizer, int4=int4, num_layers=61)
+    if not (dest / "chat_template.jinja").exists():
+        (dest / "chat_template.jinja").write_text(template_path("kimi_k25.jinja").read_text())
+    return dest
+
 
 @pytest.mark.parametrize("int4", [False, True], ids=["bf16", "int4"])
 def test_kimi_k25_checkpoint_through_the_preset(int4, tmp_path):
-    out = tmp_path / "kimi.json"
-    subprocess.run(
-        [
-            sys.executable,
-            str(ROOT / "bench" / "kimi_check.py"),
-            *(["--int4"] if int4 else []),
-            "--workdir",
-            str(tmp_path),
-            "--out",
-            str(out),
-        ],
-        cwd=ROOT,
+    from hsdump import check
+
+    mode = "int4" if int4 else "bf16"
+    t0 = time.time()
+    ckpt = checkpoint(tmp_path / f"kimi-{mode}", int4)
+    res = {"int4": int4, "build_s": round(time.time() - t0, 1)}
+    out = tmp_path / f"ds-{mode}"
+    t0 = time.time()
+    rc = run_extract(
+        "model=kimi_k25",
+        "engine=gpu",
+        "model.tp_size=1",
+        f"model.path={ckpt}",
+        "dataset.max_samples=50",
+        out=out,
+        log=tmp_path / f"extract-{mode}.log",
     )
-    assert out.exists(), "bench/kimi_check.py wrote no results (its output is above)"
-    res = json.loads(out.read_text())["runs"][0]
-    print({k: v for k, v in res.items() if k != "log_tail"})
-    assert res["extract_rc"] == 0, res.get("log_tail")
+    res.update(extract_rc=rc, extract_s=round(time.time() - t0, 1))
+    save(f"kimi-{mode}", res)
+    assert rc == 0, (tmp_path / f"extract-{mode}.log").read_text()[-4000:]
+    res["verify_rc"], res["verify"] = verify(out)
+    recs = records(out)
+    prompts = [r["input_ids"].tolist() for r in recs]
+    ref = check.reference(reference_dir(ckpt), prompts, device="cuda")
+    layers = check.compare_layers(PRESET_LAYERS, recs, ref, moe=True)
+    res.update(
+        samples=len(recs),
+        tokens=sum(map(len, prompts)),
+        layers=[r.to_dict() for r in layers],
+    )
+    save(f"kimi-{mode}", res)
+    for r in layers:
+        print(
+            f"kimi {mode} layer {r.index}: worst {max(r.err):.4f} mean "
+            f"{sum(r.err) / len(r.err):.4f} | hf bf16 worst {max(r.hf_bf16):.4f} | {r.neighbour}"
+        )
     assert res["verify_rc"] == 0, res["verify"]
-    assert res["layers"] == [3, 31, 59] and res["samples"] > 40
-    assert res["status"] == "ok", res.get("failures")
+    assert [r.index for r in layers] == PRESET_LAYERS and len(recs) > 40
+    failures = [f for r in layers for f in r.failures]
+    assert not failures, "\n".join(failures[:10])

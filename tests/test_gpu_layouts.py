@@ -1,31 +1,40 @@
-"""Serving layouts on two GPUs: DeepSeek-V3 architecture and Llama through extract.py
-(bench/gpu_layouts.py, run as that script; its layout table read from its source).
+"""Serving layouts on two GPUs: a DeepSeek-V3-architecture model and a Llama through extract.py.
 
-DeepSeek-V3: TP 1 (reference), TP 2, TP 2 + DP attention (dp_size=2, enable_dp_attention) and
-TP 2 + EP 2; Llama: TP 1 (its reference) and TP 2. Each writes the embedded 100 conversations
-(99 samples) with 128-token chunked prefill; every stored tensor must match transformers
-float32 by the project's tolerance rule (tests/tolerance.py) and its model's TP 1 dataset by
-the same rule, `python -m hsdump verify` must be clean, and the rows must come from the
-processes the layout says: one (attention-TP rank 0) under TP, one per DP group under DP
-attention.
+Layouts (tests/gpu.py's LAYOUTS) of the DeepSeek-V3 model (hsdump.testing.models' dsv3-small:
+real MLA dims, 8 experts top-2, hidden 512, 6 layers): TP 1 (reference), TP 2, TP 2 + DP
+attention (dp_size=2, enable_dp_attention) and TP 2 + EP 2; of the Llama (llama-small): TP 1
+(its reference) and TP 2. Both carry the DeepSeek tokenizer. Each run writes the embedded 100
+conversations (99 samples) at layers [1, 3, 4] with 128-token chunked prefill (64 per rank
+under DP attention), so requests span chunks and DP ranks sit idle while others prefill. Every
+stored tensor must match transformers float32 (hsdump.check: the MoE rule and the neighbour
+verdict) and its model's TP 1 dataset by the same rule, `hsdump verify` must be clean, and the
+rows must come from the processes the layout says: one (attention-TP rank 0) under TP, one per
+DP group under DP attention.
 
-Run on the 2-GPU machine (SGLang 0.5.17 bundle and the extract.py wheels, see
-bench/README.md, "Serving layouts on two H200s"): python3 -m pytest -q -s tests/test_gpu_layouts.py
-HSDUMP_GPU_LAYOUTS_JSON=path writes the results; HSDUMP_GPU_LAYOUTS_THROUGHPUT=1 adds the
-capture-throughput comparison of the three DeepSeek-V3 TP 2 layouts;
+Run on a 2-GPU machine: python3 -m pytest -q -s tests/test_gpu_layouts.py
 HSDUMP_GPU_LAYOUTS=llama-tp1,llama-tp2 (a comma list) runs only those layouts (with their
-references) and skips the tests of the others.
+references) and skips the others; HSDUMP_GPU_RESULTS writes gpu-layouts.json (tests/gpu.py).
+The layouts' capture throughput is a benchmark: bench/layouts_bench.py.
 """
 
-import json
 import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 import torch
-from factories import ROOT, bench_literal
+from gpu import (
+    COMMON,
+    LAYOUT_LAYERS,
+    LAYOUT_MODELS,
+    LAYOUTS,
+    against,
+    layout_model,
+    layout_overrides,
+    records,
+    row_sources,
+    run_extract,
+    save,
+    verify,
+)
 
 pytestmark = [
     pytest.mark.gpu,
@@ -33,69 +42,81 @@ pytestmark = [
     pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 NVIDIA GPUs (CUDA)"),
 ]
 
-LAYOUT_TABLE = bench_literal("gpu_layouts", "LAYOUTS")
-MODELS = bench_literal("gpu_layouts", "MODELS")
-LAYOUTS = list(LAYOUT_TABLE)
-
 
 def reference_of(name: str) -> str:
-    """The layout whose dataset `name`'s is compared with (its model's TP 1), as
-    bench/gpu_layouts.py's reference_of says."""
-    return MODELS[LAYOUT_TABLE[name]["model"]]["reference"]
+    """The layout whose dataset `name`'s is compared with (its model's TP 1)."""
+    return LAYOUT_MODELS[LAYOUTS[name]["model"]]["reference"]
 
 
 def selected() -> list:
     """The layouts this run checks: HSDUMP_GPU_LAYOUTS plus their references (default all)."""
     want = [x for x in os.environ.get("HSDUMP_GPU_LAYOUTS", "").split(",") if x]
     if not want:
-        return LAYOUTS
-    want += [reference_of(x) for x in want if x in LAYOUT_TABLE]
+        return list(LAYOUTS)
+    want += [reference_of(x) for x in want if x in LAYOUTS]
     return [x for x in LAYOUTS if x in want]
 
 
 @pytest.fixture(scope="module")
 def report(tmp_path_factory):
-    argv = [
-        "--workdir",
-        str(tmp_path_factory.mktemp("layouts")),
-        "--layouts",
-        ",".join(selected()),
-        "--throughput",
-        "tp2-dpattn,tp2,tp2-ep2" if os.environ.get("HSDUMP_GPU_LAYOUTS_THROUGHPUT") else "",
-    ]
-    if os.environ.get("HSDUMP_GPU_LAYOUTS_DEADLINE_S"):
-        argv += ["--deadline-s", os.environ["HSDUMP_GPU_LAYOUTS_DEADLINE_S"]]
-    out = os.environ.get("HSDUMP_GPU_LAYOUTS_JSON") or str(
-        tmp_path_factory.mktemp("layouts-report") / "gpu-layouts.json"
-    )
-    argv += ["--out", out]
-    subprocess.run([sys.executable, str(ROOT / "bench" / "gpu_layouts.py"), *argv], cwd=ROOT)
-    return json.loads(Path(out).read_text())
+    """Every selected layout through extract.py, verified and compared (model by model)."""
+    from hsdump import check
+
+    work = tmp_path_factory.mktemp("layouts")
+    runs = {}
+    for family, m in LAYOUT_MODELS.items():
+        names = [n for n in selected() if LAYOUTS[n]["model"] == family]
+        if not names:
+            continue
+        model = layout_model(family, work)
+        recs = {}
+        for name in names:
+            out, log = work / f"ds-{name}", work / f"extract-{name}.log"
+            rc = run_extract(
+                f"model.path={model}",
+                f"model.name={m['name']}",
+                *COMMON,
+                *layout_overrides(name),
+                out=out,
+                log=log,
+            )
+            r = runs[name] = {"rc": rc, "reference": m["reference"]}
+            r["n_row_sources"], r["row_sources"] = row_sources(log.read_text(errors="replace"))
+            if rc != 0:
+                r["log_tail"] = log.read_text(errors="replace")[-3000:]
+                continue
+            r["verify_rc"], r["verify"] = verify(out)
+            recs[name] = records(out)
+            r["samples_in_dataset"] = len(recs[name])
+        if not recs:
+            continue
+        first = recs.get(m["reference"]) or next(iter(recs.values()))
+        prompts = [x["input_ids"].tolist() for x in first]
+        ref = check.reference(model, prompts, device="cuda")
+        for name, rs in recs.items():
+            layers = check.compare_layers(LAYOUT_LAYERS, rs, ref, moe=True)
+            runs[name]["vs_transformers"] = [x.to_dict() for x in layers]
+            runs[name]["failures"] = [f for x in layers for f in x.failures]
+            if name != m["reference"] and m["reference"] in recs:
+                scale = {str(x.index): x.hf_bf16 for x in layers}
+                runs[name]["vs_" + m["reference"]] = against(rs, recs[m["reference"]], scale)
+    save("gpu-layouts", {"layouts": runs, "common_overrides": COMMON})
+    return runs
 
 
-@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("layout", list(LAYOUTS))
 def test_layout_matches_transformers_and_tp1(layout, report):
     if layout not in selected():
         pytest.skip(f"{layout} is not in HSDUMP_GPU_LAYOUTS")
-    r = report["layouts"][layout]
+    r = report[layout]
     ref = reference_of(layout)
     assert r["reference"] == ref
-    assert r["rc"] == 0, r.get("log_tail", "")[-3000:]
+    assert r["rc"] == 0, r.get("log_tail", "")
     assert r["samples_in_dataset"] == 99
-    assert r["verify"]["rc"] == 0, r["verify"]["tail"]
-    fid = r["vs_transformers"]
-    assert not fid["problems"] and not fid["tolerance_failures"], fid
+    assert r["verify_rc"] == 0, r["verify"]
+    assert not r["failures"], "\n".join(r["failures"][:10])
     if layout != ref:  # against its model's TP 1 (tp1 or llama-tp1)
-        assert not r["vs_" + ref]["tolerance_failures"], r["vs_" + ref]
+        assert not r["vs_" + ref]["failures"], r["vs_" + ref]
     # rows come from attention-TP rank 0 of each DP group: two groups under DP attention
-    want = 2 if LAYOUT_TABLE[layout]["extra"].get("enable_dp_attention") else 1
+    want = 2 if LAYOUTS[layout]["extra"].get("enable_dp_attention") else 1
     assert r["n_row_sources"] == want, r["row_sources"]
-
-
-@pytest.mark.skipif(
-    not os.environ.get("HSDUMP_GPU_LAYOUTS_THROUGHPUT"),
-    reason="HSDUMP_GPU_LAYOUTS_THROUGHPUT=1 runs the throughput comparison",
-)
-def test_throughput_of_the_tp2_layouts(report):
-    for name, r in report["throughput"].items():
-        assert "error" not in r, (name, r)

@@ -185,18 +185,9 @@ def dp_attention_port(kw: dict, rng=None) -> Optional[int]:
     )
 
 
-def engine_kwargs(
-    c: "EngineConfig",
-    model_path: str,
-    model_cfg: "ModelConfig",
-    version: str,
-    layers: Sequence[int],
-    generates: bool,
-    family,
-    layout: NodeLayout,
-) -> dict:
-    """sglang.Engine's keyword arguments for hsdump's capture (and for the other nodes of an
-    engine over several nodes, which start the same engine with their node_rank)."""
+def plain_kwargs(c: "EngineConfig", model_path: str, model_cfg: "ModelConfig") -> dict:
+    """sglang.Engine's keyword arguments of hsdump's engine settings, with nothing of capture
+    (engine_kwargs adds that; the benchmarks start SGLang's plain engine with these)."""
     kw = dict(
         model_path=model_path,
         tp_size=model_cfg.tp_size,
@@ -206,7 +197,6 @@ def engine_kwargs(
         disable_radix_cache=True,
         chunked_prefill_size=c.chunked_prefill_size,
         max_prefill_tokens=c.max_prefill_tokens,
-        enable_return_hidden_states=True,
         disable_cuda_graph=c.disable_cuda_graph,
         trust_remote_code=model_cfg.trust_remote_code,
         log_level=c.log_level,
@@ -220,6 +210,23 @@ def engine_kwargs(
     ):
         if getattr(c, key) is not None:
             kw[key] = getattr(c, key)
+    return kw
+
+
+def engine_kwargs(
+    c: "EngineConfig",
+    model_path: str,
+    model_cfg: "ModelConfig",
+    version: str,
+    layers: Sequence[int],
+    generates: bool,
+    family,
+    layout: NodeLayout,
+) -> dict:
+    """sglang.Engine's keyword arguments for hsdump's capture (and for the other nodes of an
+    engine over several nodes, which start the same engine with their node_rank)."""
+    kw = plain_kwargs(c, model_path, model_cfg)
+    kw["enable_return_hidden_states"] = True
     # text only: a vision-language checkpoint (KimiK25ForConditionalGeneration, ...) loads
     # no image processor and runs no vision forward (its vision weights still load)
     kw["enable_multimodal"] = False

@@ -44,6 +44,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Dict, Optional
 
+README_TABLE = ("<!-- families:begin -->", "<!-- families:end -->")
+"""The markers around README's model-family table (bench/families_table.py writes it,
+tests/test_families.py checks it is the generated one)."""
+
 BOS, EOS = 0, 1  # the DeepSeek tokenizer's <｜begin▁of▁sentence｜> / <｜end▁of▁sentence｜>
 
 
@@ -1496,6 +1500,25 @@ def build(name: str, dest: Optional[Path] = None, seed: int = 0, force: bool = F
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return dest
+
+
+def extract_overrides(ckpt, fam_name: str, layers, device: str, samples: int) -> list:
+    """extract.py's overrides for a family's checkpoint (tests/test_families.py and the family
+    probe, bench/families_probe.py): its own tokenizer, the DeepSeek-V3 template, `layers`
+    captured whatever the family gate says, `samples` of the embedded data, engine=`device`."""
+    return [
+        f"model.path={ckpt}",
+        f"model.tokenizer={ckpt}",
+        f"model.name=probe-{fam_name}",
+        "model.chat_template=deepseek_v3.jinja",
+        "model.default_layers=null",
+        f"capture.layers=[{','.join(map(str, layers))}]",
+        "capture.allow_unverified=true",
+        f"dataset.max_samples={samples}",
+        "output.overwrite=true",
+        f"engine={device}",
+        "engine.log_level=info",
+    ]
 
 
 if __name__ == "__main__":
