@@ -11,6 +11,7 @@ package can be imported (it cannot in hsdump's venv: it pins datasets<=5.1.0, hs
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from collections import Counter
@@ -388,11 +389,10 @@ def _peer_root(root_env) -> str:
     with zipfile.ZipFile(wheels[0]) as z:
         z.extractall(tmp / "src")
     if dest.exists():
-        import shutil
-
         shutil.rmtree(dest)
     os.replace(tmp / "src", dest)
     (dest / ".done").write_text(req)
+    shutil.rmtree(tmp, ignore_errors=True)  # the downloaded wheel
     return str(dest)
 
 
