@@ -914,6 +914,14 @@ def main(argv=None) -> int:
         default=None,
         help="MiB of the serial writer-stage probe (default 1024 GPU, 64 CPU; 0 skips)",
     )
+    ap.add_argument(
+        "--context-length",
+        type=int,
+        default=None,
+        help="the engine's context_length (SGLang's): above the model's "
+        "max_position_embeddings (131,072 for llama8b) for samples of 128K tokens and more; "
+        "SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN=1 is set for it",
+    )
     args = ap.parse_args(argv)
     if args.tp < 1:
         ap.error(f"--tp {args.tp}: must be >= 1")
@@ -954,6 +962,9 @@ def main(argv=None) -> int:
     ec = engine_config(dev, args.mem_fraction)
     if args.no_cuda_graph:
         ec.disable_cuda_graph = True
+    if args.context_length:
+        ec.extra["context_length"] = args.context_length
+        os.environ["SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN"] = "1"
     # FlashInfer's all-reduce fusion (a 3-minute JIT build at TP > 1) is off as in gpu.yaml:
     # serving.start_kwargs, which plain_kwargs and CaptureEngine apply
     report["weights"] = args.weights
