@@ -893,7 +893,7 @@ def main(argv=None) -> int:
         "--inflight-tokens",
         type=int,
         default=131072,
-        help="--caller-only: engine.inflight_tokens (gpu_check's GPU preset)",
+        help="--caller-only: engine.inflight_tokens (the GPU preset's)",
     )
     ap.add_argument("--period", type=float, default=0.02, help="--caller-only: sampler period")
     ap.add_argument("--trace", action="store_true", help="--caller-only: keep every read")

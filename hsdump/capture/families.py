@@ -153,10 +153,10 @@ FAMILIES = (
         (
             (
                 V23,
-                "GPU, bench/kimi_check.py (bf16 and INT4 experts, separate runs); "
-                "GPU, tests/test_gpu_kimi.py",
+                "GPU, tests/test_gpu_kimi.py (bf16 and INT4 experts, separate runs and "
+                "through pytest)",
             ),
-            (V17, "GPU, bench/kimi_check.py --both (bf16 and INT4 experts)"),
+            (V17, "GPU, tests/test_gpu_kimi.py's check (bf16 and INT4 experts)"),
         ),
     ),
 )
