@@ -144,6 +144,13 @@ class Commits:
     def sample_ids(self) -> set:
         return set(self.ids)
 
+    def refused(self) -> int:
+        """How many samples the writers refused (skipped records) and no record commits."""
+        if not self.skipped:
+            return 0
+        skipped = np.fromiter(self.skipped, dtype=np.int64, count=len(self.skipped))
+        return int((~np.isin(skipped, np.asarray(self.ids, dtype=np.int64))).sum())
+
     def writer_shards(self, tag: str) -> List[str]:
         prefix = f"{SHARD_DIR}/{writer_name(tag)}/"
         return [n for n in self.names if n.startswith(prefix)]

@@ -369,7 +369,8 @@ def check_manifest(where, m: Any) -> None:
 def planned_of(m: Dict[str, Any]) -> Optional[int]:
     """How many samples the run meant to write (all jobs'): `planned`, or for a manifest
     written before it was recorded, `tokenized.samples` (the same count); None if unknown."""
-    for v in (m.get("planned"), (m.get("tokenized") or {}).get("samples")):
+    tokenized = m.get("tokenized")
+    for v in (m.get("planned"), tokenized.get("samples") if isinstance(tokenized, dict) else None):
         if type(v) is int and v >= 0:
             return v
     return None

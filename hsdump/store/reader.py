@@ -251,8 +251,7 @@ class HsdumpDataset(torch.utils.data.Dataset):
     def progress(self) -> Progress:
         """How far the run that writes this dataset is: samples committed and refused of the
         planned ones (`.partial`: a run left it unfinished; the same command resumes it)."""
-        c = self.commits
-        return progress(self.manifest, len(c), len(set(c.skipped) - c.sample_ids()))
+        return progress(self.manifest, len(self.commits), self.commits.refused())
 
     @property
     def final_kinds(self) -> List[str]:

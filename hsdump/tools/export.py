@@ -236,10 +236,12 @@ def export(
     allow_dry: bool = False,
     workers: int = 8,
     kind: str = "eagle3",
+    allow_partial: bool = False,
 ) -> Dict[str, int]:
     """Export dataset `src` to `dest` in format `fmt` for drafter `kind`; returns counts
     (written, skipped, bytes). A dataset of engine=dry is refused unless `allow_dry`. `workers`
-    samples are written at once (threads: reading, torch and the fsync release the GIL)."""
+    samples are written at once (threads: reading, torch and the fsync release the GIL). A
+    partial dataset (fewer samples than its run planned) is refused unless `allow_partial`."""
     if fmt not in FORMATS:
         raise ExportError(f"unknown format {fmt!r}; use one of {', '.join(FORMATS)}")
     offered = EXPORT_KINDS.get(fmt, ("eagle3",) if fmt != "messages" else None)
@@ -255,6 +257,13 @@ def export(
             f"{src}: {len(ds.problems)} damaged commit records (e.g. "
             f"{': '.join(ds.problems[0])}); an export would silently lack their "
             f"samples. Run `hsdump verify {src}` for every problem"
+        )
+    part = ds.progress
+    if part.partial and not allow_partial:
+        raise ExportError(
+            f"{src} is {part.line()} (the extraction that writes it), then export it; or "
+            f"pass --allow-partial to export the {part.committed:,} samples it holds "
+            '(hsdump_export.json then records "complete": false)'
         )
     if not len(ds):
         raise ExportError(f"{src}: no sample to export (length filter {min_len}..{max_len})")
@@ -293,11 +302,16 @@ def export(
         "min_len": min_len,
         "max_len": max_len,
         "complete": False,
+        # the source run's progress: complete is true only for a finished export of a
+        # finished dataset (an --allow-partial export of a partial one stays false)
+        "source_samples": part.committed,
+        "source_refused": part.refused,
+        "source_planned": part.planned,
         "ids": ds.ids,
     }
     _prepare_dest(dest_p, state, overwrite)
     old = json.loads((dest_p / STATE).read_text()) if (dest_p / STATE).exists() else {}
-    if old.get("complete"):
+    if old.get("finished", old.get("complete")):  # exports before 2026-12-03: complete alone
         return {"written": 0, "skipped": len(ds), "bytes": 0}
     _write_state(dest_p, state)
 
@@ -369,7 +383,8 @@ def export(
                 }
             ),
         )
-    state["complete"] = True
+    state["finished"] = True
+    state["complete"] = not part.partial
     _write_state(dest_p, state)
     return counts
 
@@ -535,6 +550,12 @@ def main(argv=None) -> int:
         help="export a dataset of engine=dry too (its rows are not hidden states: tests only)",
     )
     p.add_argument(
+        "--allow-partial",
+        action="store_true",
+        help="export a partial dataset (an interrupted run's: fewer samples than it planned); "
+        'hsdump_export.json records "complete": false and the counts',
+    )
+    p.add_argument(
         "--workers",
         type=int,
         default=8,
@@ -555,6 +576,7 @@ def main(argv=None) -> int:
             allow_dry=a.allow_dry,
             workers=a.workers,
             kind=a.kind,
+            allow_partial=a.allow_partial,
         )
     except (ValueError, OSError, KeyError) as e:  # ExportError is a ValueError
         print(f"{prog('export')}: {e}", file=sys.stderr)

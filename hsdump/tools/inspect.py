@@ -1,6 +1,7 @@
 """`python -m hsdump inspect OUT [--png FILE] [--json]`: a dataset's facts and length histograms.
 
-Prints samples, tokens, loss-masked tokens, bytes, layers, model, storage dtype and skipped
+Prints samples (of how many the run planned: a partial dataset says so, and that the same
+command resumes it), tokens, loss-masked tokens, bytes, layers, model, storage dtype and skipped
 rows (both kinds: rows the tokenizer's length policy left out, from
 manifest["dataset"]["skipped_rows"], and samples the writer refused, from the commit
 records), and draws a PNG with histograms of sequence lengths and of the loss-masked
@@ -38,7 +39,7 @@ def gather(path: str, progress: bool = False) -> Tuple[dict, List[int], List[flo
     read_manifest(Path(path))  # a folder that is no dataset is refused before torch loads
     from hsdump.store.reader import HsdumpDataset
 
-    ds = HsdumpDataset(path)
+    ds = HsdumpDataset(path, allow_dry=True)  # its facts, not its rows: a dry one is said
     m = ds.manifest
     lengths = ds.lengths
     if ds.version == 1 and progress and len(ds) > 2000:  # version 1: reads every mask
@@ -52,10 +53,12 @@ def gather(path: str, progress: bool = False) -> Tuple[dict, List[int], List[flo
     data = _obj(m.get("dataset"))
     refused = Counter(str(r) for r in ds.skipped.values())
     tokens = sum(lengths)
+    pg = ds.progress
     facts = {
         "path": str(Path(path).resolve()),
         "format": f"{m.get('format')} v{ds.version}",
         "hsdump_version": m.get("hsdump_version"),
+        "engine": m.get("engine") or "sglang",
         "model": model.get("path"),
         "architecture": model.get("architecture"),
         "hidden_size": model.get("hidden_size"),
@@ -66,6 +69,8 @@ def gather(path: str, progress: bool = False) -> Tuple[dict, List[int], List[flo
         "final_states": ds.final_kinds,
         "storage_dtype": ds.storage_dtype,
         "samples": len(lengths),
+        "progress": pg.to_dict(),
+        "partial": pg.line() or None,
         "tokens": tokens,
         "loss_masked_tokens": sum(masked),
         "loss_masked_fraction": (sum(masked) / tokens) if tokens else 0.0,
@@ -113,6 +118,16 @@ def format_facts(f: dict) -> str:
         ("dataset", f["path"]),
         ("format", f"{f['format']} (hsdump {_q(f['hsdump_version'])})"),
         (
+            "engine",
+            f["engine"]
+            + (
+                " (rows are a function of the token ids, not hidden states: export and the "
+                "loader refuse it unless asked)"
+                if f["engine"] == "dry"
+                else ""
+            ),
+        ),
+        (
             "model",
             f"{_q(f['model'])} ({_q(f['architecture'])}, hidden {_q(f['hidden_size'])}, "
             f"{_q(f['num_hidden_layers'])} layers, {_q(f['model_dtype'])})",
@@ -123,7 +138,7 @@ def format_facts(f: dict) -> str:
             + (f" + final {', '.join(f['final_states'])}" if f["final_states"] else ""),
         ),
         ("storage dtype", f["storage_dtype"]),
-        ("samples", f"{f['samples']:,}"),
+        ("samples", f"{f['samples']:,}" + _of_planned(f["progress"])),
         (
             "tokens",
             f"{f['tokens']:,}  (seq len min {_num(sl.get('min'))}, median "
@@ -163,8 +178,18 @@ def format_facts(f: dict) -> str:
             + "  [captured, refused by the writer]",
         ),
     ]
+    if f["partial"]:
+        rows.append(("PARTIAL", f["partial"].removeprefix("partial: ")))
     w = max(len(k) for k, _ in rows)
     return "\n".join(f"{k:<{w}}  {v}" for k, v in rows)
+
+
+def _of_planned(p: dict) -> str:
+    """' of M planned' (and how many the writer refused), or '' when the plan is unknown."""
+    if p.get("planned") is None:
+        return ""
+    refused = f", {p['refused']:,} refused" if p.get("refused") else ""
+    return f" of {p['planned']:,} planned{refused}" + ("" if p.get("complete") else " (partial)")
 
 
 # ---------------------------------------------------------------------- the PNG (pillow)

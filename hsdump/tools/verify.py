@@ -1,4 +1,4 @@
-"""`python -m hsdump verify OUT [--retokenize] [--quick] [--json]`: check a dataset end to end.
+"""`python -m hsdump verify OUT [--retokenize] [--quick] [--complete] [--json]`: check a dataset.
 
 Checks, against docs/format.md (versions 1 and 2):
 - `manifest.json` exists and parses; the commit records (version 2: `index.json` and the logs
@@ -16,10 +16,13 @@ Checks, against docs/format.md (versions 1 and 2):
 - shard files no record lists, and a torn last record of a log, are reported as information
   (garbage from an interrupted run, never read), not as problems;
 - `--retokenize`: the source rows, re-tokenized with the manifest's recorded config, give
-  the stored `input_ids` and `loss_mask` exactly.
+  the stored `input_ids` and `loss_mask` exactly;
+- a dataset holding fewer samples (committed or refused) than its run planned (manifest
+  `planned`) is partial: valid, and said ("PARTIAL: N of M ... resume with the same command").
 
 Memory stays bounded: one tensor is loaded at a time through `safe_open`.
-Exit status: 0 clean, 1 on any problem, 2 on a usage error.
+Exit status: 0 clean (a clean partial dataset too, unless `--complete`), 1 on any problem,
+2 on a usage error.
 """
 
 from __future__ import annotations
@@ -39,7 +42,6 @@ from hsdump.store.files import UnsafeFile, read_json_object, real_file
 from hsdump.store.layout import (
     DRY,
     FINAL_KINDS,
-    FORMAT,
     INDEX,
     KEY_RE,
     KNOWN_FILES,
@@ -47,7 +49,6 @@ from hsdump.store.layout import (
     LOG_SUFFIX,
     MANIFEST,
     MANIFEST_LIMIT,
-    MAX_LAYERS,
     SHARD_DIR,
     SHARD_V1_RE,
     ST_CODE,
@@ -57,6 +58,7 @@ from hsdump.store.layout import (
     read_header,
     sha256_file,
 )
+from hsdump.store.manifest import FP8_NAMES, problems, progress
 
 UNLISTED = "unlisted (ignored, garbage from an interrupted run)"
 LISTED = 1000
@@ -111,6 +113,10 @@ class Report:
     retokenize: bool = False
     unlisted_problems: int = 0
     """Problems found beyond the first LISTED (counted, not listed)."""
+    progress: Optional[Dict[str, object]] = None
+    """How far the run that writes it is (hsdump.store.manifest.Progress.to_dict): committed,
+    refused and planned samples, complete (None when the manifest does not say)."""
+    partial_line: str = ""
 
     @property
     def ok(self) -> bool:
@@ -146,7 +152,14 @@ class Report:
             out.append(f"PROBLEM ... and {self.unlisted_problems:,} more not listed")
         out += [f"info    {p.line()}" for p in self.info]
         out.append(self.summary())
+        if self.partial_line:
+            out.append(self.partial_line.replace("partial:", "PARTIAL:", 1))
         return out
+
+    @property
+    def partial(self) -> bool:
+        """The dataset holds fewer samples than its run planned (valid, not finished)."""
+        return bool(self.progress) and self.progress.get("complete") is False
 
     def to_dict(self) -> dict:
         d = asdict(self)
@@ -169,12 +182,6 @@ def _load_json(path: Path, report: Report) -> Optional[dict]:
     return None
 
 
-def _int_list(x) -> Optional[List[int]]:
-    if isinstance(x, list) and all(type(v) is int for v in x):
-        return list(x)
-    return None
-
-
 def _first_diff(a: List[int], b: List[int]) -> str:
     for i, (x, y) in enumerate(zip(a, b)):
         if x != y:
@@ -184,48 +191,19 @@ def _first_diff(a: List[int], b: List[int]) -> str:
 
 # --------------------------------------------------------------------------- checks
 def _check_manifest(m: dict, r: Report) -> Tuple[Optional[List[int]], Optional[int], Optional[str]]:
-    """(layers, hidden_size, safetensors storage dtype) from the manifest, None where unusable."""
-    if m.get("format") != FORMAT:
-        r.problem(MANIFEST, f"format is {_short(m.get('format'))}, expected {FORMAT!r}")
-    if m.get("format_version") not in SUPPORTED_VERSIONS:
-        r.problem(
-            MANIFEST,
-            f"format_version is {_short(m.get('format_version'))}; this "
-            f"verifier knows {list(SUPPORTED_VERSIONS)}",
-        )
-    layers = _int_list(m.get("layers"))
-    if (
-        not layers
-        or len(layers) > MAX_LAYERS
-        or len(set(layers)) != len(layers)
-        or not all(0 <= x < MAX_LAYERS for x in layers)
-    ):
-        r.problem(
-            MANIFEST,
-            f"layers is {_short(m.get('layers'))}, not a list of 1 to "
-            f"{MAX_LAYERS} distinct layer indices; samples are not checked "
-            "against it",
-        )
-        layers = None
-    model = m.get("model")
-    hidden = model.get("hidden_size") if isinstance(model, dict) else None
-    if type(hidden) is not int or not 0 < hidden < 1 << 24:
-        r.problem(MANIFEST, f"model.hidden_size is {_short(hidden)}, not a positive int")
-        hidden = None
+    """(layers, hidden_size, safetensors storage dtype) from the manifest, None where unusable;
+    its problems are the reader's (hsdump.store.manifest.problems, the one validator)."""
+    bad = problems(m)
+    for p in bad:
+        r.problem(MANIFEST, p)
+    layers = None if any(p.startswith("layers ") for p in bad) else m["layers"]
+    if layers is None:
+        r.note(MANIFEST, "samples are not checked against its layers")
+    hidden = None if any(p.startswith("model") for p in bad) else m["model"]["hidden_size"]
     sd = m.get("storage_dtype")
-    fp8_names = _fp8().STORAGE_ALIASES
-    stored = {name: ST_CODE[name] for name in STORAGE.values()}
-    st = (
-        (ST_CODE[STORAGE["fp8"]] if sd in fp8_names else stored.get(sd))
-        if isinstance(sd, str)
-        else None
-    )
-    if st is None:
-        r.problem(
-            MANIFEST,
-            f"storage_dtype is {_short(sd)}; expected one of "
-            f"{sorted(set(stored) | set(fp8_names))}",
-        )
+    st = None
+    if not any(p.startswith("storage_dtype ") for p in bad):
+        st = ST_CODE[STORAGE["fp8"]] if sd in FP8_NAMES else ST_CODE[STORAGE.get(sd, sd)]
     return layers, hidden, st
 
 
@@ -746,6 +724,9 @@ def verify(path, retokenize: bool = False, quick: bool = False) -> Report:
     except (OSError, ValueError) as e:
         r.problem("commit records", str(e))
         return r
+    if isinstance(m, dict):
+        pg = progress(m, len(c), c.refused())
+        r.progress, r.partial_line = pg.to_dict(), pg.line()
     if not c.names and not c.skipped and not c.problems:
         r.problem(
             INDEX, "no shard was ever committed to this dataset (no index.json, no commit record)"
@@ -860,7 +841,9 @@ def main(argv=None) -> int:
         description="Check an hsdump dataset: manifest and index agree, every listed shard "
         "has its recorded size and sha256 and a valid header, every sample's "
         "tensors exist with the right dtypes, shapes and finite values, no sample "
-        "is in two shards. Exit 0 when clean, 1 on any problem, 2 on usage errors.",
+        "is in two shards; says when the dataset is partial (fewer samples than its run "
+        "planned). Exit 0 when clean (a clean partial dataset too, unless --complete), 1 on any "
+        "problem, 2 on usage errors.",
     )
     ap.add_argument("out", metavar="OUT", help="dataset directory (holds manifest.json)")
     ap.add_argument(
@@ -870,6 +853,12 @@ def main(argv=None) -> int:
         "and compare every sample's input_ids and loss_mask",
     )
     ap.add_argument("--quick", action="store_true", help="skip the sha256 of each shard")
+    ap.add_argument(
+        "--complete",
+        action="store_true",
+        help="also fail (exit 1) when the dataset is partial: fewer samples than its run "
+        "planned (an interrupted run; the same command resumes it)",
+    )
     ap.add_argument("--json", action="store_true", help="print the report as JSON")
     try:
         args = ap.parse_args(list(sys.argv[1:] if argv is None else argv))
@@ -883,7 +872,7 @@ def main(argv=None) -> int:
         print(json.dumps(report.to_dict(), indent=1))
     else:
         print("\n".join(report.lines()))
-    return 0 if report.ok else 1
+    return 0 if report.ok and not (args.complete and report.partial) else 1
 
 
 if __name__ == "__main__":
