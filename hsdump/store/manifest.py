@@ -24,6 +24,7 @@ from hsdump import __version__
 from hsdump.store.layout import (
     FINAL_KINDS,
     FORMAT,
+    MANIFEST,
     MAX_LAYERS,
     STORAGE,
     SUPPORTED_VERSIONS,
@@ -290,6 +291,22 @@ class Manifest:
 PLAIN_OPTIONAL = ("planned", "kinds")
 """Top-level keys left out of manifest.json when unknown."""
 SOURCE_KEYS = ("tokenizer", "dataset", "max_seq_len", "truncation", "tokenized", "config")
+
+
+# ------------------------------------------------------------------------ writing
+def write(d, m: Manifest) -> None:
+    """Write `m` as folder `d`'s manifest.json (atomically: a temporary file, then renamed)."""
+    from hsdump.store.files import write_json
+
+    write_json(Path(d) / MANIFEST, m.to_json())
+
+
+def upgrade(d, old: Dict[str, Any], version: int = VERSION) -> None:
+    """Rewrite folder `d`'s manifest.json object `old` (an older version's, read as it is) with
+    `format_version` set to `version`, every other key kept: a version 1 dataset resumed."""
+    from hsdump.store.files import write_json
+
+    write_json(Path(d) / MANIFEST, {**old, "format_version": version})
 
 
 # ------------------------------------------------------------------------ reading, checking

@@ -27,7 +27,8 @@ import torch
 
 from hsdump import __version__
 from hsdump.store import commits, fp8
-from hsdump.store.files import atomic_file, fault, fsync_dir, make_dirs, real_file, write_json
+from hsdump.store import manifest as manifest_file
+from hsdump.store.files import atomic_file, fault, fsync_dir, make_dirs, real_file
 from hsdump.store.layout import (
     FINAL_CHECK,
     FORMAT,
@@ -249,7 +250,7 @@ class DatasetWriter:
                 f"({', '.join(sorted(stray)[:5])}); choose an empty or new folder"
             )
         # a valid, empty dataset from the first instant: no index.json yet, no log
-        write_json(mpath, manifest.to_json())
+        manifest_file.write(d, manifest)
 
     def skip(self, sid: int, reason: str, count_as: Optional[str] = None) -> None:
         """Record that sample `sid` is left out (NaN/Inf, or a regenerated conversation too
@@ -532,4 +533,4 @@ def upgrade_v1(d: Path, manifest: dict) -> None:
             INDEX,
         )
     commits.write_index(d, v2.finish())
-    write_json(d / MANIFEST, {**manifest, "format_version": VERSION})
+    manifest_file.upgrade(d, manifest, VERSION)
