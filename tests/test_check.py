@@ -1,12 +1,12 @@
 """`hsdump check OUT` (hsdump.tools.check, hsdump.check) and the in-run final-state check
 (`check.logprob_samples`, hsdump.check_final).
 
-One real extraction of the embedded default (SGLang's CPU engine, the tiny Llama) with both final
-states and the in-run check on two samples: `hsdump check` passes on it, and fails on the same
-rows under a manifest whose layers are shifted by one or swapped; its final_check/main.json says
-the loss from the captured final state equals SGLang's own. SmolLM2's real weights are checked the
-same way in tests/test_smollm2.py. Without an engine: the refusals, and the LM head and final
-norm read from the checkpoint's safetensors against transformers' own.
+No engine here: the refusals; the LM head and final norm read from the checkpoint's safetensors
+against transformers' own; and the verdicts on rows that are transformers' own bf16 states of
+the tiny Llama: they pass, and fail under a manifest whose layers are shifted by one or swapped,
+or with the two final states swapped. The real engine's rows: tests/test_pipeline.py (`hsdump
+check` and the in-run check on the embedded default) and tests/test_smollm2.py (both on real
+weights, where a shifted manifest fails too).
 """
 
 import json
@@ -15,7 +15,6 @@ import shutil
 import harness
 import pytest
 import torch
-from factories import ROOT
 
 from hsdump import check as c
 from hsdump import check_final
@@ -81,20 +80,39 @@ def test_checkpoint_head_is_transformers(tiny_llama):
     assert not check_final.compare(head, "pre_norm", rec, off)["ok"]
 
 
-# --------------------------------------------------------------------------- the engine
+# --------------------------------------------------------------------------- the verdicts
+LAYERS = [2, 4, 5]
+
+
 @pytest.fixture(scope="module")
-def tiny_run(tmp_path_factory):
-    """The embedded default through SGLang's CPU engine, once: layers [2, 4, 5], both final
-    states, and the in-run check of its first two samples."""
-    out = tmp_path_factory.mktemp("check") / "tiny"
-    rc, log = harness.extract(
-        "dataset.max_samples=4",
-        "capture.final=[pre_norm,post_norm]",
-        "check.logprob_samples=2",
-        out=out,
+def hf_rows(tmp_path_factory, tiny_llama):
+    """A dataset of the tiny Llama whose rows are transformers' own bf16 hidden states at
+    LAYERS and its final states (a stand-in for an engine's rows: what is tested here is the
+    verdict, hsdump's own logic; the real engine's rows are checked in tests/test_pipeline.py
+    and tests/test_smollm2.py)."""
+    from hsdump.store.manifest import Manifest
+    from hsdump.store.writer import DatasetWriter
+
+    model = c.reference_model(tiny_llama, torch.bfloat16)
+    out = tmp_path_factory.mktemp("check") / "hf"
+    m = Manifest.for_rows(
+        model=tiny_llama,
+        hidden_size=64,
+        num_hidden_layers=8,
+        layers=LAYERS,
+        final=["pre_norm", "post_norm"],
+        architecture="LlamaForCausalLM",
+        model_dtype="bfloat16",
     )
-    assert rc == 0, log[-4000:]
-    return out, log
+    w = DatasetWriter(str(out), m)
+    g = torch.Generator().manual_seed(0)
+    for sid, n in enumerate((24, 40, 33)):
+        ids = torch.randint(2, 1000, (n,), generator=g).tolist()
+        f = c.forward(model, ids, "cpu")
+        hs = [f.hidden_states[k] for k in LAYERS]
+        w.add(sid, ids, [1] * n, hs, {"pre_norm": f.pre_norm, "post_norm": f.post_norm})
+    w.close()
+    return out
 
 
 def relabelled(src, dest, layers):
@@ -106,52 +124,46 @@ def relabelled(src, dest, layers):
     return dest
 
 
-@pytest.mark.engine
-def test_check_passes_on_the_embedded_default(tiny_run):
-    out, _ = tiny_run
-    rc, text, err = hsdump_check(out)
-    assert rc == 0, text + err
-    assert text.splitlines()[-1] == "ok" and "layer 5" in text and "final/post_norm" in text
-    rep = tool.check(str(out), samples=3)
-    assert rep["ok"] and [r["index"] for r in rep["layers"]] == [2, 4, 5]
+def test_the_right_rows_pass(hf_rows, capsys):
+    assert tool.main([str(hf_rows), "--json", "--device", "cpu"]) == 0
+    rep = json.loads(capsys.readouterr().out)
+    assert rep["ok"] and rep["samples"] == [0, 1, 2] and not rep["moe"]
+    assert [r["index"] for r in rep["layers"]] == LAYERS
     for r in rep["layers"]:
-        assert r["neighbour"] == "right" and all(b == r["index"] for b in r["best"]), r
-        assert max(r["err"]) < 0.02, r
+        assert r["neighbour"] == "right" and r["best"] == [r["index"]] * 3, r
     assert [r["kind"] for r in rep["final"]] == ["pre_norm", "post_norm"]
     for r in rep["final"]:
-        assert all(abs(a - b) < 0.01 for a, b in zip(r["loss"], r["loss_fp32"])), r
-    print("hsdump check, embedded default:\n" + text)
+        assert all(abs(a - b) <= c.LOSS_EPS for a, b in zip(r["loss"], r["loss_fp32"])), r
+    text = tool.table(rep)
+    assert text.splitlines()[-1] == "ok" and "layer 5" in text and "final/post_norm" in text
 
 
-@pytest.mark.engine
-def test_check_fails_on_shifted_or_swapped_layers(tiny_run, tmp_path):
-    out, _ = tiny_run
-    shifted = relabelled(out, tmp_path / "shifted", [1, 3, 4])  # rows of [2, 4, 5]
-    rc, text, err = hsdump_check(shifted, "--samples", "2")
-    assert rc == 1 and text.splitlines()[-1].startswith("FAILED"), text + err
+def test_shifted_or_swapped_layers_fail(hf_rows, tmp_path, capsys):
+    shifted = relabelled(hf_rows, tmp_path / "shifted", [k - 1 for k in LAYERS])
+    assert tool.main([str(shifted), "--samples", "2"]) == 1
+    text = capsys.readouterr().out
+    assert text.splitlines()[-1].startswith("FAILED") and "its rows are index 2's, not 1's" in text
     rep = tool.check(str(shifted), samples=2)
-    assert not rep["ok"]
-    for r, real in zip(rep["layers"], [2, 4, 5]):
-        assert not r["ok"] and r["neighbour"] == f"matches {real}", r
+    assert [r["neighbour"] for r in rep["layers"]] == [f"matches {k}" for k in LAYERS]
     assert all(r["ok"] for r in rep["final"])  # the final states are where they were
-    swapped = relabelled(out, tmp_path / "swapped", [4, 2, 5])
-    rep = tool.check(str(swapped), samples=1)
+    swapped = relabelled(hf_rows, tmp_path / "swapped", [4, 2, 5])
+    rep = tool.check(str(swapped), ids=[1])
     assert [r["ok"] for r in rep["layers"]] == [False, False, True], rep["layers"]
     assert [r["neighbour"] for r in rep["layers"][:2]] == ["matches 2", "matches 4"]
 
 
-@pytest.mark.engine
-def test_in_run_final_state_check(tiny_run):
-    import jsonschema
+def test_final_states_swapped_fail(hf_rows):
+    """post_norm stored as pre_norm and the reverse: the states and the losses through the head
+    disagree with transformers'."""
+    from hsdump.store.reader import HsdumpDataset
 
-    out, log = tiny_run
-    res = json.loads((out / "final_check" / "main.json").read_text())
-    schema = json.loads((ROOT / "docs" / "schema" / "final-check.schema.json").read_text())
-    jsonschema.validate(res, schema)
-    assert res["ok"] and res["final"] == "pre_norm" and len(res["samples"]) == 2, res
-    for s in res["samples"]:
-        assert abs(s["loss"] - s["engine_loss"]) <= c.LOGPROB_EPS, s
-    assert "final-state check" in log and "-> ok" in log, log[-3000:]
-    print("in-run final-state check, embedded default:", json.dumps(res["samples"]))
-    rc, out_, err = harness.hsdump("verify", out, split=True)
-    assert rc == 0 and "final_check" not in out_ + err, out_ + err
+    ds = HsdumpDataset(str(hf_rows))
+    recs = [ds.get(i) for i in ds.ids]
+    ds.close()
+    for r in recs:
+        f = r["final"]
+        r["final"] = {"pre_norm": f["post_norm"], "post_norm": f["pre_norm"]}
+    model = json.loads((hf_rows / "manifest.json").read_text())["model"]["path"]
+    ref = c.reference(model, [r["input_ids"].tolist() for r in recs], "cpu")
+    fin = c.compare_finals(["pre_norm", "post_norm"], recs, ref)
+    assert not any(r.ok for r in fin), [r.failures for r in fin]
