@@ -1,6 +1,7 @@
-"""manifest.json in one place: built (`Manifest`, `ResumeKey`), written (`Manifest.to_json`, by
-the writer), read and validated (`read`, `problems`), and what it says about completeness
-(`Progress`). The JSON is docs/format.md's "manifest.json" and
+"""manifest.json in one place: built (`Manifest`, `ResumeKey`), written (`write`, by the writer;
+`upgrade` for a version 1 dataset resumed), read and validated (`Manifest.read`, `read`,
+`problems`, `check_manifest`: the one validator of the loader and `hsdump verify`), and what it
+says about completeness (`progress`, `Progress`). The JSON is docs/format.md's "manifest.json" and
 docs/schema/manifest.schema.json; manifests of older versions read as they are.
 
 Two builders: an extraction fills every field (`hsdump.pipeline` builds it from the run);
