@@ -126,7 +126,7 @@ class Engine:
     def __init__(self, final, stop_after=None, nonfinite=()):
         self.final, self.stop_after, self.nonfinite = list(final), stop_after, set(nonfinite)
 
-    def run(self, items, sink, on_signal):
+    def run(self, items, sink, on_signal, refused=None):
         for k, (sid, ids) in enumerate(items):
             if self.stop_after is not None and k >= self.stop_after:
                 return False
