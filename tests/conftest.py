@@ -30,7 +30,7 @@ def pytest_configure(config):
 # tests are spread over the workers one by one (`make test`); every other file runs whole on one
 # worker, so its module fixtures (test_engine's shared engine, test_ray's cluster, test_hostile's
 # cases) are built once
-SPREAD = ("test_families.py",)
+SPREAD = ("test_families.py", "test_kinds.py")
 
 
 # the fast tier's slowest files, slowest first (measured 2026-12-02: each one's tests took

@@ -10,6 +10,7 @@ those ids serve.
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from factories import ROOT, compose_config, hf_hidden_states
@@ -34,15 +35,30 @@ def cap(**kw) -> CaptureConfig:
     return CaptureConfig(**kw)
 
 
+def own_function(path, name):
+    """Function `name` as written in the source file `path` (executed alone: its module's
+    imports are not needed by it)."""
+    import ast
+
+    tree = ast.parse(Path(path).read_text())
+    node = next(n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == name)
+    scope = {"List": list}
+    exec(compile(ast.Module([node], []), str(path), "exec"), scope)
+    return scope[name]
+
+
 def test_dflash_default_is_specforge_and_sglang_build_target_layer_ids():
-    sys.path.insert(0, _peer_root("HSDUMP_SPECFORGE_SRC"))
-    try:
-        from specforge.modeling.draft.dflash import build_target_layer_ids
-    finally:
-        sys.path.pop(0)
-    for L in range(4, 129):
-        for n in (1, 3, 5, 8):
-            assert K.build_target_layer_ids(L, n) == build_target_layer_ids(L, n), (L, n)
+    import importlib.util
+
+    sf = Path(_peer_root("HSDUMP_SPECFORGE_SRC")) / "specforge/modeling/draft/dflash.py"
+    sg = Path(importlib.util.find_spec("sglang").origin).parent / "srt/speculative/dflash_utils.py"
+    for build_target_layer_ids in (
+        own_function(sf, "build_target_layer_ids"),
+        own_function(sg, "build_target_layer_ids"),
+    ):
+        for L in range(4, 129):
+            for n in (1, 3, 5, 8):
+                assert K.build_target_layer_ids(L, n) == build_target_layer_ids(L, n), (L, n)
     assert K.build_target_layer_ids(36, 5) == [1, 9, 17, 25, 33]  # Qwen3-8B, SpecForge's config
     assert K.dflash_default(36) == [2, 10, 18, 26, 34]  # hf_hidden_states_index
     assert K.dflash_default(30) == [2, 9, 15, 21, 28]  # SmolLM2-135M: ids [1, 8, 14, 20, 27]
