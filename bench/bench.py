@@ -548,8 +548,7 @@ def mode_hsdump(
     with storage fp8, if "fp8" is in `storages`), one engine. b8 runs on the first samples
     holding `fp8_tokens` tokens (0: all of b's). `on_partial(seq, results)` is called after
     each of them, so that a run cut short keeps what it measured."""
-    from hsdump.capture.start import start
-    from hsdump.store.manifest import Manifest
+    from hsdump.capture.start import rows_manifest, start
     from hsdump.store.writer import DatasetWriter
 
     out = {"_engine": {"baseline": mon.reset()}}
@@ -567,14 +566,7 @@ def mode_hsdump(
     def to_disk(samples: List[List[int]], storage: str) -> dict:
         """Capture + DatasetWriter(dtype=storage), timed until close() has committed all."""
         tokens = sum(len(x) for x in samples)
-        manifest = Manifest.for_rows(
-            model=model_path,
-            hidden_size=info.hidden_size,
-            num_hidden_layers=info.num_hidden_layers,
-            layers=layers,
-            storage_dtype=storage,
-            architecture=info.architecture,
-        )
+        manifest = rows_manifest(model_path, layers, info, storage_dtype=storage)
         idle = mon.reset()
         walls, details = [], []
         for _ in range(repeat):

@@ -909,11 +909,10 @@ def main(argv=None) -> int:
     from hsdump.capture.layers import read_model_info, resolve_layers
     from hsdump.config import OutputConfig
     from hsdump.pipeline import rows_in_flight
-    from hsdump.store.manifest import Manifest
     from hsdump.store.writer import DatasetWriter
 
     bench._prepare(a.device)
-    from hsdump.capture.start import start
+    from hsdump.capture.start import rows_manifest, start
 
     model = a.model if a.device == "cuda" else "tiny-llama"
     path = bench.build_model(model, f"{a.models_dir}/{model}", a.weights)
@@ -964,13 +963,7 @@ def main(argv=None) -> int:
             idle = sampler.snapshot()
             ds = os.path.join(out_dir, f"ds-{seq}")
             shutil.rmtree(ds, ignore_errors=True)
-            manifest = Manifest.for_rows(
-                model=path,
-                hidden_size=info.hidden_size,
-                num_hidden_layers=info.num_hidden_layers,
-                layers=layers,
-                architecture=info.architecture,
-            )
+            manifest = rows_manifest(path, layers, info)
             w = DatasetWriter(ds, manifest, shard_bytes=out.shard_bytes, threads=out.writer_threads)
             sampler.writer = w
 

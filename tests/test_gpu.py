@@ -49,19 +49,12 @@ def capture(model_path: str, prompts, out, chunk: int, preset: str = "gpu") -> d
     """The prompts through the engine into a dataset at `out`, read back (`preset`: cpu runs
     this file's code on SGLang's CPU engine, by hand, for the Llama cases)."""
     from hsdump.capture.layers import read_model_info
-    from hsdump.capture.start import engine_preset, start
-    from hsdump.store.manifest import Manifest
+    from hsdump.capture.start import engine_preset, rows_manifest, start
     from hsdump.store.reader import HsdumpDataset
     from hsdump.store.writer import DatasetWriter
 
     info = read_model_info(model_path)
-    manifest = Manifest.for_rows(
-        model=model_path,
-        hidden_size=info.hidden_size,
-        num_hidden_layers=info.num_hidden_layers,
-        layers=LAYERS,
-        architecture=info.architecture,
-    )
+    manifest = rows_manifest(model_path, LAYERS, info)
     ec = engine_preset(preset, chunked_prefill_size=chunk, **engine_over())
     writer = DatasetWriter(str(out), manifest, overwrite=True)
     t0 = time.time()

@@ -6,6 +6,8 @@ the dry one, built as an extraction builds it.
     with start(model_path, [1, 3, 5], ec) as eng:
         eng.run(enumerate(prompts), sink)
 
+and `rows_manifest(model_path, [1, 3, 5])` is the manifest a DatasetWriter of those rows takes.
+
 No sglang import here: `hsdump.capture.engine` is imported only when SGLang's engine starts.
 """
 
@@ -63,4 +65,27 @@ def start(
         from hsdump.capture.engine import CaptureEngine as EngineClass
     return EngineClass(
         model_path, model_cfg, engine, list(layers), info, final=final, generates=generates
+    )
+
+
+def rows_manifest(
+    model_path: str,
+    layers: Sequence[int],
+    info: Optional[ModelInfo] = None,
+    storage_dtype: str = "bfloat16",
+    final: Sequence[str] = (),
+):
+    """The manifest of the rows such an engine captures for the model folder, written from no
+    dataset source: the model's facts, the layers and the storage dtype (Manifest.for_rows)."""
+    from hsdump.store.manifest import Manifest
+
+    info = info or read_model_info(model_path)
+    return Manifest.for_rows(
+        model=model_path,
+        hidden_size=info.hidden_size,
+        num_hidden_layers=info.num_hidden_layers,
+        layers=layers,
+        storage_dtype=storage_dtype,
+        final=final,
+        architecture=info.architecture,
     )
