@@ -52,7 +52,9 @@ def test_composition_and_presets():
 @pytest.mark.engine
 def test_extract_writes_a_valid_dataset(tmp_path, tiny_llama):
     out = tmp_path / "ds"
-    s = run(to_config(config(*EXTRACT, f"output.dir={out}", "output.shard_bytes=200000")))
+    # with both final states, and the in-run final-state check of the first two samples
+    check = ["capture.final=[pre_norm,post_norm]", "check.logprob_samples=2"]
+    s = run(to_config(config(*EXTRACT, *check, f"output.dir={out}", "output.shard_bytes=200000")))
     assert s.written + sum(s.skipped.values()) == 12 and s.written >= 10
 
     manifest = json.loads((out / "manifest.json").read_text())
@@ -86,6 +88,17 @@ def test_extract_writes_a_valid_dataset(tmp_path, tiny_llama):
     ref16 = hf_hidden_states(tiny_llama, r["input_ids"].tolist(), torch.bfloat16)
     for h, k in zip(r["hidden_states"], ds.layers):
         assert per_sample_ok(rel_err(h, ref[k]), rel_err(ref16[k], ref[k]))
+
+    # `hsdump check` passes on it; the in-run check found the captured pre_norm state's loss
+    # through the checkpoint's head equal to SGLang's own (docs/format.md, "Side files")
+    from hsdump.tools import check
+
+    rep = check.check(str(out), samples=3)
+    print(check.table(rep))
+    assert rep["ok"] and all(r["neighbour"] == "right" for r in rep["layers"]), rep
+    fc = json.loads((out / "final_check" / "main.json").read_text())
+    assert fc["ok"] and fc["final"] == "pre_norm" and len(fc["samples"]) == 2, fc
+    print("in-run final-state check:", fc["samples"])
 
 
 def test_extract_resumes_and_refuses_another_layer_set(tmp_path):
