@@ -102,6 +102,12 @@ class DryEngine:
     def close(self) -> None:
         self._stop = True
 
+    def __enter__(self) -> "DryEngine":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
     def _signals(self, on_stop_signal: OnSignal):
         """SIGINT and SIGTERM to `on_stop_signal` while a call runs; the old handlers back."""
         if on_stop_signal is None:
