@@ -1,8 +1,8 @@
 """The package's layering: sglang is imported only in hsdump/capture/ (the engine, its patch
 and its serving layouts), a trainer's part (hsdump/store/) imports neither sglang nor Hydra
 nor datasets, no module imports from a later stage, and the imports have no cycle. Beside the
-package: bench/ and tests/ import nothing of each other (both import the package), and neither
-puts a folder on sys.path."""
+package: bench/ and tests/ import nothing of each other (both import the package), and no
+bench script puts a folder on sys.path."""
 
 import ast
 import re
