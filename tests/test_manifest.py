@@ -94,6 +94,18 @@ def test_refused_samples_count_as_done(tmp_path):
     assert HsdumpDataset(str(tmp_path)).progress.complete
 
 
+def test_a_resumed_run_that_plans_more_sets_planned(tmp_path):
+    """A larger dataset.max_samples resumes (the resume key allows it): manifest.json's
+    planned becomes the resumed run's, the one key rewritten on resume."""
+    small(tmp_path, rows_manifest(planned=3), sids=(0, 1, 2))
+    assert HsdumpDataset(str(tmp_path)).progress.complete
+    before = json.loads((tmp_path / "manifest.json").read_text())
+    small(tmp_path, rows_manifest(planned=5), sids=(3,))
+    after = json.loads((tmp_path / "manifest.json").read_text())
+    assert after == {**before, "planned": 5}
+    assert HsdumpDataset(str(tmp_path)).progress.line().startswith("partial: 4 of 5 samples")
+
+
 @pytest.mark.parametrize(
     "change, problem",
     [

@@ -1,5 +1,5 @@
 """manifest.json in one place: built (`Manifest`, `ResumeKey`), written (`write`, by the writer;
-`upgrade` for a version 1 dataset resumed), read and validated (`Manifest.read`, `read`,
+`upgrade` for a version 1 dataset resumed, `replan` for a resumed run's own plan), read and validated (`Manifest.read`, `read`,
 `problems`, `check_manifest`: the one validator of the loader and `hsdump verify`), and what it
 says about completeness (`progress`, `Progress`). The JSON is docs/format.md's "manifest.json" and
 docs/schema/manifest.schema.json; manifests of older versions read as they are.
@@ -308,6 +308,18 @@ def upgrade(d, old: Dict[str, Any], version: int = VERSION) -> None:
     from hsdump.store.files import write_json
 
     write_json(Path(d) / MANIFEST, {**old, "format_version": version})
+
+
+def replan(d, old: Dict[str, Any], planned: Optional[int]) -> None:
+    """Set `planned` in folder `d`'s manifest.json object `old` when a resumed run plans
+    another number of samples (a larger or smaller dataset.max_samples, which the resume key
+    allows): the one key rewritten on resume, so that completeness is judged against what the
+    latest run meant to write."""
+    if planned is None or old.get("planned") == planned:
+        return
+    from hsdump.store.files import write_json
+
+    write_json(Path(d) / MANIFEST, {**old, "planned": planned})
 
 
 # ------------------------------------------------------------------------ reading, checking

@@ -237,6 +237,9 @@ class DatasetWriter:
                 )
             if commits.version_of(d) == 1:
                 upgrade_v1(d, old)
+                old = {**old, "format_version": VERSION}
+            # a resumed run that plans more or fewer samples (another dataset.max_samples)
+            manifest_file.replan(d, old, manifest.planned)
             return
         stray = [
             p.name
