@@ -151,16 +151,10 @@ def mask_runs(ids, mask):
 
 # --------------------------------------------------------------------------- configs
 def cpu_engine_config(**over):
-    """The engine settings of conf/engine/cpu.yaml, as the dataclass."""
-    from omegaconf import OmegaConf
+    """The engine settings of conf/engine/cpu.yaml, as the dataclass (fields of `over` replacing)."""
+    from hsdump.capture.start import engine_preset
 
-    from hsdump.config import EngineConfig
-
-    raw = OmegaConf.load(ROOT / "conf" / "engine" / "cpu.yaml")
-    raw.pop("defaults", None)
-    kw = OmegaConf.to_container(raw)
-    kw.update(over)
-    return EngineConfig(**kw)
+    return engine_preset("cpu", **over)
 
 
 def compose_config(*overrides, hydra=False):

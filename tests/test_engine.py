@@ -31,20 +31,10 @@ def prompts(lengths, seed, first_id=0):
 
 def capture(model_path, layers, samples, final=(), **engine_over):
     """{sid: (input_ids, [rows per layer, then per final kind])} from one real CPU engine."""
-    from hsdump.capture.engine import CaptureEngine
-    from hsdump.capture.layers import read_model_info
-    from hsdump.config import ModelConfig
+    from hsdump.capture.start import start
 
-    info = read_model_info(model_path)
     got = {}
-    eng = CaptureEngine(
-        model_path,
-        ModelConfig(path=model_path),
-        cpu_engine_config(**engine_over),
-        layers,
-        info,
-        final=final,
-    )
+    eng = start(model_path, layers, cpu_engine_config(**engine_over), final=final)
     try:
         eng.run(
             samples, lambda sid, ids, hs, bad: got.__setitem__(sid, (ids, [h.clone() for h in hs]))
@@ -145,9 +135,8 @@ def test_nonfinite_rows_are_flagged_per_request(tiny_llama, tmp_path):
 
     from safetensors.torch import load_file, save_file
 
-    from hsdump.capture.engine import CaptureEngine
     from hsdump.capture.layers import read_model_info
-    from hsdump.config import ModelConfig
+    from hsdump.capture.start import start
     from hsdump.store.manifest import Manifest
     from hsdump.store.writer import DatasetWriter
 
@@ -164,14 +153,7 @@ def test_nonfinite_rows_are_flagged_per_request(tiny_llama, tmp_path):
     ]
     samples[1][1][25] = 77  # sample 1 only, from position 25 on
     got = {}
-    eng = CaptureEngine(
-        str(bad_model),
-        ModelConfig(path=str(bad_model)),
-        cpu_engine_config(),
-        [3, 1],
-        info,
-        final=["post_norm"],
-    )
+    eng = start(str(bad_model), [3, 1], cpu_engine_config(), info=info, final=["post_norm"])
     try:
         eng.run(
             samples, lambda sid, ids, hs, bad: got.__setitem__(sid, ([h.clone() for h in hs], bad))

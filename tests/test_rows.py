@@ -283,8 +283,8 @@ def test_sglang_takes_hsdumps_limit_and_refuses_one_more(smollm2, tok):
     reports the same longest prompt hsdump computed before it started, takes a prompt of
     exactly that length, and refuses one token more as a bad request that goes to `refused`
     while the samples beside it are captured."""
-    from hsdump.capture.engine import CaptureEngine
     from hsdump.capture.layers import engine_limit, read_model_info
+    from hsdump.capture.start import start
     from hsdump.config import Config
 
     engine_cfg = cpu_engine_config(extra={"context_length": 128})
@@ -295,7 +295,7 @@ def test_sglang_takes_hsdumps_limit_and_refuses_one_more(smollm2, tok):
     ids = tok("word " * 200, add_special_tokens=False)["input_ids"]
     samples = [(0, ids[:20]), (1, ids[: limit.tokens]), (2, ids[: limit.tokens + 1]), (3, ids[:7])]
     got, refusals = {}, {}
-    eng = CaptureEngine(smollm2, ModelConfig(path=smollm2), engine_cfg, [2, 15], info)
+    eng = start(smollm2, [2, 15], engine_cfg, info=info)
     try:
         assert eng.max_prompt_tokens == limit.tokens
         ok = eng.run(
