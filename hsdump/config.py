@@ -397,12 +397,23 @@ class Config:
             )
 
 
-def layers_tag(layers: Optional[List[int]], default_layers: Optional[List[int]] = None) -> str:
-    """Directory-name form of a layer set: [3, 31, 59] -> 'layers-3-31-59'."""
-    chosen = layers if layers is not None else default_layers
-    if chosen is None:
-        return "layers-eagle3"
-    return "layers-" + "-".join(str(int(x)) for x in chosen)
+def layers_tag(
+    layers: Optional[List[int]],
+    default_layers: Optional[List[int]] = None,
+    kinds: Optional[List[str]] = None,
+) -> str:
+    """Directory-name form of a capture: explicit layers [3, 31, 59] -> 'layers-3-31-59';
+    else the drafter kinds, EAGLE-3 named by the preset's layers when it has some:
+    'layers-eagle3' (the default), 'layers-eagle3-dflash-dspark' (capture=all_kinds)."""
+    if layers is not None:
+        return "layers-" + "-".join(str(int(x)) for x in layers)
+    names = [
+        ("-".join(str(int(x)) for x in default_layers) if default_layers is not None else k)
+        if k == "eagle3"
+        else k
+        for k in (kinds or ["eagle3"])
+    ]
+    return "layers-" + "-".join(names)
 
 
 def name_of(path: str) -> str:

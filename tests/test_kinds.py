@@ -148,8 +148,12 @@ def test_manifest_records_kinds_on_the_dry_engine(tmp_path):
     assert kinds["dspark"]["algorithm"] == "DSPARK" and kinds["dspark"]["finals"] == ["post_norm"]
     # the composed config: capture=all_kinds is a config group option
     register_configs()
-    cfg = to_config(compose_config("capture=all_kinds", "output.dir=x"))
+    cfg = to_config(compose_config("capture=all_kinds"))
     assert cfg.capture.kinds == ["eagle3", "dflash", "dspark"]
+    # the default folder names the kinds: a sweep over capture.kinds never shares one
+    assert cfg.output.dir == "outputs/tiny-llama/layers-eagle3-dflash-dspark"
+    kimi = to_config(compose_config("model=kimi_k25", "capture.kinds=[eagle3,dflash]"))
+    assert kimi.output.dir == "outputs/kimi-k2.5/layers-3-31-59-dflash"
 
 
 def test_explicit_layers_that_miss_a_kind_are_refused_before_the_engine(tmp_path):
