@@ -126,6 +126,12 @@ class DatasetConfig:
             )
 
 
+DRAFTER_KINDS = {"eagle3": (), "dflash": (), "dspark": ("post_norm",)}
+"""capture.kinds' names (SGLang's drafter algorithms, lower case) and the final states every
+trainer of the kind reads (DSpark's losses feed the post-norm state to lm_head); their layers
+and serving ids are hsdump.capture.kinds'."""
+
+
 @dataclass
 class CaptureConfig:
     layers: Optional[List[int]] = None
@@ -146,24 +152,26 @@ class CaptureConfig:
     capture.kind_layers.dflash=[2,8,14,20,28]."""
 
     def __post_init__(self) -> None:
-        from hsdump.capture.kinds import check_names, required_finals
-
         bad = [k for k in self.final if k not in FINAL_KINDS]
         if bad or len(set(self.final)) != len(self.final):
             raise ValueError(
                 f"capture.final={list(self.final)}: use a subset of {FINAL_KINDS}, "
                 "each once, e.g. capture.final=[pre_norm]"
             )
-        check_names(list(self.kinds))
+        kinds = list(self.kinds)
+        if not kinds or any(k not in DRAFTER_KINDS for k in kinds) or len(set(kinds)) != len(kinds):
+            raise ValueError(
+                f"capture.kinds={kinds}: list each of {', '.join(DRAFTER_KINDS)} at most once, "
+                "e.g. capture.kinds=[eagle3,dflash,dspark]"
+            )
         unknown = [k for k in self.kind_layers if k not in self.kinds]
         if unknown:
             raise ValueError(
                 f"capture.kind_layers names {unknown}, not in capture.kinds={list(self.kinds)}: "
                 f"add it to capture.kinds or drop capture.kind_layers.{unknown[0]}"
             )
-        self.final = list(self.final) + [
-            f for f in required_finals(self.kinds) if f not in self.final
-        ]
+        need = {f for k in kinds for f in DRAFTER_KINDS[k]}
+        self.final = list(self.final) + [f for f in FINAL_KINDS if f in need - set(self.final)]
 
 
 REGENERATE_TURNS = ("none", "last", "all")

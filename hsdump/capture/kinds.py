@@ -20,10 +20,12 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Dict, List, Optional, Sequence, Tuple
 
 from hsdump.capture.layers import CONVENTION, eagle3_default, resolve_layers
+from hsdump.config import DRAFTER_KINDS
 
 if TYPE_CHECKING:
     from hsdump.capture.families import IdRule
     from hsdump.config import CaptureConfig
+
 
 DFLASH_LAYERS = 5
 """K of DFlash and DSpark: SpecForge 0.2.0's configs (Qwen3-8B: serving ids [1, 9, 17, 25, 33])."""
@@ -67,9 +69,19 @@ class Kind:
 KINDS: Dict[str, Kind] = {
     k.name: k
     for k in (
-        Kind("eagle3", "EAGLE3", (), (("specforge", "post_norm"), ("speculators", "pre_norm"))),
-        Kind("dflash", "DFLASH", (), (("specforge", None), ("speculators", "pre_norm"))),
-        Kind("dspark", "DSPARK", ("post_norm",), (("specforge", "post_norm"),)),
+        Kind(
+            "eagle3",
+            "EAGLE3",
+            DRAFTER_KINDS["eagle3"],
+            (("specforge", "post_norm"), ("speculators", "pre_norm")),
+        ),
+        Kind(
+            "dflash",
+            "DFLASH",
+            DRAFTER_KINDS["dflash"],
+            (("specforge", None), ("speculators", "pre_norm")),
+        ),
+        Kind("dspark", "DSPARK", DRAFTER_KINDS["dspark"], (("specforge", "post_norm"),)),
     )
 }
 """The kinds a capture serves (`capture.kinds`); names are SGLang's algorithms, lower case."""
@@ -84,22 +96,6 @@ DSpark checkpoints are refused by SGLang (sglang #30261), so it is not offered."
 
 LAYERS_OF = {"domino": "dflash"}
 """An export kind whose layers are another capture kind's."""
-
-
-def check_names(kinds: Sequence[str]) -> None:
-    """ValueError naming the fix for an empty, unknown or repeated `capture.kinds`."""
-    bad = [k for k in kinds if k not in KINDS]
-    if not kinds or bad or len(set(kinds)) != len(kinds):
-        raise ValueError(
-            f"capture.kinds={list(kinds)}: list each of {', '.join(KINDS)} at most once, "
-            "e.g. capture.kinds=[eagle3,dflash,dspark]"
-        )
-
-
-def required_finals(kinds: Sequence[str]) -> List[str]:
-    """The final states the kinds' trainers all read, in a fixed order."""
-    want = {f for k in kinds for f in KINDS[k].finals}
-    return [f for f in ("pre_norm", "post_norm") if f in want]
 
 
 def _check(source: str, layers: Sequence[int], num_layers: int) -> List[int]:
