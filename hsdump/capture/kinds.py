@@ -56,9 +56,9 @@ class Kind:
     algorithm: str
     """SGLang's `--speculative-algorithm` for this drafter."""
     finals: Tuple[str, ...]
-    """Final states every trainer of this kind reads (a capture of the kind always holds them)."""
-    trainer_finals: Tuple[Tuple[str, str], ...]
-    """(trainer, the final state it reads): `hsdump export --to TRAINER --kind NAME` needs it."""
+    """Final states every trainer of this kind reads (a capture of the kind always holds them;
+    the final state of one trainer only, e.g. speculators' pre-norm one for EAGLE-3, is asked
+    for by `hsdump export`, which names capture.final when it is missing)."""
 
     def default_layers(self, num_layers: int) -> List[int]:
         if self.name == "eagle3":
@@ -67,22 +67,7 @@ class Kind:
 
 
 KINDS: Dict[str, Kind] = {
-    k.name: k
-    for k in (
-        Kind(
-            "eagle3",
-            "EAGLE3",
-            DRAFTER_KINDS["eagle3"],
-            (("specforge", "post_norm"), ("speculators", "pre_norm")),
-        ),
-        Kind(
-            "dflash",
-            "DFLASH",
-            DRAFTER_KINDS["dflash"],
-            (("specforge", None), ("speculators", "pre_norm")),
-        ),
-        Kind("dspark", "DSPARK", DRAFTER_KINDS["dspark"], (("specforge", "post_norm"),)),
-    )
+    name: Kind(name, name.upper(), finals) for name, finals in DRAFTER_KINDS.items()
 }
 """The kinds a capture serves (`capture.kinds`); names are SGLang's algorithms, lower case."""
 
