@@ -50,7 +50,7 @@ def offline_env() -> Dict[str, str]:
     }
 
 
-def run_extract(*overrides: str, out: Path, log: Path, timeout: float = 900) -> int:
+def run_extract(*overrides: str, out: Path, log: Path, timeout: float = 1500) -> int:
     """extract.py on the GPU (plus HSDUMP_GPU_OVERRIDES); its output also goes to `log`."""
     extra = shlex.split(os.environ.get(OVERRIDES_ENV, ""))
     rc, text = extract(

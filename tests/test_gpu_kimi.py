@@ -42,6 +42,9 @@ def checkpoint(dest, int4: bool):
     return dest
 
 
+# SGLang 0.5.23's first INT4 forward on a fresh host JIT-builds its Marlin MoE kernels: the
+# extraction took 763 s there (docs/performance.md, "Fourth run"), past the suite's 600 s
+@pytest.mark.timeout(1800)
 @pytest.mark.parametrize("int4", [False, True], ids=["bf16", "int4"])
 def test_kimi_k25_checkpoint_through_the_preset(int4, tmp_path):
     from hsdump import check

@@ -45,6 +45,8 @@ pytestmark = [
 ]
 
 NODE_TIMEOUT = 20
+# each test runs two-node engines (up to 420 s each) and the first also the TP 1 reference
+pytestmark.append(pytest.mark.timeout(1800))
 
 
 def start(model, out, rank: int, port: int, work: Path, tag: str):
