@@ -47,6 +47,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Sequence
 
+from hsdump.errors import Refusal
+
 # 1. per sample (dense)
 PER_SAMPLE_FACTOR = 3.0
 PER_SAMPLE_EPS = 0.002
@@ -217,7 +219,7 @@ def final_norm(model):
         m = getattr(dec, name, None)
         if m is not None:
             return m
-    raise ValueError(f"{type(model).__name__}: no final norm found (norm, final_layernorm, ln_f)")
+    raise Refusal(f"{type(model).__name__}: no final norm found (norm, final_layernorm, ln_f)")
 
 
 def logit_cap(config) -> Optional[float]:
@@ -344,7 +346,7 @@ class Head:
         x = state.float()
         if kind == "pre_norm":
             if self.norm is None:
-                raise ValueError("no final norm to apply to a pre_norm state")
+                raise Refusal("no final norm to apply to a pre_norm state")
             with torch.no_grad():
                 x = self.norm(x)
         return softcap(x @ self.weight.T, self.cap)

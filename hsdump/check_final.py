@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
 
 from hsdump.check import LOGPROB_EPS, Head, logprob_loss_ok
+from hsdump.errors import MissingInput, Refusal
 
 log = logging.getLogger(__name__)
 
@@ -42,7 +43,7 @@ def _weight_files(folder: Path) -> Dict[str, Path]:
         with safe_open(str(f), "pt") as h:
             out.update({k: f for k in h.keys()})
     if not out:
-        raise FileNotFoundError(f"{folder} holds no safetensors weights")
+        raise MissingInput(f"{folder} holds no safetensors weights")
     return out
 
 
@@ -89,7 +90,7 @@ def checkpoint_head(model_path: str) -> Tuple[Head, Dict[str, object]]:
         head = _pick(files, re.compile(r"(^|\.)embed_tokens\.weight$"))
     norm = _pick(files, NORM_RE)
     if head is None or norm is None:
-        raise ValueError(
+        raise Refusal(
             f"{folder}: no {'LM head' if head is None else 'final norm'} weight found by name "
             "(lm_head.weight / tied embed_tokens.weight, norm.weight); check.logprob_samples "
             "cannot check this checkpoint: set it to 0 and use `hsdump check`"
@@ -99,7 +100,7 @@ def checkpoint_head(model_path: str) -> Tuple[Head, Dict[str, object]]:
         with safe_open(str(files[name]), "pt") as h:
             t = h.get_tensor(name)
         if t.dtype not in (torch.float32, torch.bfloat16, torch.float16):
-            raise ValueError(
+            raise Refusal(
                 f"{folder}: {name} is stored as {t.dtype} (quantized): check.logprob_samples "
                 "needs a plain LM head; set it to 0"
             )

@@ -70,6 +70,7 @@ def extract_job(cfg) -> None:
     from omegaconf.errors import OmegaConfBaseException
 
     from hsdump.config import to_config
+    from hsdump.errors import Refusal
     from hsdump.pipeline import Interrupted, output_error, run
     from hsdump.store.writer import WriteError
 
@@ -83,16 +84,31 @@ def extract_job(cfg) -> None:
     except Interrupted as e:
         log.error("%s", e)
         sys.exit(3)
-    except (ValueError, FileNotFoundError) as e:  # bad input: the message names the fix
+    except Refusal as e:  # bad input, and only that: the message names the fix
         log.error("%s", e)
         sys.exit(2)
     except (WriteError, OSError) as e:  # the disk under output.dir: full, read-only, gone
+        if not isinstance(e, WriteError) and not about_output(e, cfg.output.dir):
+            raise  # another file's: an error with its traceback (exit 1), not bad input
         log.error("%s", output_error(e, cfg.output.dir))
         sys.exit(2)
     for line in summary.lines():
         print(line)
     if os.environ.get(SUMMARY_ENV):  # a launcher's machine-readable copy (hsdump.launch.ray)
         Path(os.environ[SUMMARY_ENV]).write_text(json.dumps(summary.to_dict()) + "\n")
+
+
+def about_output(e: OSError, out_dir: str) -> bool:
+    """An OSError of the output folder: a file inside output.dir or a folder above it (one
+    that could not be made), or, without a file name, the disk itself (full, over quota,
+    read-only, failing)."""
+    import errno
+
+    name = getattr(e, "filename", None)
+    if not name:
+        return e.errno in (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EIO)
+    name, out = os.path.abspath(str(name)), os.path.abspath(str(out_dir))
+    return os.path.commonpath([name, out]) in (name, out)
 
 
 def _hydra_usage_error(e: Optional[BaseException]) -> bool:

@@ -11,6 +11,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional
 
+from hsdump.errors import Refusal
 from hsdump.store.layout import FINAL_KINDS, ROW_DTYPES, SHARD_BYTES, STORAGE, WRITER_THREADS
 
 MISSING = "???"  # omegaconf's marker for a value the user must give; no import needed here
@@ -50,11 +51,11 @@ class ModelConfig:
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPES:
-            raise ValueError(f"model.dtype={self.dtype!r}: use one of {DTYPES}")
+            raise Refusal(f"model.dtype={self.dtype!r}: use one of {DTYPES}")
         if self.tp_size < 1:
-            raise ValueError(f"model.tp_size={self.tp_size}: must be >= 1")
+            raise Refusal(f"model.tp_size={self.tp_size}: must be >= 1")
         if self.chat_template is not None and not str(self.chat_template).strip():
-            raise ValueError(
+            raise Refusal(
                 "model.chat_template='': name a .jinja file, or set it to null for "
                 "the tokenizer's own template"
             )
@@ -103,25 +104,25 @@ class DatasetConfig:
 
     def __post_init__(self) -> None:
         if self.truncation not in ("truncate", "skip"):
-            raise ValueError(f"dataset.truncation={self.truncation!r}: use 'truncate' or 'skip'")
+            raise Refusal(f"dataset.truncation={self.truncation!r}: use 'truncate' or 'skip'")
         if self.on_bad_row not in ON_BAD:
-            raise ValueError(f"dataset.on_bad_row={self.on_bad_row!r}: use one of {ON_BAD}")
+            raise Refusal(f"dataset.on_bad_row={self.on_bad_row!r}: use one of {ON_BAD}")
         if self.max_seq_len is not None and self.max_seq_len < 2:
-            raise ValueError(f"dataset.max_seq_len={self.max_seq_len}: must be >= 2")
+            raise Refusal(f"dataset.max_seq_len={self.max_seq_len}: must be >= 2")
         if self.format is not None and self.format not in ROW_FORMATS:
-            raise ValueError(
+            raise Refusal(
                 f"dataset.format={self.format!r}: use one of {ROW_FORMATS}, or "
                 "leave it unset to detect it"
             )
         if self.min_seq_len < 0 or self.min_seq_len > (self.max_seq_len or self.min_seq_len):
-            raise ValueError(
+            raise Refusal(
                 f"dataset.min_seq_len={self.min_seq_len}: must be between 0 and "
                 f"dataset.max_seq_len={self.max_seq_len}"
             )
         if self.num_proc < 1:
-            raise ValueError(f"dataset.num_proc={self.num_proc}: must be >= 1")
+            raise Refusal(f"dataset.num_proc={self.num_proc}: must be >= 1")
         if self.max_samples is not None and self.max_samples < 1:
-            raise ValueError(
+            raise Refusal(
                 f"dataset.max_samples={self.max_samples}: must be >= 1, or unset for all rows"
             )
 
@@ -154,19 +155,19 @@ class CaptureConfig:
     def __post_init__(self) -> None:
         bad = [k for k in self.final if k not in FINAL_KINDS]
         if bad or len(set(self.final)) != len(self.final):
-            raise ValueError(
+            raise Refusal(
                 f"capture.final={list(self.final)}: use a subset of {FINAL_KINDS}, "
                 "each once, e.g. capture.final=[pre_norm]"
             )
         kinds = list(self.kinds)
         if not kinds or any(k not in DRAFTER_KINDS for k in kinds) or len(set(kinds)) != len(kinds):
-            raise ValueError(
+            raise Refusal(
                 f"capture.kinds={kinds}: list each of {', '.join(DRAFTER_KINDS)} at most once, "
                 "e.g. capture.kinds=[eagle3,dflash,dspark]"
             )
         unknown = [k for k in self.kind_layers if k not in self.kinds]
         if unknown:
-            raise ValueError(
+            raise Refusal(
                 f"capture.kind_layers names {unknown}, not in capture.kinds={list(self.kinds)}: "
                 f"add it to capture.kinds or drop capture.kind_layers.{unknown[0]}"
             )
@@ -201,13 +202,13 @@ class RegenerateConfig:
 
     def __post_init__(self) -> None:
         if self.turns not in REGENERATE_TURNS:
-            raise ValueError(f"regenerate.turns={self.turns!r}: use one of {REGENERATE_TURNS}")
+            raise Refusal(f"regenerate.turns={self.turns!r}: use one of {REGENERATE_TURNS}")
         if self.reasoning not in ("keep", "drop"):
-            raise ValueError(f"regenerate.reasoning={self.reasoning!r}: use keep or drop")
+            raise Refusal(f"regenerate.reasoning={self.reasoning!r}: use keep or drop")
         if self.max_new_tokens < 1 or self.window < 1:
-            raise ValueError("regenerate.max_new_tokens and regenerate.window must be >= 1")
+            raise Refusal("regenerate.max_new_tokens and regenerate.window must be >= 1")
         if self.temperature < 0 or not 0 < self.top_p <= 1:
-            raise ValueError("regenerate.temperature must be >= 0 and regenerate.top_p in (0, 1]")
+            raise Refusal("regenerate.temperature must be >= 0 and regenerate.top_p in (0, 1]")
 
     @property
     def enabled(self) -> bool:
@@ -283,20 +284,20 @@ class EngineConfig:
 
     def __post_init__(self) -> None:
         if self.kind not in ENGINE_KINDS:
-            raise ValueError(
+            raise Refusal(
                 f"engine.kind={self.kind!r}: use one of {', '.join(ENGINE_KINDS)} "
                 "(engine=dry checks a run without SGLang)"
             )
         if self.inflight_tokens < 1:
-            raise ValueError("engine.inflight_tokens must be >= 1")
+            raise Refusal("engine.inflight_tokens must be >= 1")
         for key in ("nnodes", "node_rank", "dist_init_addr"):
             if key in self.extra:
-                raise ValueError(
+                raise Refusal(
                     f"engine.extra.{key}: set engine.{key} instead (hsdump starts "
                     "the other nodes' side and their row transport from it)"
                 )
         if (self.prefill_cuda_graph_max_tokens or 0) < 0:
-            raise ValueError(
+            raise Refusal(
                 "engine.prefill_cuda_graph_max_tokens must be >= 0 (0: no prefill "
                 "CUDA graphs) or null (SGLang's own sizes)"
             )
@@ -334,17 +335,17 @@ class OutputConfig:
 
     def __post_init__(self) -> None:
         if self.dtype not in STORAGE_DTYPES:
-            raise ValueError(f"output.dtype={self.dtype!r}: use one of {STORAGE_DTYPES}")
+            raise Refusal(f"output.dtype={self.dtype!r}: use one of {STORAGE_DTYPES}")
         if self.shard_bytes < 1:
-            raise ValueError("output.shard_bytes must be >= 1")
+            raise Refusal("output.shard_bytes must be >= 1")
         if self.on_nonfinite not in ON_BAD:
-            raise ValueError(f"output.on_nonfinite={self.on_nonfinite!r}: use one of {ON_BAD}")
+            raise Refusal(f"output.on_nonfinite={self.on_nonfinite!r}: use one of {ON_BAD}")
         if self.space_check not in ("raise", "warn", "off"):
-            raise ValueError(f"output.space_check={self.space_check!r}: use raise, warn or off")
+            raise Refusal(f"output.space_check={self.space_check!r}: use raise, warn or off")
         if self.writer_threads < 1:
-            raise ValueError(f"output.writer_threads={self.writer_threads}: must be >= 1")
+            raise Refusal(f"output.writer_threads={self.writer_threads}: must be >= 1")
         if self.held_bytes() >= self.max_host_bytes:
-            raise ValueError(
+            raise Refusal(
                 f"output.shard_bytes={self.shard_bytes} leaves no room for rows in "
                 f"flight under output.max_host_bytes={self.max_host_bytes}: "
                 f"writer_threads + 2 = {self.writer_threads + 2} shards are held at "
@@ -367,7 +368,7 @@ class DistConfig:
 
         check(self.num_jobs, self.job_index)
         if self.nodes_per_engine < 1:
-            raise ValueError(f"dist.nodes_per_engine={self.nodes_per_engine}: use 1 or more")
+            raise Refusal(f"dist.nodes_per_engine={self.nodes_per_engine}: use 1 or more")
 
 
 @dataclass
@@ -380,7 +381,7 @@ class CheckConfig:
 
     def __post_init__(self) -> None:
         if self.logprob_samples < 0:
-            raise ValueError(f"check.logprob_samples={self.logprob_samples}: use 0 (off) or more")
+            raise Refusal(f"check.logprob_samples={self.logprob_samples}: use 0 (off) or more")
 
 
 @dataclass
@@ -398,7 +399,7 @@ class Config:
 
     def __post_init__(self) -> None:
         if self.check.logprob_samples and not self.capture.final:
-            raise ValueError(
+            raise Refusal(
                 f"check.logprob_samples={self.check.logprob_samples} checks the captured final "
                 "state: add capture.final=[pre_norm] (or [post_norm]), or set "
                 "check.logprob_samples=0"

@@ -12,13 +12,15 @@ Nothing here depends on how the jobs are launched; see conf/hydra/launcher/ for 
 
 from typing import Dict, Iterable, List
 
+from hsdump.errors import Refusal
+
 
 def check(num_jobs: int, job_index: int) -> None:
     """Raise ValueError unless 0 <= job_index < num_jobs."""
     if int(num_jobs) != num_jobs or int(job_index) != job_index:
-        raise ValueError(f"dist.num_jobs={num_jobs!r}, dist.job_index={job_index!r}: integers")
+        raise Refusal(f"dist.num_jobs={num_jobs!r}, dist.job_index={job_index!r}: integers")
     if num_jobs < 1 or not 0 <= job_index < num_jobs:
-        raise ValueError(
+        raise Refusal(
             f"dist.job_index={job_index} with dist.num_jobs={num_jobs}: need "
             "num_jobs >= 1 and 0 <= job_index < num_jobs"
         )
@@ -28,7 +30,7 @@ def owner(sample_id: int, num_jobs: int) -> int:
     """The job index that owns `sample_id` (round robin over the row numbers, so long and
     short conversations, often clustered in a file, spread evenly over the jobs)."""
     if sample_id < 0:
-        raise ValueError(f"sample id {sample_id}: ids are row numbers, >= 0")
+        raise Refusal(f"sample id {sample_id}: ids are row numbers, >= 0")
     return sample_id % num_jobs
 
 

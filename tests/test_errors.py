@@ -177,3 +177,40 @@ def test_regenerate_on_plain_text_refused_before_tokenizing(tmp_path, monkeypatc
     with pytest.raises(ValueError, match="needs conversations.*regenerate.turns=none"):
         run(cfg)
     assert not (tmp_path / "out").exists()
+
+
+# --------------------------------------------------------------------------- exit statuses
+def test_only_refusals_exit_2(tmp_path, monkeypatch, capsys):
+    """`hsdump extract` exits 2 for hsdump's refusals (a Refusal, a ValueError, names the fix)
+    and only for them: a ValueError or FileNotFoundError a library raises is a failure with its
+    traceback (exit 1), which `hsdump ray` retries (docs/errors.md)."""
+    from hsdump import cli, pipeline
+    from hsdump.errors import MissingInput, Refusal
+
+    def raises(e):
+        def run(*a, **k):
+            raise e
+
+        return run
+
+    args = ["extract", f"output.dir={tmp_path}/out"]
+    for err, rc in (
+        (Refusal("dataset.max_seq_len=1: must be >= 2"), 2),
+        (MissingInput("model.path='/x': no such folder"), 2),
+        (ValueError("a library's own check"), 1),
+        (FileNotFoundError("a library's missing file"), 1),
+    ):
+        monkeypatch.setattr(pipeline, "run", raises(err))
+        with pytest.raises(SystemExit) as e:
+            cli.main(args)
+        assert e.value.code == rc, (err, e.value.code)
+    assert isinstance(MissingInput("x"), FileNotFoundError)
+    assert isinstance(Refusal("x"), ValueError)  # callers that catch ValueError still do
+
+
+def test_a_bad_config_value_is_a_refusal():
+    """The config's own checks (each group's __post_init__) are refusals, through OmegaConf."""
+    from hsdump.errors import Refusal
+
+    with pytest.raises(Refusal, match="dataset.max_seq_len=1: must be >= 2"):
+        config("dataset.max_seq_len=1")

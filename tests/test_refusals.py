@@ -124,3 +124,20 @@ def test_non_utf8_bytes_are_counted(tmp_path, caplog):
     assert "3 byte sequences that are not UTF-8" in caplog.text
     p.write_bytes(b'[{"text": "\xff"}]')
     assert read_json_records(str(p))[2]["non_utf8"] == 1
+
+
+def test_bad_input_is_raised_as_a_refusal():
+    """hsdump's own bad-input errors are `hsdump.errors.Refusal`s (exit 2, not retried by
+    `hsdump ray`); a plain ValueError is left only where no input is at fault: a caller's misuse
+    of an API (fp8 shapes, an empty batch, token counts) and the row transport's own invariants
+    (docs/errors.md). A new refusal raised as a plain ValueError fails here."""
+    from factories import ROOT
+
+    plain = {"hsdump/store/fp8.py": 3, "hsdump/store/stats.py": 2, "hsdump/store/reader.py": 1}
+    plain["hsdump/capture/rows.py"] = 8
+    found = {}
+    for p in sorted((ROOT / "hsdump").rglob("*.py")):
+        n = p.read_text().count("raise ValueError(")
+        if n:
+            found[str(p.relative_to(ROOT))] = n
+    assert found == plain, found

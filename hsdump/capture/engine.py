@@ -33,6 +33,7 @@ from hsdump.capture.rows import (
     Sender,
     new_run_keys,
 )
+from hsdump.errors import Refusal
 
 if TYPE_CHECKING:
     from hsdump.config import EngineConfig, ModelConfig
@@ -118,7 +119,7 @@ def follow(
     forbid_engine()
     layout = engine_layout(engine_cfg)
     if layout.is_head:
-        raise ValueError("follow() runs on the nodes after node 0")
+        raise Refusal("follow() runs on the nodes after node 0")
     check_supported(info, engine_cfg, model_cfg)
     family = family_of(info.architecture)
     keys_at = key_file(run_dir, job_tag)
@@ -236,7 +237,7 @@ class CaptureEngine:
         self._key_file: Optional[Path] = None
         if self.layout.multi:
             if not self.layout.is_head:
-                raise ValueError(
+                raise Refusal(
                     f"node_rank={self.layout.node_rank}: only node 0 captures; "
                     "the other nodes run hsdump.capture.engine.follow"
                 )

@@ -24,6 +24,8 @@ from dataclasses import dataclass
 from importlib import metadata
 from typing import Dict, Optional, Tuple
 
+from hsdump.errors import Refusal
+
 
 @dataclass(frozen=True)
 class Family:
@@ -192,7 +194,7 @@ def check_verified(
         if allow_unverified:
             return None
         names = ", ".join(sorted(_BY_ARCH))
-        raise ValueError(
+        raise Refusal(
             f"{architecture}: hsdump has not verified this model class's captured rows against "
             "transformers, and SGLang's model classes differ in which layer and which tensor "
             "they capture (a wrong layer is written silently). Verified: "
@@ -203,7 +205,7 @@ def check_verified(
         return family
     if allow_unverified:
         return None
-    raise ValueError(
+    raise Refusal(
         f"{architecture} ({family.name}): hsdump verified this class's captured rows against "
         f"transformers on SGLang {', '.join(family.versions)} only, not on the installed "
         f"SGLang {sglang_version} (model classes change between releases: which layers they "
@@ -328,7 +330,7 @@ def check_kinds(
         if allow_unverified:
             continue
         known = sorted(a for a, r in KIND_RULES.get(V23, {}).items() if kind in r)
-        raise ValueError(
+        raise Refusal(
             f"capture.kinds holds {kind}, but hsdump has not checked which layers SGLang "
             f"{sglang_version or V23} serves a {kind} drafter of {architecture} from (each class's "
             f"setter maps a drafter's layer ids its own way; a wrong one serves the drafter "

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Dict, List, Optional, Sequence, Tuple
 
 from hsdump.capture.layers import CONVENTION, eagle3_default, resolve_layers
 from hsdump.config import DRAFTER_KINDS
+from hsdump.errors import Refusal
 
 if TYPE_CHECKING:
     from hsdump.capture.families import IdRule
@@ -86,13 +87,13 @@ LAYERS_OF = {"domino": "dflash"}
 def _check(source: str, layers: Sequence[int], num_layers: int) -> List[int]:
     out = [int(x) for x in layers]
     if len(set(out)) != len(out):
-        raise ValueError(
+        raise Refusal(
             f"{source}={out} repeats a layer (a {num_layers}-layer model is too shallow for "
             f"its spread); list each index once, e.g. {source}={sorted(set(out))}"
         )
     bad = [k for k in out if not 1 <= k <= num_layers - 1]
     if bad:
-        raise ValueError(
+        raise Refusal(
             f"{source}={out}: {bad} out of range for a model with {num_layers} decoder layers "
             f"({CONVENTION}: 1..{num_layers - 1})"
         )
@@ -143,7 +144,7 @@ def capture_layers(
         missing = [k for k in want if k not in layers]
         if missing:
             fix = sorted(set(union) | set(layers))
-            raise ValueError(
+            raise Refusal(
                 f"capture.layers={layers} lacks {missing} of {name}'s layers {want} "
                 f"(capture.kinds={list(capture.kinds)}): capture.layers={fix} captures every "
                 f"kind's, or set capture.kind_layers.{name} to layers it holds, or drop "
@@ -167,7 +168,7 @@ def serving_ids(rule: Optional["IdRule"], layers: Sequence[int]) -> Optional[Lis
         if hf and hf[0] == 2:
             return [k - 1 for k in hf]
         return None if hf and hf[0] == 1 else hf
-    raise ValueError(f"unknown id rule {rule.shift!r}")
+    raise Refusal(f"unknown id rule {rule.shift!r}")
 
 
 def layers_of(ids: Sequence[int], rule: "IdRule") -> List[int]:

@@ -14,6 +14,8 @@ import os
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, List, Optional, Sequence, Tuple
 
+from hsdump.errors import Refusal
+
 if TYPE_CHECKING:
     from hsdump.config import Config
 
@@ -46,7 +48,7 @@ def read_model_info(model_path: str, trust_remote_code: bool = False) -> ModelIn
     text = raw.get("text_config") or raw
     archs = raw.get("architectures") or []
     if not archs:
-        raise ValueError(f"{model_path}/config.json names no `architectures`")
+        raise Refusal(f"{model_path}/config.json names no `architectures`")
     return ModelInfo(
         architecture=archs[0],
         hidden_size=int(text["hidden_size"]),
@@ -84,15 +86,15 @@ def resolve_layers(
         chosen, source = eagle3_default(num_layers), "EAGLE-3 default"
     out = [int(x) for x in chosen]
     if not out:
-        raise ValueError(
+        raise Refusal(
             f"{source} is empty: name at least one layer, e.g. "
             f"capture.layers='{eagle3_default(num_layers)}'"
         )
     if len(set(out)) != len(out):
-        raise ValueError(f"{source}={out} repeats a layer; list each index once")
+        raise Refusal(f"{source}={out} repeats a layer; list each index once")
     bad = [k for k in out if not 1 <= k <= num_layers - 1]
     if bad:
-        raise ValueError(
+        raise Refusal(
             f"{source}={out}: {bad} out of range for a model with {num_layers} decoder layers. "
             f"Indices follow {CONVENTION}: 1..{num_layers - 1} (k = output of decoder layer "
             f"k-1). The embedding output (0) and the last layer's output ({num_layers}) are not "
@@ -214,7 +216,7 @@ def check_length_limit(cfg: Config, info: ModelInfo) -> None:
     lim = engine_limit(cfg, info)
     if n is None or n <= lim.tokens:
         return
-    raise ValueError(
+    raise Refusal(
         f"dataset.max_seq_len={n} is longer than the engine takes: {lim.why}, "
         f"{lim.tokens} tokens. Set dataset.max_seq_len={lim.tokens} or less (or leave it "
         f"unset for {lim.tokens})"

@@ -37,6 +37,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, List, Mapping, Optional, Tuple
 
+from hsdump.errors import Refusal
+
 KEY_FILE = "hsdump-run-keys.json"  # in the run's output folder
 _SPEC_KEYS = ("endpoint", "server_key", "client_public", "client_secret")
 
@@ -63,10 +65,10 @@ def split_addr(addr: str) -> Tuple[str, int]:
     """ "host:port" or "[v6]:port" -> (host, port); ValueError if it is not one."""
     m = re.fullmatch(r"\[([0-9A-Fa-f:.]+)\]:(\d+)|([^:\[\]\s]+):(\d+)", str(addr).strip())
     if not m:
-        raise ValueError(f"dist_init_addr {addr!r} is not host:port (or [IPv6]:port)")
+        raise Refusal(f"dist_init_addr {addr!r} is not host:port (or [IPv6]:port)")
     host, port = (m.group(1), m.group(2)) if m.group(1) else (m.group(3), m.group(4))
     if not 0 < int(port) < 65536:
-        raise ValueError(f"dist_init_addr {addr!r}: port {port} is not in 1..65535")
+        raise Refusal(f"dist_init_addr {addr!r}: port {port} is not in 1..65535")
     return host, int(port)
 
 
@@ -84,7 +86,7 @@ def expand_nodelist(nodelist: str) -> List[str]:
                 names = [n + v for n in names for v in _expand_range(rng, nodelist)]
         hosts.extend(names)
     if not hosts or any(not h for h in hosts):
-        raise ValueError(f"cannot read the SLURM node list {nodelist!r}")
+        raise Refusal(f"cannot read the SLURM node list {nodelist!r}")
     return hosts
 
 
@@ -97,14 +99,14 @@ def _split_top(s: str) -> List[str]:
         elif c == "]":
             depth -= 1
             if depth < 0:
-                raise ValueError(f"unbalanced brackets in the SLURM node list {s!r}")
+                raise Refusal(f"unbalanced brackets in the SLURM node list {s!r}")
         if c == "," and depth == 0:
             out.append(cur)
             cur = ""
         else:
             cur += c
     if depth:
-        raise ValueError(f"unbalanced brackets in the SLURM node list {s!r}")
+        raise Refusal(f"unbalanced brackets in the SLURM node list {s!r}")
     return [x for x in out + [cur] if x]
 
 
@@ -113,10 +115,10 @@ def _expand_range(rng: str, whole: str) -> List[str]:
     for part in rng.split(","):
         m = re.fullmatch(r"(\d+)(?:-(\d+))?", part.strip())
         if not m:
-            raise ValueError(f"cannot read {part!r} in the SLURM node list {whole!r}")
+            raise Refusal(f"cannot read {part!r} in the SLURM node list {whole!r}")
         lo, hi = m.group(1), m.group(2) or m.group(1)
         if int(hi) < int(lo):
-            raise ValueError(f"descending range {part!r} in the SLURM node list {whole!r}")
+            raise Refusal(f"descending range {part!r} in the SLURM node list {whole!r}")
         width = len(lo) if lo.startswith("0") or len(lo) == len(hi) else 0
         vals.extend(str(i).zfill(width) for i in range(int(lo), int(hi) + 1))
     return vals
@@ -145,7 +147,7 @@ def _int(value, what: str) -> int:
     try:
         return int(str(value).strip())
     except ValueError:
-        raise ValueError(f"{what} is {value!r}, not an integer") from None
+        raise Refusal(f"{what} is {value!r}, not an integer") from None
 
 
 def find_layout(
@@ -176,13 +178,13 @@ def find_layout(
         s_rank = _int(env["SLURM_NODEID"], "SLURM_NODEID")
         for what, mine, theirs in (("nnodes", nnodes, s_nnodes), ("node_rank", node_rank, s_rank)):
             if mine is not None and int(mine) != theirs:
-                raise ValueError(
+                raise Refusal(
                     f"{what}={mine} was given, but this SLURM step says "
                     f"{theirs}: drop the setting or match the allocation"
                 )
         tasks = env.get("SLURM_STEP_NUM_TASKS")
         if tasks is not None and _int(tasks, "SLURM_STEP_NUM_TASKS") > s_nnodes:
-            raise ValueError(
+            raise Refusal(
                 f"this SLURM step runs {tasks} tasks on {s_nnodes} node(s): hsdump "
                 "runs one process per node (srun --ntasks-per-node=1)"
             )
@@ -195,13 +197,13 @@ def find_layout(
                 or env.get("SLURM_JOB_NODELIST")
             )
             if not nodelist:
-                raise ValueError(
+                raise Refusal(
                     "SLURM gives no node list (SLURM_JOB_NODELIST): set "
                     "dist_init_addr=host:port of node 0"
                 )
             hosts = slurm_hosts(nodelist)
             if len(hosts) != s_nnodes:
-                raise ValueError(
+                raise Refusal(
                     f"the SLURM node list {nodelist!r} names {len(hosts)} host(s) "
                     f"for {s_nnodes} node(s)"
                 )
@@ -212,13 +214,13 @@ def find_layout(
     nnodes = 1 if nnodes is None else _int(nnodes, "nnodes")
     node_rank = 0 if node_rank is None else _int(node_rank, "node_rank")
     if nnodes < 1:
-        raise ValueError(f"nnodes={nnodes}: an engine needs at least one node")
+        raise Refusal(f"nnodes={nnodes}: an engine needs at least one node")
     if not 0 <= node_rank < nnodes:
-        raise ValueError(
+        raise Refusal(
             f"node_rank={node_rank} with nnodes={nnodes}: the rank must be in 0..{nnodes - 1}"
         )
     if nnodes > 1 and not dist_init_addr:
-        raise ValueError(
+        raise Refusal(
             f"nnodes={nnodes} needs dist_init_addr=host:port (node 0's address, "
             "the same on every node)"
         )
@@ -238,7 +240,7 @@ def node_address(toward: str) -> str:
     try:
         infos = socket.getaddrinfo(host, port, type=socket.SOCK_DGRAM)
     except socket.gaierror as e:
-        raise ValueError(f"cannot resolve {host!r}: {e}") from None
+        raise Refusal(f"cannot resolve {host!r}: {e}") from None
     err: Optional[OSError] = None
     for family, kind, proto, _, addr in infos:
         with socket.socket(family, kind, proto) as s:
@@ -247,7 +249,7 @@ def node_address(toward: str) -> str:
                 return s.getsockname()[0]
             except OSError as e:
                 err = e
-    raise ValueError(f"no route from this node to {host!r}: {err}")
+    raise Refusal(f"no route from this node to {host!r}: {err}")
 
 
 def tcp_endpoint(ip: str, port: int = 0) -> str:
@@ -260,12 +262,12 @@ def receiver_endpoint(layout: NodeLayout) -> str:
     itself), any free port. ValueError if that is a loopback address (a host name that maps
     to 127.0.1.1 in /etc/hosts), which the other nodes cannot reach."""
     if not layout.dist_init_addr:
-        raise ValueError("one node: the row receiver stays on ipc://")
+        raise Refusal("one node: the row receiver stays on ipc://")
     ip = node_address(layout.dist_init_addr)
     host = split_addr(layout.dist_init_addr)[0]
     same_host = _is_loopback(host)  # every "node" on this host: a simulated multi-node run
     if ipaddress.ip_address(ip).is_loopback and not same_host:
-        raise ValueError(
+        raise Refusal(
             f"dist_init_addr {layout.dist_init_addr} leads to the loopback "
             f"address {ip} on node 0: the other nodes cannot reach it; use an "
             "address of node 0 on the network between the nodes"
@@ -299,7 +301,7 @@ def write_run_keys(path, spec: Dict[str, str], run: Optional[str] = None) -> Pat
     when the run ends (`remove_run_keys`)."""
     missing = [k for k in _SPEC_KEYS if not spec.get(k)]
     if missing:
-        raise ValueError(
+        raise Refusal(
             f"the row spec lacks {', '.join(missing)}: only a TCP receiver's "
             "sender_spec() is handed to other nodes"
         )
@@ -364,10 +366,10 @@ def _load_keys(path: Path) -> dict:
     try:
         data = json.loads(raw)
     except ValueError as e:
-        raise ValueError(f"{path} is not a run key file: {e}") from None
+        raise Refusal(f"{path} is not a run key file: {e}") from None
     missing = [k for k in _SPEC_KEYS if not isinstance(data, dict) or not data.get(k)]
     if missing:
-        raise ValueError(f"{path} is not a run key file: no {', '.join(missing)}")
+        raise Refusal(f"{path} is not a run key file: no {', '.join(missing)}")
     return data
 
 

@@ -16,6 +16,7 @@ from hsdump.capture.nodes import (
     NodeLayout,
     find_layout,
 )
+from hsdump.errors import Refusal
 
 if TYPE_CHECKING:
     from hsdump.config import EngineConfig, ModelConfig
@@ -45,18 +46,18 @@ def check_supported(info: ModelInfo, engine_cfg: "EngineConfig", model_cfg: "Mod
         )
     extra = engine_cfg.extra
     if extra.get("disable_radix_cache") is False:
-        raise ValueError(
+        raise Refusal(
             "engine.extra.disable_radix_cache=false: a prefix-cache hit computes "
             "only the uncached suffix, so rows go missing. Remove the override."
         )
     if int(extra.get("pp_size", 1)) != 1:
-        raise ValueError(
+        raise Refusal(
             "engine.extra.pp_size must be 1: aux capture sees only the last "
             "pipeline rank's layers. Use model.tp_size instead."
         )
     for key in ("speculative_algorithm", "speculative_draft_model_path", "enable_mixed_chunk"):
         if extra.get(key):
-            raise ValueError(f"engine.extra.{key} is not supported by hsdump's capture; remove it")
+            raise Refusal(f"engine.extra.{key} is not supported by hsdump's capture; remove it")
     check_layout(extra)
     prepare_process(engine_cfg.device)
     from sglang.srt.models.registry import ModelRegistry
@@ -64,10 +65,10 @@ def check_supported(info: ModelInfo, engine_cfg: "EngineConfig", model_cfg: "Mod
     try:
         cls, _ = ModelRegistry.resolve_model_cls([info.architecture])
     except Exception as e:  # SGLang raises ValueError with its own list
-        raise ValueError(f"SGLang has no model class for {info.architecture}: {e}") from e
+        raise Refusal(f"SGLang has no model class for {info.architecture}: {e}") from e
     # by the class SGLang resolved (its transformers fallback class is no flag-capture class)
     if not hasattr(cls, "set_eagle3_layers_to_capture") and cls.__name__ not in LAYER_FLAG_CAPTURE:
-        raise ValueError(
+        raise Refusal(
             f"{info.architecture} ({cls.__name__}) has no EAGLE-3 aux capture in "
             f"sglang {version}; hsdump cannot capture its layers. The classes "
             'hsdump verified: README "Model families" (hsdump.capture.families)'
@@ -93,20 +94,20 @@ def check_layout(extra: dict) -> None:
     exactly or has not verified; each message names layouts that work."""
     a2a = extra.get("moe_a2a_backend")
     if a2a not in (None, "none"):
-        raise ValueError(
+        raise Refusal(
             f"engine.extra.moe_a2a_backend={a2a}: hsdump's capture is not verified with an MoE "
             "all-to-all backend (deepep, mooncake, nixl, mori, pplx, flashinfer, ... need "
             "packages or an NVLink fabric that hsdump's test machines lack). Remove it: expert "
             "parallelism works with the default backend. Use " + WORKING_LAYOUTS
         )
     if extra.get("enable_two_batch_overlap"):
-        raise ValueError(
+        raise Refusal(
             "engine.extra.enable_two_batch_overlap=true: SGLang runs the overlapped layers "
             "outside the loop that captures EAGLE-3 aux states, so captured layers go missing. "
             "Remove it; use " + WORKING_LAYOUTS
         )
     if int(extra.get("attn_cp_size") or 1) != 1:
-        raise ValueError(
+        raise Refusal(
             f"engine.extra.attn_cp_size={extra['attn_cp_size']}: context parallelism splits "
             "each request's tokens across ranks, and SGLang does not gather the captured aux "
             "states back. Remove it; use " + WORKING_LAYOUTS
@@ -266,7 +267,7 @@ def key_file(run_dir: Optional[str], job_tag: str = "") -> Path:
     """Where node 0 leaves the run's row keys for the other nodes of its engine: the output
     folder (on a shared file system), one file per job so engines of one dataset keep apart."""
     if not run_dir:
-        raise ValueError(
+        raise Refusal(
             "an engine over several nodes hands its row keys over in the output "
             "folder: give CaptureEngine run_dir"
         )

@@ -21,6 +21,7 @@ from hsdump.capture.dry import KIND as DRY
 from hsdump.capture.layers import ModelInfo, read_model_info
 from hsdump.command import config_dir
 from hsdump.config import EngineConfig, ModelConfig
+from hsdump.errors import Refusal
 
 PRESETS = ("cpu", "gpu", "dry")
 """conf/engine/<name>.yaml: SGLang on the CPU, SGLang on NVIDIA GPUs, the dry engine."""
@@ -32,12 +33,12 @@ def engine_preset(name: str, **over: Any) -> EngineConfig:
     import yaml
 
     if name not in PRESETS:
-        raise ValueError(f"engine preset {name!r}: use one of {', '.join(PRESETS)}")
+        raise Refusal(f"engine preset {name!r}: use one of {', '.join(PRESETS)}")
     raw = yaml.safe_load((config_dir() / "engine" / f"{name}.yaml").read_text()) or {}
     raw.pop("defaults", None)
     unknown = set(over) - {f.name for f in dataclasses.fields(EngineConfig)}
     if unknown:
-        raise ValueError(f"engine preset {name}: no field {sorted(unknown)} in EngineConfig")
+        raise Refusal(f"engine preset {name}: no field {sorted(unknown)} in EngineConfig")
     extra = {**raw.pop("extra", {}), **over.pop("extra", {})}
     return EngineConfig(**{**raw, **over, "extra": extra})
 

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import List, Optional, Tuple
 
 from hsdump.corpus.formats import STARTS_WITH_ASSISTANT, BadRow
+from hsdump.errors import MissingInput, Refusal
 
 TEMPLATES = Path(__file__).with_name("templates")
 """The templates shipped with hsdump (package data)."""
@@ -28,7 +29,7 @@ def template_path(name: str) -> Path:
         return shipped
     if (TEMPLATES / f"{name}.jinja").exists():
         return TEMPLATES / f"{name}.jinja"
-    raise FileNotFoundError(
+    raise MissingInput(
         f"model.chat_template={name!r}: no such file (shipped: {shipped_templates()})"
     )
 
@@ -41,7 +42,7 @@ def require_template(tok) -> str:
     """The tokenizer's chat template; a ValueError naming the fix when it has none."""
     template = chat_template_of(tok)
     if not template:
-        raise ValueError(
+        raise Refusal(
             "the tokenizer has no chat template; set model.chat_template=FILE.jinja "
             f"(shipped: {shipped_templates()})"
         )

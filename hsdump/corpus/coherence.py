@@ -20,6 +20,7 @@ import re
 from typing import List, Optional, Sequence
 
 from hsdump.corpus.chat import chat_template_of, render_template
+from hsdump.errors import Refusal
 
 log = logging.getLogger(__name__)
 
@@ -72,19 +73,19 @@ def check_tokenizer(
     n = len(tok)
     if vocab_size:
         if n > vocab_size:
-            raise ValueError(
+            raise Refusal(
                 f"the tokenizer has {n:,} tokens but the model's vocab_size is {vocab_size:,}: "
                 f"its ids past {vocab_size - 1} have no embedding; {fix_tok}"
             )
         if n < MIN_VOCAB_FRACTION * vocab_size:
-            raise ValueError(
+            raise Refusal(
                 f"the tokenizer has {n:,} tokens but the model's vocab_size is {vocab_size:,}: "
                 f"it is another model's tokenizer, and its ids mean other tokens to this "
                 f"model; {fix_tok}"
             )
     bos = getattr(tok, "bos_token_id", None)
     if bos is not None and bos_token_id is not None and int(bos) != int(bos_token_id):
-        raise ValueError(
+        raise Refusal(
             f"the tokenizer's BOS token {tok.bos_token!r} is id {bos}, the model's "
             f"bos_token_id is {bos_token_id}: the tokenizer is not this model's; {fix_tok}"
         )
@@ -103,7 +104,7 @@ def check_tokenizer(
     for marker in template_markers(tok, template):
         pieces = tok(marker, add_special_tokens=False)["input_ids"]
         if len(pieces) != 1:
-            raise ValueError(
+            raise Refusal(
                 f"{template_source} writes the role marker {marker!r}, which this tokenizer "
                 f"splits into {len(pieces)} tokens: the template is another model's. Unset "
                 "model.chat_template to use the checkpoint's own template, or name one "

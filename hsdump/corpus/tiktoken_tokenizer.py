@@ -30,6 +30,8 @@ import random
 from pathlib import Path
 from typing import Dict, List, Optional, Tuple, Union
 
+from hsdump.errors import Refusal
+
 TIKTOKEN_FILE = "tiktoken.model"
 CONFIG_FILE = "tokenizer_config.json"
 TEMPLATE_FILE = "chat_template.jinja"
@@ -113,7 +115,7 @@ def read_tiktoken_bpe(path: Union[str, Path]) -> Dict[bytes, int]:
             token, rank = line.split()
             ranks[base64.b64decode(token, validate=True)] = int(rank)
         except ValueError as e:
-            raise ValueError(
+            raise Refusal(
                 f"{path}:{n}: not a tiktoken BPE line (`base64 rank`): {line[:80]!r}"
             ) from e
     return ranks
@@ -149,7 +151,7 @@ def kimi_added_tokens(config: dict, num_base: int) -> List[Tuple[int, str, bool]
         content = _token_content(tok)
         special = bool(tok.get("special", True)) if isinstance(tok, dict) else True
         if i < num_base:
-            raise ValueError(
+            raise Refusal(
                 f"{CONFIG_FILE}: added token {content!r} has id {i}, inside the "
                 f"{num_base} ranks of {TIKTOKEN_FILE}; Kimi's layout numbers them "
                 "after the ranks"
@@ -173,7 +175,7 @@ def build_kimi_tokenizer(
     config = json.loads(Path(config_file).read_text())
     ranks = read_tiktoken_bpe(tiktoken_file)
     if sorted(ranks.values()) != list(range(len(ranks))):
-        raise ValueError(f"{tiktoken_file}: the ranks are not 0..{len(ranks) - 1} without gaps")
+        raise Refusal(f"{tiktoken_file}: the ranks are not 0..{len(ranks) - 1} without gaps")
 
     class Converter(TikTokenConverter):
         # transformers' converter reads the file with the `tiktoken` package; same result here
@@ -187,7 +189,7 @@ def build_kimi_tokenizer(
         backend.add_tokens([AddedToken(content, special=special, normalized=False)])
         got = backend.token_to_id(content)
         if got != i:
-            raise ValueError(
+            raise Refusal(
                 f"{config_file}: added token {content!r} should have id {i}, "
                 f"got {got} (a duplicate name?)"
             )
@@ -203,7 +205,7 @@ def build_kimi_tokenizer(
         value = _token_content(config.get(key, default))
         if value is not None:
             if value not in contents:
-                raise ValueError(f"{config_file}: {key}={value!r} is not one of its added tokens")
+                raise Refusal(f"{config_file}: {key}={value!r} is not one of its added tokens")
             kw[key] = value
     extra = config.get("additional_special_tokens") or config.get("extra_special_tokens")
     if extra is None:
@@ -318,7 +320,7 @@ def load_tiktoken_tokenizer(files: TiktokenFiles, template: Optional[str], sourc
     try:
         return build_kimi_tokenizer(bpe, config, chat_template=template)
     except (OSError, ValueError, KeyError) as e:
-        raise ValueError(
+        raise Refusal(
             f"the tokenizer of {key}={source!r} ({TIKTOKEN_FILE} and {CONFIG_FILE}, "
             f"Kimi's layout) could not be built ({type(e).__name__}: {e}); fix "
             "those files, or set model.trust_remote_code=true to run the "

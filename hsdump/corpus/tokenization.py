@@ -34,6 +34,7 @@ from hsdump.corpus.formats import (
 from hsdump.corpus.masks import encode_conversation, tokenize_text
 from hsdump.corpus.sources import dataset_fingerprint, source_info
 from hsdump.corpus.tokenizer import tokenizer_sha256
+from hsdump.errors import Refusal
 
 log = logging.getLogger(__name__)
 
@@ -282,7 +283,7 @@ def tokenize_dataset(ds, tok, cfg: DatasetConfig, progress: bool = True) -> Toke
         r = out[first_bad]
         detail = f": {r['detail']}" if r["detail"] else ""
         bad = {k: v for k, v in skipped.items() if k not in LENGTH_REASONS}
-        raise ValueError(
+        raise Refusal(
             f"dataset row {r['id']}: {r['skip']}{detail} ({sum(bad.values())} bad "
             f"rows in all: {bad}; set dataset.on_bad_row=skip to skip such rows)"
         )

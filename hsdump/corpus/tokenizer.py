@@ -22,6 +22,7 @@ from hsdump.corpus.tiktoken_tokenizer import (
     load_tiktoken_tokenizer,
     local_tiktoken_files,
 )
+from hsdump.errors import Refusal
 from hsdump.locate import check_tokenizer_source
 
 
@@ -42,7 +43,7 @@ def load_tokenizer(model: ModelConfig, model_path: str):
     try:
         tok = AutoTokenizer.from_pretrained(source, trust_remote_code=model.trust_remote_code)
     except (OSError, ValueError, ImportError, KeyError) as e:
-        raise ValueError(
+        raise Refusal(
             f"the tokenizer of {key}={source!r} could not be loaded "
             f"({type(e).__name__}: {e}); set model.tokenizer to a folder or hub id "
             "whose tokenizer transformers can load (a tokenizer.json is the surest)"

@@ -49,6 +49,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
 
+from hsdump.errors import Refusal
+
 ROOT = Path(__file__).resolve().parents[2]
 EXTRACT = ROOT / "extract.py"  # a checkout; an installed hsdump runs `python -m hsdump extract`
 PROG = "python -m hsdump ray"
@@ -395,29 +397,27 @@ def split_overrides(overrides: List[str], num_jobs: Optional[int]) -> Tuple[List
     for o in overrides:
         key, _, value = o.lstrip("+~").partition("=")
         if o in ("-m", "--multirun"):
-            raise ValueError(
-                "no -m: the Ray launch is one run; each job gets its own dist.job_index"
-            )
+            raise Refusal("no -m: the Ray launch is one run; each job gets its own dist.job_index")
         if key == "dist.job_index":
-            raise ValueError(
+            raise Refusal(
                 f"{o}: every job gets its own dist.job_index; to run some jobs only, use --only I,J"
             )
         if key == "dist.num_jobs":
             from_override = int(value)
             continue
         if key in ("engine.nnodes", "engine.node_rank", "engine.dist_init_addr"):
-            raise ValueError(
+            raise Refusal(
                 f"{o}: the Ray launch places each engine's nodes itself; give "
                 "dist.nodes_per_engine=N"
             )
         rest.append(o)
     if num_jobs is not None and from_override is not None and num_jobs != from_override:
-        raise ValueError(f"--num-jobs {num_jobs} and dist.num_jobs={from_override} disagree")
+        raise Refusal(f"--num-jobs {num_jobs} and dist.num_jobs={from_override} disagree")
     n = num_jobs if num_jobs is not None else from_override
     if n is None:
-        raise ValueError("say how many jobs: --num-jobs N (or dist.num_jobs=N)")
+        raise Refusal("say how many jobs: --num-jobs N (or dist.num_jobs=N)")
     if n < 1:
-        raise ValueError(f"{n} jobs: need at least 1")
+        raise Refusal(f"{n} jobs: need at least 1")
     return rest, n
 
 

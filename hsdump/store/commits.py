@@ -26,6 +26,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
+from hsdump.errors import MissingInput, Refusal
 from hsdump.store.files import (
     UnsafeFile,
     atomic_file,
@@ -413,7 +414,7 @@ def version_of(d: Path) -> int:
         except ValueError:
             pass  # a corrupt index: the manifest says
     if not os.path.lexists(d / MANIFEST):
-        raise FileNotFoundError(f"{d} has no manifest.json: not an hsdump dataset")
+        raise MissingInput(f"{d} has no manifest.json: not an hsdump dataset")
     v = read_manifest(d).get("format_version")
     return v if v in SUPPORTED_VERSIONS else 0
 
@@ -423,7 +424,7 @@ def read_manifest(d: Path) -> dict:
     Raises FileNotFoundError without one, ValueError (UnsafeFile) for one that is unusable."""
     d = Path(d)
     if not os.path.lexists(d / MANIFEST):
-        raise FileNotFoundError(
+        raise MissingInput(
             f"{d} has no manifest.json: not an hsdump dataset (or its "
             "first writer has not started yet)"
         )
@@ -468,14 +469,14 @@ def load(d: Path) -> Commits:
     idx, why = read_index(d)
     mv = m.get("format_version")
     if mv not in SUPPORTED_VERSIONS:
-        raise ValueError(
+        raise Refusal(
             f"{d}: manifest.json names format version {str(mv)[:20]!r}; this "
             f"reader knows {SUPPORTED_VERSIONS}"
         )
     notes = []
     if why is not None:
         if mv == 1 and not log_names(d):  # a version 1 index is the only record
-            raise ValueError(
+            raise Refusal(
                 f"{d}: {why}; in a version 1 dataset it is the only list of what the dataset holds"
             )
         notes.append(
@@ -662,7 +663,7 @@ def main(argv=None) -> int:
     return 0
 
 
-class LogBusy(ValueError):
+class LogBusy(Refusal):
     """Another live process holds this writer's commit log (a bad launch: exit status 2)."""
 
 

@@ -24,6 +24,8 @@ import uuid
 from pathlib import Path
 from typing import Callable, Dict, Optional
 
+from hsdump.errors import Refusal
+
 _fault_hits: Dict[str, int] = {}
 
 
@@ -110,7 +112,7 @@ JSON_LIMIT = 1 << 30
 """Bytes of a JSON side file hsdump reads whole when no tighter limit applies."""
 
 
-class UnsafeFile(ValueError):
+class UnsafeFile(Refusal):
     """A dataset file hsdump will not read: not a regular file, outside the dataset folder, or
     larger than its format allows."""
 
@@ -197,7 +199,7 @@ def parse_json(data: bytes, name) -> object:
     try:
         return json.loads(data)
     except (ValueError, RecursionError) as e:
-        raise ValueError(
+        raise Refusal(
             f"{name} does not parse as JSON ({type(e).__name__}: {str(e)[:200]})"
         ) from None
 
@@ -210,7 +212,7 @@ def read_json(path: Path, root=None, limit: int = JSON_LIMIT):
 def read_json_object(path: Path, root=None, limit: int = JSON_LIMIT) -> dict:
     obj = read_json(path, root, limit)
     if not isinstance(obj, dict):
-        raise ValueError(f"{path} holds a JSON {type(obj).__name__}, not an object")
+        raise Refusal(f"{path} holds a JSON {type(obj).__name__}, not an object")
     return obj
 
 

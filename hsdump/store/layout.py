@@ -13,6 +13,7 @@ import os
 import re
 from pathlib import Path
 
+from hsdump.errors import Refusal
 from hsdump.store.files import open_inside, parse_json
 
 # ------------------------------------------------------------------ names
@@ -172,30 +173,30 @@ def read_header(path, root=None) -> tuple:
         size = os.fstat(fd).st_size
         head = os.pread(fd, 8, 0)
         if len(head) < 8:
-            raise ValueError(f"{path}: {size} bytes, too short for a safetensors header")
+            raise Refusal(f"{path}: {size} bytes, too short for a safetensors header")
         n = int.from_bytes(head, "little")
         if n > size - 8:
-            raise ValueError(
+            raise Refusal(
                 f"{path}: header length {n:,} exceeds the file ({size:,} bytes): "
                 "the file is truncated or not safetensors"
             )
         if n > HEADER_LIMIT:
-            raise ValueError(
+            raise Refusal(
                 f"{path}: header length {n:,} is over safetensors' limit of {HEADER_LIMIT:,} bytes"
             )
         raw = os.pread(fd, n, 8)
     finally:
         os.close(fd)
     if len(raw) != n:
-        raise ValueError(f"{path}: the file shrank while its header was read")
+        raise Refusal(f"{path}: the file shrank while its header was read")
     header = parse_json(raw, f"{path}: its safetensors header")
     if not isinstance(header, dict):
-        raise ValueError(f"{path}: its safetensors header is not a JSON object")
+        raise Refusal(f"{path}: its safetensors header is not a JSON object")
     md = header.get("__metadata__")
     if md is not None and not (
         isinstance(md, dict) and all(isinstance(v, str) for v in md.values())
     ):
-        raise ValueError(f"{path}: its __metadata__ is not an object of strings")
+        raise Refusal(f"{path}: its __metadata__ is not an object of strings")
     start, data = 8 + n, size - 8 - n
     spans = []
     for key, t in header.items():
@@ -203,12 +204,12 @@ def read_header(path, root=None) -> tuple:
             continue
         what = _tensor_problem(t, data)
         if what:
-            raise ValueError(f"{path}: tensor {key[:80]!r} {what}")
+            raise Refusal(f"{path}: tensor {key[:80]!r} {what}")
         spans.append((*t["data_offsets"], key))
     spans.sort()
     for (a0, b0, k0), (a1, b1, k1) in zip(spans, spans[1:]):
         if a1 < b0:
-            raise ValueError(f"{path}: tensors {k0[:80]!r} and {k1[:80]!r} overlap")
+            raise Refusal(f"{path}: tensors {k0[:80]!r} and {k1[:80]!r} overlap")
     return header, start
 
 
@@ -247,7 +248,7 @@ DRY = "dry"
 """The manifest's `engine` of a dataset written by engine=dry (hsdump.capture.dry)."""
 
 
-class DryDatasetError(ValueError):
+class DryDatasetError(Refusal):
     """The dataset was written by `engine=dry`: its rows are not a model's hidden states."""
 
 

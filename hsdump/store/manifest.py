@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence
 
 from hsdump import __version__
+from hsdump.errors import Refusal
 from hsdump.store.layout import (
     FINAL_KINDS,
     FORMAT,
@@ -219,7 +220,7 @@ class Manifest:
         """Raise ValueError naming the first problem of this manifest (before it is written)."""
         bad = problems(self.to_json())
         if bad:
-            raise ValueError(f"manifest: {bad[0]}")
+            raise Refusal(f"manifest: {bad[0]}")
 
     def to_json(self) -> Dict[str, Any]:
         """The object manifest.json holds (the writer adds nothing)."""
@@ -390,7 +391,7 @@ def check_manifest(where, m: Any) -> None:
     """Raise ValueError naming the first problem of manifest object `m` (of `where`)."""
     bad = problems(m)
     if bad:
-        raise ValueError(
+        raise Refusal(
             f"{where}: manifest.json's {bad[0]}; run `hsdump verify` on the dataset for every "
             "problem"
         )

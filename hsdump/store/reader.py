@@ -27,6 +27,7 @@ from typing import Dict, Iterable, Iterator, List, Optional, Sequence
 import torch
 from safetensors import safe_open
 
+from hsdump.errors import Refusal
 from hsdump.store import commits, fp8
 from hsdump.store.commits import IdTable
 from hsdump.store.files import open_inside, parse_json, real_file
@@ -335,7 +336,7 @@ class HsdumpDataset(torch.utils.data.Dataset):
         if t.dtype == fp8.FP8_DTYPE:
             sname = name + fp8.SCALE_SUFFIX
             if sname not in head:
-                raise ValueError(f"{self.path}: {name} is stored in fp8 but {sname} is missing")
+                raise Refusal(f"{self.path}: {name} is stored in fp8 but {sname} is missing")
             if not self.dequantize:
                 if scales is not None:
                     scales.append(get(sname))
@@ -552,13 +553,13 @@ def resolve_final_state(
         return LAST_LAYER
     want = prefer if final_state == "auto" else final_state
     if want not in FINAL_KINDS:
-        raise ValueError(
+        raise Refusal(
             f"final state {final_state!r}: use auto, pre_norm, post_norm, {LAST_LAYER} or none"
         )
     have = ds.final_kinds
     if want not in have:
         k = len(ds.layers)
-        raise ValueError(
+        raise Refusal(
             f"{ds.path} holds no final-layer state {want!r} (it has: {have or 'none'}): the "
             f"trainer takes it as the verifier's final state, from which it computes the "
             f"target model's logits. Either extract again with capture.final=[{want}] (one "

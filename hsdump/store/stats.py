@@ -21,6 +21,7 @@ from typing import Any, Dict, Iterable, Optional, Tuple
 
 import numpy as np
 
+from hsdump.errors import MissingInput, Refusal
 from hsdump.store.files import atomic_write, read_json_object
 from hsdump.store.layout import TOKEN_FREQ, TOKEN_FREQ_FORMAT, TOKEN_FREQ_LIMIT, TOKEN_FREQ_VERSION
 
@@ -212,7 +213,7 @@ def _write(
 ) -> Path:
     freq = _as_dict(counts)
     if target_vocab_size is not None and freq and max(freq) >= target_vocab_size:
-        raise ValueError(f"token id {max(freq)} >= target_vocab_size={target_vocab_size}")
+        raise Refusal(f"token id {max(freq)} >= target_vocab_size={target_vocab_size}")
     doc = {
         **_fields(freq, samples, target_vocab_size, counted),
         "counts": {str(k): v for k, v in freq.items()},
@@ -228,7 +229,7 @@ def read_token_freq(out_dir: str) -> Tuple[Dict[int, int], Dict[str, Any]]:
     """({token id: count}, the file's other fields) from OUT/token_freq.json."""
     path = Path(out_dir) / TOKEN_FREQ
     if not path.exists():
-        raise FileNotFoundError(
+        raise MissingInput(
             f"{path}: no token frequencies; they are written by the "
             "extraction run (hsdump.store.stats.write_token_freq)"
         )
@@ -239,10 +240,8 @@ def read_token_freq(out_dir: str) -> Tuple[Dict[int, int], Dict[str, Any]]:
         or not isinstance(counts, dict)
         or not all(type(v) is int and v >= 0 for v in counts.values())
     ):
-        raise ValueError(
-            f"{path}: not an hsdump token_freq file (a format and counts of token ids)"
-        )
+        raise Refusal(f"{path}: not an hsdump token_freq file (a format and counts of token ids)")
     try:
         return {int(k): v for k, v in counts.items()}, doc
     except ValueError:
-        raise ValueError(f"{path}: its counts name token ids that are not integers") from None
+        raise Refusal(f"{path}: its counts name token ids that are not integers") from None

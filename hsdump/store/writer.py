@@ -26,6 +26,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import torch
 
 from hsdump import __version__
+from hsdump.errors import Refusal
 from hsdump.store import commits, fp8
 from hsdump.store import manifest as manifest_file
 from hsdump.store.files import atomic_file, fault, fsync_dir, make_dirs, real_file
@@ -54,7 +55,7 @@ log = logging.getLogger(__name__)
 __all__ = ["DatasetWriter", "SampleError", "WriteError", "write_safetensors", "check_sample"]
 
 
-class SampleError(ValueError):
+class SampleError(Refusal):
     """A captured sample that must not be committed (wrong shape, NaN/Inf)."""
 
 
@@ -230,7 +231,7 @@ class DatasetWriter:
             old = commits.read_manifest(d)  # a regular file inside d, or a ValueError
             diff = manifest.resume_key.diff(old.get("resume_key"))
             if diff:
-                raise ValueError(
+                raise Refusal(
                     f"{d} holds a dataset made with a different config; it cannot resume:\n  "
                     + "\n  ".join(diff)
                     + "\nUse another output.dir, or output.overwrite=true to start over."
@@ -248,7 +249,7 @@ class DatasetWriter:
             and p.name not in (LOCK, LOG_DIR, SHARD_DIR, FINAL_CHECK) + SIDE_FILES
         ]
         if stray:
-            raise ValueError(
+            raise Refusal(
                 f"output.dir={d} is not empty and holds no hsdump dataset "
                 f"({', '.join(sorted(stray)[:5])}); choose an empty or new folder"
             )

@@ -20,6 +20,8 @@ import shutil
 from pathlib import Path
 from typing import Callable, Dict, Optional
 
+from hsdump.errors import Refusal
+
 VOCAB = 32000
 NUM_LAYERS = 6
 WEIGHTS = ("files", "dummy")
@@ -186,7 +188,7 @@ ARCHITECTURE = {
 def config(name: str, **kw):
     """The transformers config of `name` (keyword arguments: num_layers, vocab, ...)."""
     if name not in MODELS:
-        raise ValueError(f"unknown model {name!r}; use one of {', '.join(MODELS)}")
+        raise Refusal(f"unknown model {name!r}; use one of {', '.join(MODELS)}")
     cfg = MODELS[name](**kw)
     cfg.architectures = [ARCHITECTURE[name]]
     return cfg
@@ -210,7 +212,7 @@ def build(
     from transformers import AutoModelForCausalLM
 
     if weights not in WEIGHTS:
-        raise ValueError(f"weights={weights!r}: use one of {WEIGHTS}")
+        raise Refusal(f"weights={weights!r}: use one of {WEIGHTS}")
     dest = Path(dest)
     if (dest / "config.json").exists():
         return str(dest)

@@ -22,6 +22,7 @@ import sys
 from pathlib import Path
 from typing import List, Optional
 
+from hsdump.errors import MissingInput, Refusal
 from hsdump.store.commits import read_manifest
 
 DEFAULT_SAMPLES = 3
@@ -32,7 +33,7 @@ def model_path(manifest: dict, given: Optional[str]) -> str:
     hub id, or a name hsdump builds: tiny:llama, smollm2:135m-instruct)."""
     if given:
         if not Path(given).is_dir():
-            raise FileNotFoundError(f"--model {given}: no such folder")
+            raise MissingInput(f"--model {given}: no such folder")
         return given
     m = manifest.get("model") if isinstance(manifest.get("model"), dict) else {}
     resolved, path = m.get("resolved_path"), m.get("path")
@@ -44,7 +45,7 @@ def model_path(manifest: dict, given: Optional[str]) -> str:
         from hsdump.tiny import resolve_model_path
 
         return resolve_model_path(path)
-    raise FileNotFoundError(
+    raise MissingInput(
         f"the dataset's model ({resolved or path}) is not a folder here: pass --model PATH, "
         "the checkpoint it was captured from"
     )
@@ -54,12 +55,12 @@ def pick(ds, samples: int, ids: Optional[List[int]]) -> List[int]:
     if ids:
         missing = [i for i in ids if i not in ds]
         if missing:
-            raise ValueError(f"--ids: samples {missing} are not in {ds.path}")
+            raise Refusal(f"--ids: samples {missing} are not in {ds.path}")
         return ids
     if samples < 1:
-        raise ValueError(f"--samples {samples}: give at least 1")
+        raise Refusal(f"--samples {samples}: give at least 1")
     if not ds.ids:
-        raise ValueError(f"{ds.path} holds no samples yet: nothing to check")
+        raise Refusal(f"{ds.path} holds no samples yet: nothing to check")
     return list(ds.ids[:samples])
 
 
@@ -80,7 +81,7 @@ def check(
     FileNotFoundError for a dataset or model it cannot check."""
     manifest = read_manifest(Path(out))  # a folder that is no dataset: refused before torch
     if manifest.get("engine") == "dry":
-        raise ValueError(
+        raise Refusal(
             f"{out} was written by engine=dry: its rows are a function of the token ids, not "
             "hidden states, so there is nothing to check against the model; extract again "
             "with a real engine"
@@ -177,7 +178,7 @@ def main(argv=None) -> int:
         p.error(f"--ids {a.ids!r}: give sample ids separated by commas, e.g. --ids 0,5,9")
     try:
         rep = check(a.out, a.samples, ids, a.device, a.model)
-    except (OSError, ValueError, KeyError) as e:
+    except (Refusal, OSError) as e:  # a dataset or model it cannot check
         print(f"{prog('check')}: {e}", file=sys.stderr)
         return 2
     print(json.dumps(rep, indent=1) if a.json else table(rep))

@@ -60,6 +60,7 @@ from typing import Callable, Dict, List, Optional
 
 from hsdump import __version__
 from hsdump.capture.kinds import EXPORT_KINDS
+from hsdump.errors import Refusal
 from hsdump.store.commits import read_manifest
 from hsdump.store.files import read_json_object
 from hsdump.store.layout import FINAL_KINDS, LAST_LAYER, check_not_dry
@@ -87,7 +88,7 @@ def rel_path(fmt: str, i: int) -> str:
     if fmt == "specforge":
         g = i - i % SPECFORGE_GROUP
         return f"rows_{g}-{g + SPECFORGE_GROUP}/data_{i}.ckpt"
-    raise ValueError(f"unknown format {fmt!r}; use one of {FORMATS}")
+    raise Refusal(f"unknown format {fmt!r}; use one of {FORMATS}")
 
 
 def _tmp_of(path: Path) -> Path:
@@ -171,11 +172,11 @@ def sample_writer(
                 "hidden_state": v.contiguous().unsqueeze(0),
             }
         )
-    raise ValueError(f"unknown format {fmt!r}")
+    raise Refusal(f"unknown format {fmt!r}")
 
 
 # ---------------------------------------------------------------------- the export
-class ExportError(ValueError):
+class ExportError(Refusal):
     pass
 
 

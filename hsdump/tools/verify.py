@@ -37,6 +37,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Dict, List, Optional, Set, Tuple
 
+from hsdump.errors import Refusal
 from hsdump.store import commits
 from hsdump.store.files import UnsafeFile, read_json_object, real_file
 from hsdump.store.layout import (
@@ -342,7 +343,7 @@ def _check_metadata(name: str, header: dict, m: dict, layers, r: Report) -> None
             if not isinstance(convs, dict) or not all(
                 isinstance(v, list) and all(isinstance(x, dict) for x in v) for v in convs.values()
             ):
-                raise ValueError("not an object of message lists")
+                raise Refusal("not an object of message lists")
             strays = sorted(k for k in convs if f"{k}/input_ids" not in header)
             if strays:
                 r.problem(

@@ -20,6 +20,7 @@ from typing import Dict, Optional, Tuple
 
 import numpy as np
 
+from hsdump.errors import Refusal
 from hsdump.store.files import atomic_write, read_json_object
 from hsdump.store.layout import MAPPING, VOCAB_LIMIT
 from hsdump.store.stats import (
@@ -37,23 +38,23 @@ def build_mapping(
     n, v = int(draft_vocab_size), int(target_vocab_size)
     seen = {t: c for t, c in counts.items() if c > 0}
     if n < 1:
-        raise ValueError(f"--draft-vocab-size={n}: must be >= 1")
+        raise Refusal(f"--draft-vocab-size={n}: must be >= 1")
     if n > len(seen):
-        raise ValueError(
+        raise Refusal(
             f"--draft-vocab-size={n} exceeds the {len(seen)} distinct tokens seen in "
             f"the loss; use N <= {len(seen)}, or tokenize more data"
         )
     if not 0 < v <= VOCAB_LIMIT:
-        raise ValueError(
+        raise Refusal(
             f"a target vocabulary of {v} tokens is not a model's; pass the model's "
             "config.vocab_size as --target-vocab-size"
         )
     if n > v:
-        raise ValueError(f"--draft-vocab-size={n} exceeds the target vocabulary ({v})")
+        raise Refusal(f"--draft-vocab-size={n} exceeds the target vocabulary ({v})")
     if seen and min(seen) < 0:
-        raise ValueError(f"token id {min(seen)} is negative: token_freq.json is damaged")
+        raise Refusal(f"token id {min(seen)} is negative: token_freq.json is damaged")
     if seen and max(seen) >= v:
-        raise ValueError(
+        raise Refusal(
             f"token id {max(seen)} is outside a target vocabulary of {v}; "
             "pass the model's config.vocab_size as --target-vocab-size"
         )
@@ -70,14 +71,14 @@ def _target_vocab_size(out: Path, meta: dict, given: Optional[int]) -> int:
         return given
     if meta.get("target_vocab_size"):
         if type(meta["target_vocab_size"]) is not int:
-            raise ValueError(
+            raise Refusal(
                 f"token_freq.json's target_vocab_size "
                 f"({str(meta['target_vocab_size'])[:40]}) is not an int"
             )
         return meta["target_vocab_size"]
     v = _manifest_vocab_size(out)
     if v is None:
-        raise ValueError(
+        raise Refusal(
             "cannot tell the target vocabulary size: pass --target-vocab-size V "
             "(the model's config.vocab_size)"
         )
