@@ -6,8 +6,8 @@ attention (dp_size=2, enable_dp_attention) and TP 2 + EP 2; of the Llama (llama-
 (its reference) and TP 2. Both carry the DeepSeek tokenizer. Each run writes the embedded 100
 conversations (99 samples) at layers [1, 3, 4] with 128-token chunked prefill (64 per rank
 under DP attention), so requests span chunks and DP ranks sit idle while others prefill. Every
-stored tensor must match transformers float32 (hsdump.check: the MoE rule and the neighbour
-verdict) and its model's TP 1 dataset by the same rule, `hsdump verify` must be clean, and the
+stored tensor must match transformers float32 (hsdump.check: the MoE rule, and every sample's
+rows closest to their own index) and its model's TP 1 dataset by the same rule, `hsdump verify` must be clean, and the
 rows must come from the processes the layout says: one (attention-TP rank 0) under TP, one per
 DP group under DP attention.
 
@@ -27,6 +27,7 @@ from gpu import (
     LAYOUT_MODELS,
     LAYOUTS,
     against,
+    failures,
     layout_model,
     layout_overrides,
     records,
@@ -96,7 +97,7 @@ def report(tmp_path_factory):
         for name, rs in recs.items():
             layers = check.compare_layers(LAYOUT_LAYERS, rs, ref, moe=True)
             runs[name]["vs_transformers"] = [x.to_dict() for x in layers]
-            runs[name]["failures"] = [f for x in layers for f in x.failures]
+            runs[name]["failures"] = failures(layers, moe=True)
             if name != m["reference"] and m["reference"] in recs:
                 scale = {str(x.index): x.hf_bf16 for x in layers}
                 runs[name]["vs_" + m["reference"]] = against(rs, recs[m["reference"]], scale)
