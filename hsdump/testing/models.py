@@ -46,11 +46,34 @@ def llama_small(num_layers: int = NUM_LAYERS, vocab: int = VOCAB):
     )
 
 
-def dsv3_small(num_layers: int = NUM_LAYERS, vocab: int = VOCAB, hidden: int = 512):
-    """DeepSeek-V3 / Kimi-K2 architecture with the real model's MLA dims and a small MoE."""
+# keys of the real DeepSeek-V3 / Kimi-K2 config.json that SGLang's deepseek_v2 reads and
+# transformers' DeepseekV3Config does not define (kept as extra keys in config.json)
+DSV3_KEYS = dict(
+    moe_layer_freq=1,
+    topk_method="noaux_tc",
+    scoring_func="sigmoid",
+    ep_size=1,
+    seq_aux=True,
+    aux_loss_alpha=0.001,
+)
+
+
+def _deepseek_v3(**kw):
+    """DeepseekV3Config with the real model's MLA dims (SGLang's MLA kernels do not compile for
+    smaller ones), one shared expert, the first layer dense, sigmoid noaux_tc routing in one
+    group, untied embeddings; `kw` the widths and the rest."""
     from transformers import DeepseekV3Config
 
+    mla = dict(kv_lora_rank=512, qk_rope_head_dim=64, qk_nope_head_dim=128, v_head_dim=128)
+    routing = dict(n_group=1, topk_group=1, norm_topk_prob=True, first_k_dense_replace=1)
     return DeepseekV3Config(
+        n_shared_experts=1, tie_word_embeddings=False, **mla, **routing, **DSV3_KEYS, **kw
+    )
+
+
+def dsv3_small(num_layers: int = NUM_LAYERS, vocab: int = VOCAB, hidden: int = 512):
+    """DeepSeek-V3 / Kimi-K2 architecture with the real model's MLA dims and a small MoE."""
+    return _deepseek_v3(
         vocab_size=vocab,
         hidden_size=hidden,
         intermediate_size=2 * hidden,
@@ -58,19 +81,10 @@ def dsv3_small(num_layers: int = NUM_LAYERS, vocab: int = VOCAB, hidden: int = 5
         num_hidden_layers=num_layers,
         num_attention_heads=4,
         num_key_value_heads=4,
-        n_shared_experts=1,
         n_routed_experts=8,
         num_experts_per_tok=2,
-        n_group=1,
-        topk_group=1,
         routed_scaling_factor=2.5,
-        norm_topk_prob=True,
-        first_k_dense_replace=1,
-        kv_lora_rank=512,
         q_lora_rank=1536,
-        qk_rope_head_dim=64,
-        qk_nope_head_dim=128,
-        v_head_dim=128,
         max_position_embeddings=163840,
         rope_scaling={
             "type": "yarn",
@@ -82,15 +96,6 @@ def dsv3_small(num_layers: int = NUM_LAYERS, vocab: int = VOCAB, hidden: int = 5
             "mscale_all_dim": 1.0,
             "rope_theta": 10000.0,
         },
-        # keys of the real DeepSeek-V3 / Kimi-K2 config.json that SGLang's deepseek_v2 reads and
-        # transformers' DeepseekV3Config does not define (kept as extra keys in config.json)
-        moe_layer_freq=1,
-        topk_method="noaux_tc",
-        scoring_func="sigmoid",
-        ep_size=1,
-        seq_aux=True,
-        aux_loss_alpha=0.001,
-        tie_word_embeddings=False,
         bos_token_id=0,
         eos_token_id=1,
     )
@@ -122,9 +127,7 @@ def kimi_width(num_layers: int = 8, vocab: int = 163840, experts: int = 16, top_
     18432, 1 shared expert, first layer dense, sigmoid noaux_tc routing with n_group 1, yarn rope
     x64 from 4,096, vocab 163840); fewer layers (61 there) and routed experts (384 there, top-8),
     so that it fits one GPU. Each MoE layer runs as many experts per token as Kimi's (8 + 1)."""
-    from transformers import DeepseekV3Config
-
-    return DeepseekV3Config(
+    return _deepseek_v3(
         vocab_size=vocab,
         hidden_size=7168,
         intermediate_size=18432,
@@ -132,19 +135,10 @@ def kimi_width(num_layers: int = 8, vocab: int = 163840, experts: int = 16, top_
         num_hidden_layers=num_layers,
         num_attention_heads=64,
         num_key_value_heads=64,
-        n_shared_experts=1,
         n_routed_experts=experts,
         num_experts_per_tok=top_k,
-        n_group=1,
-        topk_group=1,
         routed_scaling_factor=2.827,
-        norm_topk_prob=True,
-        first_k_dense_replace=1,
-        kv_lora_rank=512,
         q_lora_rank=1536,
-        qk_rope_head_dim=64,
-        qk_nope_head_dim=128,
-        v_head_dim=128,
         max_position_embeddings=262144,
         rms_norm_eps=1e-5,
         rope_scaling={
@@ -157,15 +151,7 @@ def kimi_width(num_layers: int = 8, vocab: int = 163840, experts: int = 16, top_
             "mscale_all_dim": 1.0,
             "rope_theta": 50000.0,
         },
-        # as dsv3_small: the real config.json's keys that SGLang reads
-        moe_layer_freq=1,
-        topk_method="noaux_tc",
-        scoring_func="sigmoid",
-        ep_size=1,
-        seq_aux=True,
-        aux_loss_alpha=0.001,
         num_nextn_predict_layers=0,
-        tie_word_embeddings=False,
         bos_token_id=163584,
         eos_token_id=163585,
     )
