@@ -247,7 +247,13 @@ def export(
         raise ExportError(f"unknown format {fmt!r}; use one of {', '.join(FORMATS)}")
     offered = EXPORT_KINDS.get(fmt, ("eagle3",) if fmt != "messages" else None)
     if offered is not None and kind not in offered:
-        raise ExportError(f"--to {fmt} --kind {kind}: {fmt} takes --kind {', '.join(offered)}")
+        why = (
+            " (SGLang refuses speculators-trained DSpark drafters, sglang #30261: use --to "
+            "specforge)"
+            if fmt == "speculators" and kind == "dspark"
+            else ""
+        )
+        raise ExportError(f"--to {fmt} --kind {kind}: {fmt} takes --kind {', '.join(offered)}{why}")
     # a folder that is no dataset, or a dry one, is refused before torch loads
     check_not_dry(src, read_manifest(Path(src)), allow_dry, "hsdump export --allow-dry")
     from hsdump.store.reader import HsdumpDataset, resolve_final_state
