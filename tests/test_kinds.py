@@ -160,7 +160,8 @@ def test_explicit_layers_that_miss_a_kind_are_refused_before_the_engine(tmp_path
     rc, log = extract(
         DRY, "capture.kinds=[eagle3,dflash]", "capture.layers=[2,4,5]", out=tmp_path / "x"
     )
-    assert rc != 0 and "capture.layers=[2, 3, 4, 5, 6] captures every kind's" in log
+    assert rc == 2 and "capture.layers=[2, 3, 4, 5, 6] captures every kind's" in log
+    assert "Traceback" not in log  # a refusal (hsdump.errors.Refusal), not a failure
     assert not (tmp_path / "x" / "manifest.json").exists()
 
 
