@@ -402,8 +402,9 @@ def serve(a) -> int:
         random_seed=0,
         log_level="warning",
     )
-    if a.drafter:
-        kw.update(SPEC, speculative_draft_model_path=a.drafter)
+    if a.drafter:  # EAGLE3 at 3 steps, top-k 1; DFLASH/DSPARK at the drafter's own block
+        spec = SPEC if a.algorithm == "EAGLE3" else {"speculative_algorithm": a.algorithm}
+        kw.update(spec, speculative_draft_model_path=a.drafter)
     if a.eager:  # 0.5.17 builds EAGLE-3 draft graphs through deep_gemm (sgl-deep-gemm)
         kw["disable_cuda_graph"] = True
     if a.device == "cpu":
@@ -970,6 +971,7 @@ def main(argv=None) -> int:
     p.add_argument("--heldout", required=True)
     p.add_argument("--name", required=True)
     p.add_argument("--drafter")
+    p.add_argument("--algorithm", default="EAGLE3", choices=("EAGLE3", "DFLASH", "DSPARK"))
     p.add_argument("--json", required=True)
     p.add_argument("--limit", type=int)
     p.add_argument("--max-new-tokens", type=int, default=256)

@@ -1,0 +1,753 @@
+"""Every drafter kind SGLang serves, trained by SpecForge on hsdump's exports (issue 43, item 3).
+
+SmolLM2-135M-Instruct rewrites ShareGPT prompts (`regenerate=last`, as bench/acceptance.py);
+one hsdump capture of the union of the kinds' layers and both final states (`capture=all_kinds`)
+feeds EAGLE-3, DFlash and DSpark; a second capture, of the same rewritten conversations with
+every kind's layers one off, feeds the controls. For each kind (DFlash first, then EAGLE-3, then
+DSpark: the order of value), `hsdump export --to specforge --kind K` writes SpecForge 0.2.0's
+offline records, SpecForge's own trainer (`specforge train --config`, offline mode
+`data.hidden_states_path`, its recipe's settings) trains the drafter and its control, SpecForge's
+own export writes the served folder (`specforge export --to sglang` for EAGLE-3; `--to hf` for
+DFlash and DSpark, which its SGLang exporter refuses), and SGLang serves it
+(`bench/acceptance.py serve --algorithm EAGLE3|DFLASH|DSPARK`) on held-out prompts, greedy,
+beside the plain target. Each finished row goes into the results JSON at once.
+
+    python bench/acceptance.py prepare --train 2000 --heldout 256 --out .acc/data      # CPU
+    python bench/acceptance_kinds.py run-all --work /tmp/acck --data .acc/data         # GPU
+
+Pieces (each a subcommand; `run-all` chains them):
+
+    draft-config --kind K --target DIR --export EX --out JSON   the drafter's config (recipe)
+    train --kind K --target DIR --data EX --draft-config JSON --out DIR   SpecForge's trainer
+    export --kind K --ckpt DIR --draft-config JSON --target DIR --out DIR  SpecForge's export
+    check-served --kind K --folder DIR --target DIR --ids 1,2,3    SGLang's class loads it (CPU)
+    table --results DIR                                            the table from the serve runs
+
+SpecForge is found on the Python path (the GPU host: /tmp/site3 from
+tools/offline_host/make-specforge-wheels.sh; here: its unpacked wheel on PYTHONPATH).
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import acceptance as acc
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+KINDS = ("dflash", "eagle3", "dspark")  # run order: by value
+ALGORITHM = {"eagle3": "EAGLE3", "dflash": "DFLASH", "dspark": "DSPARK"}
+EXPORT_TO = {"eagle3": "sglang", "dflash": "hf", "dspark": "hf"}
+SERVED_STEPS = 3  # EAGLE-3's speculative_num_steps (acceptance.SPEC)
+
+# SpecForge's recipes (sgl-project/SpecForge at the 0.2.0 release line):
+#  EAGLE-3: its generated draft (one Llama layer, draft vocabulary 32000) and
+#   examples/configs/llama3.1-8b-eagle3-offline.yaml (lr 1e-4, grad norm 0.5, ttt 7, sdpa);
+#  DFlash: configs/qwen3-8b-dflash.json (a Qwen3 draft of 5 layers, block 16);
+#  DSpark: configs/qwen3-8b-dspark.json (the same + Markov head rank 256, confidence head) and
+#   examples/configs/online/colocated/qwen3-8b-dspark-colocated.yaml (lr 6e-4, warm-up 0.04,
+#   grad norm 1.0, 512 anchors, loss decay 4.0), used for DFlash as well.
+DRAFT_LAYERS = {"eagle3": 1, "dflash": 5, "dspark": 5}
+BLOCK_SIZE = 16
+DSPARK_HEAD = dict(
+    projector_type="dspark",
+    markov_rank=256,
+    markov_head_type="vanilla",
+    confidence_head_alpha=1.0,
+    enable_confidence_head=True,
+    confidence_head_with_markov=True,
+)
+TRAINING = {
+    "eagle3": dict(learning_rate=1e-4, max_grad_norm=0.5, ttt_length=7, warmup_ratio=0.015),
+    "dflash": dict(learning_rate=6e-4, max_grad_norm=1.0, warmup_ratio=0.04, num_anchors=512,
+                   loss_decay_gamma=4.0),
+    "dspark": dict(learning_rate=6e-4, max_grad_norm=1.0, warmup_ratio=0.04, num_anchors=512,
+                   loss_decay_gamma=4.0),
+}  # fmt: skip
+
+
+def _py(*args) -> list:
+    return [sys.executable, *map(str, args)]
+
+
+# ------------------------------------------------------------------------ draft config
+def trainer_target(target: str, dest: Path) -> str:
+    """The target as SpecForge's trainer reads it: its `TargetHead` opens the weights through
+    `*.index.json` only, which a one-file checkpoint has not; a folder of links to the target's
+    files plus that index (the standard HF weight map) serves it, the target stays untouched."""
+    from safetensors import safe_open
+
+    src = Path(target).resolve()
+    if (dest / "model.safetensors.index.json").exists() or list(src.glob("*.index.json")):
+        return str(dest if dest.exists() else src)
+    dest.mkdir(parents=True, exist_ok=True)
+    weight_map = {}
+    for f in sorted(src.iterdir()):
+        link = dest / f.name
+        if not link.exists():
+            link.symlink_to(f)
+        if f.suffix == ".safetensors":
+            with safe_open(str(f), "pt") as h:
+                weight_map.update({k: f.name for k in h.keys()})
+    index = {"metadata": {}, "weight_map": weight_map}
+    (dest / "model.safetensors.index.json").write_text(json.dumps(index, indent=1) + "\n")
+    return str(dest)
+
+
+def mask_token_id(target: str, vocab_size: int) -> int:
+    """The DFlash-family mask token as SpecForge's trainer resolves it with no explicit one
+    (`specforge.training.model_utils.resolve_mask_token_id`: the tokenizer's mask token, an
+    unused embedding row, then pad, eos, unk). Written into the drafter's config, so that the
+    trainer, SpecForge's export and SGLang (which, without it, adds `<|MASK|>` to the
+    tokenizer: past the target's vocabulary here, and impossible with skip_tokenizer_init)
+    use the same token."""
+    from specforge.training.model_utils import resolve_mask_token_id
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(target)
+    return int(resolve_mask_token_id(explicit=None, tokenizer=tok, embedding_vocab_size=vocab_size))
+
+
+def draft_config(kind: str, target: str, serving_ids, block_size: int = BLOCK_SIZE) -> dict:
+    """The drafter's config: the recipe's shape on the target's dimensions, and the SGLang
+    serving ids (`hsdump export` prints them) under the key SGLang's class reads."""
+    t = json.loads((Path(target) / "config.json").read_text())
+    heads = int(t["num_attention_heads"])
+    rope = t.get("rope_parameters") or {}
+    base = dict(
+        attention_bias=False,
+        attention_dropout=0.0,
+        bos_token_id=t.get("bos_token_id"),
+        eos_token_id=t.get("eos_token_id"),
+        pad_token_id=t.get("pad_token_id"),
+        head_dim=int(t.get("head_dim") or t["hidden_size"] // heads),
+        hidden_act=t.get("hidden_act", "silu"),
+        hidden_size=int(t["hidden_size"]),
+        initializer_range=0.02,
+        intermediate_size=int(t["intermediate_size"]),
+        max_position_embeddings=int(t["max_position_embeddings"]),
+        num_attention_heads=heads,
+        num_key_value_heads=int(t.get("num_key_value_heads", heads)),
+        num_hidden_layers=DRAFT_LAYERS[kind],
+        rms_norm_eps=float(t["rms_norm_eps"]),
+        rope_theta=float(rope.get("rope_theta", t.get("rope_theta", 10000.0))),
+        tie_word_embeddings=False,
+        torch_dtype="bfloat16",
+        use_cache=True,
+        vocab_size=int(t["vocab_size"]),
+    )
+    ids = [int(x) for x in serving_ids]
+    if kind == "eagle3":
+        return dict(
+            architectures=["LlamaForCausalLMEagle3"],
+            model_type="llama",
+            draft_vocab_size=min(32000, base["vocab_size"]),
+            eagle_config=dict(eagle_aux_hidden_state_layer_ids=ids),
+            **base,
+        )
+    n = base["num_hidden_layers"]
+    cfg = dict(
+        architectures=["DFlashDraftModel" if kind == "dflash" else "DSparkDraftModel"],
+        model_type="qwen3",
+        block_size=int(block_size),
+        layer_types=["full_attention"] * n,
+        max_window_layers=n,
+        num_target_layers=int(t["num_hidden_layers"]),
+        sliding_window=None,
+        use_sliding_window=False,
+        dflash_config=dict(
+            target_layer_ids=ids, mask_token_id=mask_token_id(target, base["vocab_size"])
+        ),
+        **base,
+    )
+    if kind == "dspark":
+        cfg["dflash_config"].update(DSPARK_HEAD)
+        # SGLang 0.5.23's DSparkDraftModel builds its Markov and confidence heads from the
+        # config's top level (models/dspark.py build_markov_head, build_confidence_head), SpecForge
+        # 0.2.0 reads and exports them under dflash_config: both places, the same values
+        cfg.update(DSPARK_HEAD)
+    return cfg
+
+
+def export_facts(export: str) -> dict:
+    return json.loads((Path(export) / "hsdump_export.json").read_text())
+
+
+# ------------------------------------------------------------------------------ train
+def split_records(export: Path, dest: Path, eval_samples: int) -> tuple:
+    """Train and eval folders of links to the export's records: the last `eval_samples`
+    (in hsdump id order) are held out for SpecForge's own evaluation (its eval loop reads
+    `data.eval_hidden_states_path`), the rest are trained on."""
+    files = sorted(export.glob("rows_*/data_*.ckpt"), key=lambda p: int(p.stem.split("_")[1]))
+    if len(files) <= eval_samples:
+        raise SystemExit(f"{export}: {len(files)} records, not more than --eval-samples")
+    for name, part in (("train", files[:-eval_samples] if eval_samples else files),
+                       ("eval", files[-eval_samples:] if eval_samples else [])):  # fmt: skip
+        d = dest / name
+        shutil.rmtree(d, ignore_errors=True)
+        d.mkdir(parents=True)
+        for f in part:
+            (d / f.name).symlink_to(f.resolve())
+    return dest / "train", (dest / "eval") if eval_samples else None, len(files) - eval_samples
+
+
+def run_config(a, kind: str, train_dir: Path, eval_dir, n_train: int, out: Path) -> dict:
+    """SpecForge's typed run config (offline, one process): the recipe's optimiser settings;
+    sdpa attention (no torch.compile); evaluation once per epoch on the held-out records;
+    a checkpoint every half epoch, so a run stopped by the budget still has one to serve."""
+    per_epoch = max(1, n_train // a.batch_size)
+    tr = dict(
+        strategy=kind,
+        num_epochs=a.epochs,
+        batch_size=a.batch_size,
+        attention_backend="sdpa",
+        save_interval=max(1, per_epoch // 2),
+        log_interval=a.log_interval,
+        seed=0,
+        **TRAINING[kind],
+    )
+    if a.max_steps:
+        tr["max_steps"] = a.max_steps
+    if eval_dir is not None:
+        tr["eval_interval"] = min(per_epoch, a.max_steps or per_epoch)
+    if a.cpu:  # FSDP needs an accelerator; SpecForge's NO_SHARD is DDP, which runs on gloo
+        tr["fsdp_sharding"] = "NO_SHARD"
+    target = trainer_target(a.target, out / "target")
+    t = json.loads((Path(a.target) / "config.json").read_text())
+    model = dict(
+        target_model_path=target,
+        draft_model_config=str(Path(a.draft_config).resolve()),
+        torch_dtype="bfloat16",
+    )
+    if t.get("tie_word_embeddings"):  # SmolLM2: the LM head is the embedding
+        model["lm_head_key"] = "model.embed_tokens.weight"
+    data = dict(
+        hidden_states_path=str(train_dir),
+        max_length=a.max_length,
+        dataloader_num_workers=a.num_workers,
+        cache_dir=str(out / "cache"),
+    )
+    if eval_dir is not None:
+        data["eval_hidden_states_path"] = str(eval_dir)
+    return dict(model=model, data=data, training=tr, run_id=kind, output_dir=str(out / "run"))
+
+
+STEP_LINE = re.compile(r"^step (\d+): (\{.*\})\s*$")
+
+
+def trainer_metrics(log: Path) -> list:
+    """SpecForge's own `step N: {...}` lines (its tracker with report_to=none), parsed."""
+    rows = []
+    for line in log.read_text(errors="replace").splitlines():
+        m = STEP_LINE.match(line.strip())
+        if not m:
+            continue
+        try:
+            d = ast.literal_eval(m.group(2))
+        except (ValueError, SyntaxError):
+            continue
+        rows.append(dict(step=int(m.group(1)), **d))
+    return rows
+
+
+def predicted_accept_length(kind: str, rows: list, tail: int = 20) -> dict:
+    """What SpecForge's trainer itself predicts, beside the served accept length:
+    EAGLE-3: 1 + sum over the 3 served steps of the product of its eval per-position
+    accuracies (accept length of a chain of 3 drafts, top-1); DSpark: its `tau_probabilistic`
+    (the expected accepted block prefix), eval if logged, else the mean of the last `tail`
+    training steps; DFlash: SpecForge 0.2.0's DFlash strategy logs token accuracy only (its
+    model computes `accept_len` but the strategy drops it), so none."""
+    ev = [r for r in rows if any(k.startswith("eval/") for k in r)]
+    last_eval = ev[-1] if ev else {}
+    out = dict(eval=last_eval, source=None, predicted=None)
+    if kind == "eagle3" and last_eval.get("eval/per_position_acc"):
+        acc, p, total = last_eval["eval/per_position_acc"], 1.0, 1.0
+        for x in acc[:SERVED_STEPS]:
+            p *= float(x)
+            total += p
+        out.update(predicted=round(total, 4), source="eval/per_position_acc, 3 steps")
+    elif kind == "dspark":
+        if "eval/tau_probabilistic" in last_eval:
+            out.update(predicted=last_eval["eval/tau_probabilistic"], source="eval/tau")
+        else:
+            taus = [r["tau_probabilistic"] for r in rows if "tau_probabilistic" in r][-tail:]
+            if taus:
+                out.update(predicted=round(sum(taus) / len(taus), 4),
+                           source=f"train tau_probabilistic, mean of last {len(taus)} logs")  # fmt: skip
+    return out
+
+
+def train(a) -> int:
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    train_dir, eval_dir, n = split_records(Path(a.data), out / "records", a.eval_samples)
+    cfg = run_config(a, a.kind, train_dir, eval_dir, n, out)
+    (out / "run.json").write_text(json.dumps(cfg, indent=1) + "\n")
+    cmd = _py("-m", "specforge.cli", "train", "--config", out / "run.json")
+    print("specforge train --config " + str(out / "run.json"), flush=True)
+    log = out / "train.log"
+    # a budget stop (SIGTERM to the process group) reaches SpecForge, which unwinds and exits;
+    # this wrapper waits for that and records what it logged
+    signal.signal(signal.SIGTERM, lambda *_: None)
+    with open(log, "w") as f:
+        rc = subprocess.call(cmd, stdout=f, stderr=subprocess.STDOUT)
+    rows = trainer_metrics(log)
+    res = dict(kind=a.kind, rc=rc, samples=n, eval_samples=a.eval_samples, config=cfg,
+               steps=rows[-1]["step"] if rows else 0, last=rows[-1] if rows else None,
+               **predicted_accept_length(a.kind, rows))  # fmt: skip
+    (out / "train.json").write_text(json.dumps(res, indent=1) + "\n")
+    print(json.dumps({k: res[k] for k in ("kind", "rc", "steps", "predicted", "source")}))
+    return rc
+
+
+def last_step(run: Path):
+    """The newest `{run_id}-step{N}` checkpoint SpecForge's CheckpointManager wrote."""
+    steps = []
+    for p in run.glob("*-step*"):
+        m = re.search(r"-step(\d+)$", p.name)
+        if m and (p / "training_state.pt").exists():
+            steps.append((int(m.group(1)), p))
+    return max(steps) if steps else (0, None)
+
+
+# ----------------------------------------------------------------------------- export
+def export(a) -> int:
+    """SpecForge's own export of the trained drafter (its `specforge export`)."""
+    ckpt = Path(a.ckpt)
+    if not (ckpt / "training_state.pt").exists():
+        step, ckpt = last_step(ckpt)
+        if ckpt is None:
+            raise SystemExit(f"{a.ckpt}: no SpecForge checkpoint")
+    cmd = _py("-m", "specforge.cli", "export", "--to", EXPORT_TO[a.kind],
+              "--checkpoint", ckpt, "--draft-config", a.draft_config, "--output-dir", a.out)  # fmt: skip
+    print(" ".join(map(str, cmd[1:])), flush=True)
+    rc = subprocess.call(cmd)
+    if rc == 0:
+        (Path(a.out) / "exported_from.json").write_text(
+            json.dumps(dict(checkpoint=str(ckpt), tool="specforge export"), indent=1) + "\n"
+        )
+    return rc
+
+
+# ------------------------------------------------------------------------ check-served
+CHECK = r"""
+import json, sys, tempfile
+from hsdump.capture.patch import prepare_process
+prepare_process("cpu")
+from safetensors.torch import load_file
+from sglang.srt.distributed import init_distributed_environment, initialize_model_parallel
+from sglang.srt.model_loader.weight_utils import default_weight_loader
+from sglang.srt.models.registry import ModelRegistry
+from sglang.srt.runtime_context import SpawnRanks, publish
+from sglang.srt.server_args import ServerArgs
+from transformers import AutoConfig
+
+target, folders = sys.argv[1], sys.argv[2:]
+sa = ServerArgs(model_path=target, device="cpu", attention_backend="torch_native",
+                disable_cuda_graph=True, skip_tokenizer_init=True)
+publish(sa, role="scheduler", ranks=SpawnRanks(world_rank=0, dp_rank=None, gpu_id=0))
+init_distributed_environment(world_size=1, rank=0, local_rank=0, backend="gloo",
+                             distributed_init_method="file://" + tempfile.mktemp())
+initialize_model_parallel()
+
+
+def check(folder):
+    cfg = AutoConfig.from_pretrained(folder)
+    cls = ModelRegistry.resolve_model_cls(cfg.architectures)[0]
+    model = cls(cfg)
+    params = dict(model.named_parameters())
+    loaded = set()
+    for name, param in params.items():  # every loader call of SGLang's load_weights, recorded
+        orig = getattr(param, "weight_loader", default_weight_loader)
+        def record(p, *x, _name=name, _orig=orig):
+            loaded.add(_name)
+            return _orig(p, *x)
+        param.weight_loader = record
+    weights = load_file(folder + "/model.safetensors")
+    model.load_weights(list(weights.items()))
+    out = dict(cls=cls.__name__, params=sorted(params), loaded=sorted(loaded),
+               tensors=sorted(weights))
+    if cfg.architectures[0] == "LlamaForCausalLMEagle3":
+        out.update(aux_ids=list(cfg.eagle_config["eagle_aux_hidden_state_layer_ids"]))
+    else:
+        from sglang.srt.speculative.dflash_utils import parse_dflash_draft_config
+        d = parse_dflash_draft_config(draft_hf_config=cfg)
+        out.update(target_layer_ids=list(d.target_layer_ids), mask_token_id=d.mask_token_id,
+                   block_size=d.block_size, num_context_features=int(model.num_context_features))
+    return out
+
+
+for folder in folders:
+    try:
+        out = check(folder)
+    except Exception as e:  # reported per folder
+        out = dict(error=f"{type(e).__name__}: {e}")
+    print("CHECK " + json.dumps(dict(folder=folder, **out)), flush=True)
+"""
+
+
+def sglang_load(target: str, folders) -> dict:
+    """Each folder loaded into SGLang's own drafter class for its architecture, on the CPU, in
+    one process (SGLang's registry, the class's __init__ from the folder's config, its
+    load_weights with every parameter's loader call recorded): folder -> what was found, or
+    `error` (what SGLang raised)."""
+    p = subprocess.run(_py("-c", CHECK, target, *folders), capture_output=True, text=True)
+    found = {}
+    for line in p.stdout.splitlines():
+        if line.startswith("CHECK "):
+            r = json.loads(line[len("CHECK ") :])
+            found[r.pop("folder")] = r
+    if set(found) != set(map(str, folders)):
+        raise SystemExit(f"SGLang's loader did not report on every folder:\n{p.stderr[-3000:]}")
+    return found
+
+
+def served_gaps(r: dict, kind: str, ids) -> list:
+    """What keeps SGLang from serving the drafter the way it was trained: an error, a
+    parameter no tensor of the folder filled (SGLang skips names it does not know and keeps
+    their parameters as initialised, silently), layer ids other than the serving ids, no
+    mask token (SGLang would add one to the tokenizer)."""
+    if "error" in r:
+        return [r["error"]]
+    # EAGLE-3 drafts share the target's embedding (SpecForge drops it on export; SGLang's
+    # worker gives the draft the target's)
+    shared = {"model.embed_tokens.weight", "embed_tokens.weight"} if kind == "eagle3" else set()
+    gaps = [f"{k} not loaded" for k in r["params"] if k not in r["loaded"] and k not in shared]
+    got = r.get("aux_ids") if kind == "eagle3" else r.get("target_layer_ids")
+    if [int(x) for x in got or []] != [int(x) for x in ids]:
+        gaps.append(f"SGLang reads layer ids {got}, the serving ids are {list(ids)}")
+    if kind != "eagle3" and r.get("mask_token_id") is None:
+        gaps.append("no dflash_config.mask_token_id")
+    return gaps
+
+
+# ------------------------------------------------------------------------------ table
+def collate(res: Path) -> dict:
+    """One row per served engine; the plain run (same CUDA-graph setting) is the reference
+    of `equal_to_plain` and of the speed-ups; per kind, drafter minus control per prompt."""
+    runs = {p.stem[len("serve-") :]: json.loads(p.read_text()) for p in res.glob("serve-*.json")}
+    plain = runs.get("plain") or {}
+    ref = plain.get("outputs", {})
+    rows = []
+    for name, r in sorted(runs.items(), key=lambda kv: (kv[0] != "plain", kv[0])):
+        outs = r.get("outputs", {})
+        same = sum(1 for k, v in outs.items() if ref.get(k) == v)
+        pre = [acc._prefix(v, ref[k]) / max(1, len(ref[k])) for k, v in outs.items() if k in ref]
+        kind = name.split("-")[0] if name != "plain" else None
+        tr = res / f"train-{name}.json"
+        pred = json.loads(tr.read_text()) if tr.exists() else {}
+        row = dict(
+            variant=name,
+            kind=kind,
+            algorithm=(r.get("engine") or {}).get("speculative_algorithm"),
+            accept_length=r["batched"]["accept_length"],
+            accept_length_batch1=r["batch1"]["accept_length"],
+            tokens_per_s_batch1=r["batch1"]["tokens_per_s"],
+            tokens_per_s_batched=r["batched"]["tokens_per_s"],
+            equal_to_plain=f"{same}/{len(outs)}",
+            mean_common_prefix=round(sum(pre) / max(1, len(pre)), 3),
+            predicted_accept_length=pred.get("predicted"),
+            predicted_from=pred.get("source"),
+            trained_steps=pred.get("steps"),
+            cuda_graphs=not (r.get("engine") or {}).get("disable_cuda_graph", False),
+            engine_start_s=r.get("engine_start_s"),
+        )
+        for k in ("batch1", "batched"):
+            base = (plain.get("batch1" if k == "batch1" else "batched") or {}).get("tokens_per_s")
+            row[f"speedup_{k}"] = round(row[f"tokens_per_s_{k}"] / base, 3) if base else None
+        rows.append(row)
+    pairs = {}
+    for k in KINDS:
+        d, c = runs.get(f"{k}-default"), runs.get(f"{k}-layer_off")
+        if d and c:
+            pairs[k] = acc.paired({"default": d, "layer_off": c})["layer_off"]
+    return dict(rows=rows, drafter_minus_control=pairs)
+
+
+def table(a) -> int:
+    res = Path(a.results)
+    out = collate(res)
+    for f in ("pipeline.json",):
+        if (res / f).exists():
+            out["pipeline"] = json.loads((res / f).read_text())
+    head = ("variant", "accept", "predicted", "tok/s b=1", "x b=1", "tok/s batched", "x batched",
+            "= plain")  # fmt: skip
+    lines = [head]
+    for x in out["rows"]:
+        f3 = lambda v: "-" if v is None else f"{v:.3f}"  # noqa: E731
+        lines.append((x["variant"], f3(x["accept_length"]), f3(x["predicted_accept_length"]),
+                      f"{x['tokens_per_s_batch1']:.0f}", f3(x["speedup_batch1"]),
+                      f"{x['tokens_per_s_batched']:.0f}", f3(x["speedup_batched"]),
+                      x["equal_to_plain"]))  # fmt: skip
+    w = [max(len(str(r[i])) for r in lines) for i in range(len(head))]
+    for r in lines:
+        print("  ".join(str(c).ljust(w[i]) for i, c in enumerate(r)))
+    for k, x in out["drafter_minus_control"].items():
+        print(f"{k}: drafter - control {x['default_minus_this']:+.3f} accept length (95 % "
+              f"bootstrap {x['ci95'][0]:+.3f}..{x['ci95'][1]:+.3f}, {x['prompts']} prompts)")  # fmt: skip
+    dest = Path(a.json) if getattr(a, "json", None) else res / "acceptance-kinds.json"
+    tmp = dest.with_suffix(".tmp")
+    tmp.write_text(json.dumps(out, indent=1) + "\n")
+    os.replace(tmp, dest)
+    return 0
+
+
+# ---------------------------------------------------------------------------- run-all
+def off_by_one(layers) -> list:
+    return [int(k) + 1 for k in layers]
+
+
+def run_all(a) -> int:  # noqa: C901 - one pipeline, read top to bottom
+    """The GPU run, resumable (each step is skipped when its output exists): build the
+    target; capture every kind's layers once (regenerated answers) and once one layer off;
+    then per kind: export, train drafter and control side by side under a time budget, export
+    both with SpecForge, serve (the plain target with the first kind), write the table."""
+    w = Path(a.work).resolve()
+    acc._claim(w)
+    a.work = str(w)
+    P = acc.Pipeline(argparse.Namespace(**{**vars(a), "work": str(w)}))
+    if a.results:  # results and logs where the caller collects them (run-0523.sh bg: $OUT)
+        P.res, P.logs = Path(a.results), Path(a.results) / "logs"
+        P.logs.mkdir(parents=True, exist_ok=True)
+    me = str(Path(__file__).resolve())
+    data = Path(a.data).resolve()
+    env = {"HSDUMP_CACHE": str(w / "cache"), "PYTHONUNBUFFERED": "1"}
+    cpu = a.device == "cpu"
+    os.environ["HSDUMP_CACHE"] = env["HSDUMP_CACHE"]
+    from hsdump.capture.kinds import dflash_default
+    from hsdump.capture.layers import eagle3_default
+    from hsdump.tiny import builtin_dest
+
+    target = str(builtin_dest(acc.PRESET_PATH)) if not a.target else a.target
+    if not a.target:
+        P.run("build-target", _py(HERE / "acceptance.py", "build-target", "--preset"), env=env,
+              done=Path(target) / "config.json")  # fmt: skip
+    model = [f"model={acc.PRESET}"] if not a.target else [f"model.path={a.target}"]
+    L = json.loads((Path(target) / "config.json").read_text())["num_hidden_layers"]
+    default = {
+        "eagle3": eagle3_default(L),
+        "dflash": dflash_default(L),
+        "dspark": dflash_default(L),
+    }
+    lay = lambda k, xs: f"capture.kind_layers.{k}=[" + ",".join(map(str, xs)) + "]"  # noqa: E731
+    common = [
+        *model, "engine=cpu" if cpu else "engine=gpu", f"dataset.max_seq_len={a.max_length}",
+        "dataset.on_bad_row=skip", "dataset.num_proc=8", "output.overwrite=false",
+        "progress=false", "capture=all_kinds",
+    ] + ([] if cpu else ["engine.mem_fraction_static=0.9"])  # fmt: skip
+    ds, ex = w / "ds", w / "ex"
+    P.run("extract-default",
+          _py("extract.py", *common, f"dataset.path={data / 'train.jsonl'}",
+              "dataset.format=sharegpt", "regenerate=last",
+              f"regenerate.max_new_tokens={a.max_new_tokens}",
+              *([] if cpu else [f"engine.max_total_tokens={a.regen_kv_tokens}"]),
+              *([f"dataset.max_samples={a.samples}"] if a.samples else []),
+              f"output.dir={ds / 'default'}"),
+          env=env, done=ds / "default" / "index.json")  # fmt: skip
+    hsd = _py("-m", "hsdump")
+    msgs = ex / "messages" / "conversations.jsonl"
+    P.run("export-messages", [*hsd, "export", ds / "default", ex / "messages", "--to",
+                              "messages", "--no-progress"], env=env, done=msgs)  # fmt: skip
+    P.run("extract-layer_off",
+          _py("extract.py", *common, f"dataset.path={msgs}", "dataset.format=messages",
+              "regenerate=none", *(lay(k, off_by_one(v)) for k, v in default.items()),
+              *([] if cpu else [f"engine.max_total_tokens={a.capture_kv_tokens}"]),
+              f"output.dir={ds / 'layer_off'}"),
+          env=env, done=ds / "layer_off" / "index.json")  # fmt: skip
+    P.facts.update(acc.env_facts(), datasets=acc.dataset_facts(ds), sizing=dict(
+        samples=a.samples, epochs=a.epochs, eval_samples=a.eval_samples,
+        train_budget_s=a.train_budget_s, heldout=a.serve_limit or "all",
+        serve_new_tokens=a.serve_new_tokens))  # fmt: skip
+    P.save()
+
+    def serve(name, algorithm=None, drafter=None):
+        cmd = _py(HERE / "acceptance.py", "serve", "--target", target,
+                  "--heldout", data / "heldout.jsonl", "--name", name,
+                  "--json", P.res / f"serve-{name}.json",
+                  "--max-new-tokens", a.serve_new_tokens, "--batch1", a.batch1,
+                  "--mem-fraction", a.mem_fraction, "--max-total-tokens", 300000,
+                  "--device", a.device)  # fmt: skip
+        if a.serve_limit:
+            cmd += ["--limit", str(a.serve_limit)]
+        if drafter:
+            cmd += ["--drafter", str(drafter), "--algorithm", algorithm]
+            if not a.serve_graphs:
+                cmd.append("--eager")
+        return P.run(f"serve-{name}", cmd, env=env, done=P.res / f"serve-{name}.json",
+                     check=False)  # fmt: skip
+
+    if not cpu:  # plain first: the reference every row is compared with
+        serve("plain")
+    kinds = [k for k in KINDS if k in a.kinds.split(",")]
+    for kind in kinds:
+        names = {f"{kind}-default": "default", f"{kind}-layer_off": "layer_off"}
+        for name, src in names.items():
+            P.run(f"export-{name}", [*hsd, "export", ds / src, ex / name, "--to", "specforge",
+                                     "--kind", kind, "--no-progress"], env=env,
+                  done=ex / name / "hsdump_export.json")  # fmt: skip
+        ids = export_facts(ex / f"{kind}-default")["serving_ids"]
+        cfg = w / "draft" / f"{kind}.json"  # the control is served with the default's ids
+        cfg.parent.mkdir(parents=True, exist_ok=True)
+        cfg.write_text(json.dumps(draft_config(kind, target, ids), indent=1) + "\n")
+        procs = []
+        for name in names:
+            cmd = _py(me, "train", "--kind", kind, "--target", target, "--data", ex / name,
+                      "--draft-config", cfg, "--out", w / "train" / name,
+                      "--epochs", a.epochs, "--eval-samples", a.eval_samples,
+                      "--batch-size", a.batch_size, "--max-length", a.max_length,
+                      "--num-workers", a.num_workers,
+                      *(["--max-steps", a.max_steps] if a.max_steps else []),
+                      *(["--cpu"] if cpu else []))  # fmt: skip
+            if not (w / "train" / name / "train.json").exists():
+                t, box = acc._thread(P.run, f"train-{name}", cmd, env, None, False)
+                procs.append((name, t))
+        end = time.time() + a.train_budget_s
+        while any(t.is_alive() for _, t in procs):
+            if time.time() > end:
+                print(f"training budget spent: stopping {kind}'s trainings", flush=True)
+                for name, _ in procs:
+                    P.stop(f"train-{name}")
+                break
+            time.sleep(2)
+        for _, t in procs:
+            t.join()
+        # drafter and control are served from the same step (the newest both reached)
+        steps = {n: dict((s, p) for s, p in _steps(w / "train" / n / "run")) for n in names}
+        common_steps = set.intersection(*(set(v) for v in steps.values()))
+        if not common_steps:
+            P.failed.append(f"{kind}: no checkpoint common to {list(names)}")
+            P.save()
+            continue
+        step = max(common_steps)
+        for name in names:
+            tj = w / "train" / name / "train.json"
+            facts = (
+                json.loads(tj.read_text())
+                if tj.exists()
+                else dict(
+                    predicted_accept_length(kind, trainer_metrics(w / "train" / name / "train.log"))
+                )
+            )
+            facts["served_step"] = step
+            (P.res / f"train-{name}.json").write_text(json.dumps(facts, indent=1) + "\n")
+            served = w / "served" / name
+            P.run(f"sf-export-{name}",
+                  _py(me, "export", "--kind", kind, "--ckpt", steps[name][step],
+                      "--draft-config", cfg, "--out", served, "--target", target),
+                  env=env, done=served / "config.json")  # fmt: skip
+        for name in names:
+            if not cpu:
+                serve(name, ALGORITHM[kind], w / "served" / name)
+            P.save()
+            table(argparse.Namespace(results=str(P.res), json=None))
+        if not a.keep_exports:  # disk: the drafters are trained, their records can go
+            for name in names:
+                shutil.rmtree(ex / name, ignore_errors=True)
+    P.save()
+    table(argparse.Namespace(results=str(P.res), json=None))
+    return 0
+
+
+def _steps(run: Path):
+    for p in run.glob("*-step*"):
+        m = re.search(r"-step(\d+)$", p.name)
+        if m and (p / "training_state.pt").exists():
+            yield int(m.group(1)), p
+
+
+# ------------------------------------------------------------------------------- main
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    p = sub.add_parser("draft-config")
+    p.add_argument("--kind", choices=KINDS, required=True)
+    p.add_argument("--target", required=True)
+    p.add_argument("--export", required=True, help="hsdump's export (its serving ids)")
+    p.add_argument("--out", required=True)
+    p.add_argument("--block-size", type=int, default=BLOCK_SIZE)
+
+    def training_flags(p):
+        p.add_argument("--epochs", type=int, default=2)
+        p.add_argument("--max-steps", type=int, default=None)
+        p.add_argument("--eval-samples", type=int, default=100)
+        p.add_argument("--batch-size", type=int, default=1)
+        p.add_argument("--max-length", type=int, default=1024)
+        p.add_argument("--num-workers", type=int, default=4)
+        p.add_argument("--cpu", action="store_true", help="SpecForge's DDP (NO_SHARD) on gloo")
+
+    p = sub.add_parser("train")
+    p.add_argument("--kind", choices=KINDS, required=True)
+    p.add_argument("--target", required=True)
+    p.add_argument("--data", required=True)
+    p.add_argument("--draft-config", required=True)
+    p.add_argument("--out", required=True)
+    p.add_argument("--log-interval", type=int, default=20)
+    training_flags(p)
+    p = sub.add_parser("export")
+    p.add_argument("--kind", choices=KINDS, required=True)
+    p.add_argument("--ckpt", required=True, help="a -stepN folder, or the run's output_dir")
+    p.add_argument("--draft-config", required=True)
+    p.add_argument("--target", required=True)
+    p.add_argument("--out", required=True)
+    p = sub.add_parser("check-served")
+    p.add_argument("--kind", choices=KINDS, required=True)
+    p.add_argument("--folder", required=True)
+    p.add_argument("--target", required=True)
+    p.add_argument("--ids", required=True, help="the serving ids, comma-separated")
+    p = sub.add_parser("table")
+    p.add_argument("--results", required=True)
+    p.add_argument("--json")
+    p = sub.add_parser("run-all")
+    p.add_argument("--work", default="/tmp/acck")
+    p.add_argument("--data", default=".acc/data")
+    p.add_argument("--results", default=None, help="results and logs (default WORK/results)")
+    p.add_argument("--target", default=None, help="a model folder (default: smollm2_135m)")
+    p.add_argument("--kinds", default=",".join(KINDS))
+    p.add_argument("--samples", type=int, default=2000, help="dataset.max_samples")
+    p.add_argument("--max-new-tokens", type=int, default=512, help="regeneration")
+    p.add_argument("--regen-kv-tokens", type=int, default=2_500_000)
+    p.add_argument("--capture-kv-tokens", type=int, default=300_000)
+    p.add_argument("--train-budget-s", type=float, default=150, help="per kind, both runs")
+    p.add_argument("--log-interval", type=int, default=20)
+    p.add_argument("--serve-new-tokens", type=int, default=256)
+    p.add_argument("--serve-limit", type=int, default=None, help="held-out prompts served")
+    p.add_argument("--batch1", type=int, default=8)
+    p.add_argument("--mem-fraction", type=float, default=0.5)
+    p.add_argument("--serve-graphs", action="store_true", help="CUDA graphs for the drafters")
+    p.add_argument("--keep-exports", action="store_true")
+    p.add_argument("--device", default="cuda", help="cpu: the toy chain here, no serving")
+    training_flags(p)
+    a = ap.parse_args(argv)
+    if a.cmd == "draft-config":
+        ids = export_facts(a.export)["serving_ids"]
+        cfg = draft_config(a.kind, a.target, ids, a.block_size)
+        Path(a.out).write_text(json.dumps(cfg, indent=1) + "\n")
+        print(json.dumps(dict(out=a.out, ids=ids, arch=cfg["architectures"][0])))
+        return 0
+    if a.cmd == "train":
+        return train(a)
+    if a.cmd == "export":
+        return export(a)
+    if a.cmd == "check-served":
+        ids = [int(x) for x in a.ids.split(",")]
+        r = sglang_load(a.target, [a.folder])[a.folder]
+        gaps = served_gaps(r, a.kind, ids)
+        print(json.dumps(dict(gaps=gaps, **{k: v for k, v in r.items() if k != "params"})))
+        return 1 if gaps else 0
+    if a.cmd == "table":
+        return table(a)
+    return run_all(a)
+
+
+if __name__ == "__main__":  # SGLang spawns its scheduler processes
+    sys.exit(main())
