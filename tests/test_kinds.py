@@ -166,17 +166,12 @@ def test_explicit_layers_that_miss_a_kind_are_refused_before_the_engine(tmp_path
 
 
 # ------------------------------------------------------------------ SGLang's own conventions
-def probe(model: str, kind: str, ids, tmp_path) -> dict:
+def probe(model: str, kind: str, ids, tmp_path, device: str = "cpu") -> dict:
+    """tests/kind_probe.py's rows (`rows/{j}`, `ids/{j}`) for the serving `ids` of `kind`."""
     out = tmp_path / f"{kind}.safetensors"
+    script = str(ROOT / "tests" / "kind_probe.py")
     p = subprocess.run(
-        [
-            sys.executable,
-            str(ROOT / "tests" / "kind_probe.py"),
-            model,
-            kind,
-            json.dumps(ids),
-            str(out),
-        ],
+        [sys.executable, script, str(model), kind, json.dumps(ids), str(out), device],
         capture_output=True,
         text=True,
         timeout=500,
@@ -277,3 +272,41 @@ print("JSON" + json.dumps(out))
                 assert rule.shift == shift, (arch, kind, shift)
         if "dflash" in rules:
             assert rules["dspark"].setter == rules["dflash"].setter and "dspark" in rules
+
+
+@pytest.mark.gpu
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize(
+    "family, kind, layers",
+    [
+        # DeepSeek-V3: DFlash ids shift by 1, EAGLE-3 ids only when the first is 1
+        ("deepseek_v3", "dflash", [2, 3, 5]),
+        ("deepseek_v3", "eagle3", [3, 4, 5]),
+        # Qwen3.5's text class takes the stack's own indices (no shift): read from the code only
+        ("qwen3_5", "dflash", [2, 3, 5]),
+    ],
+)
+def test_gpu_classes_serve_the_kind_from_the_layers_hsdump_names(family, kind, layers, tmp_path):
+    """The rules read from SGLang's code for classes its CPU engine cannot run, on one GPU (not
+    run yet: KIND_RULES still marks them a code reading). MoE rows: the layer hsdump names must
+    be the closest of it and its neighbours (near-tied routing flips experts in bf16)."""
+    import torch
+    from families import FAMILIES, build
+    from families import hf_hidden_states as reference
+
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    fam = FAMILIES[family]
+    ckpt = build(family)
+    ids = K.serving_ids(kind_rule(fam.cls, kind, V23), layers)
+    assert ids is not None
+    got = probe(ckpt, kind, ids, tmp_path, device="cuda")
+    for j in range(2):
+        prompt = got[f"ids/{j}"].tolist()
+        ref = reference(ckpt, fam.cls, [prompt], None, "cuda")[0]
+        rows = got[f"rows/{j}"]
+        H = ref[0].shape[-1]
+        for b, k in enumerate(layers):
+            block = rows[:, b * H : (b + 1) * H]
+            errs = {d: rel_err(block, ref[k + d]) for d in (-1, 0, 1) if 0 <= k + d < len(ref)}
+            assert min(errs, key=errs.get) == 0 and errs[0] < 0.1, (k, errs)
