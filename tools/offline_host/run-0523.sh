@@ -28,6 +28,13 @@
 #                session's running while the host stays up), with SHARE_GPU=1, its own
 #                OUT=/tmp/gpu523-bg and a deadline of BG_DEADLINE_S (default 1500); later steps
 #                (and later calls) run beside it; gpu_cleanup spares its processes
+#   acck         bench/acceptance_kinds.py run-all (issue 43: SpecForge-trained DFlash, EAGLE-3, DSpark
+#                drafters and their layer-off controls served by SGLang; needs .acc/data from
+#                `bench/acceptance.py prepare` and .whl-sf/ installed) -> $OUT/acck/ (the table
+#                acceptance-kinds.json, rewritten after every served row, serve-*.json,
+#                train-*.json, pipeline.json, logs/); its work folder /tmp/acck is kept, so a
+#                second call resumes; run it with `bg acck` (ACCK_LIMIT_S, default 3000; ACCK_ARGS
+#                adds run-all flags)
 #   collect      $OUT/bg.tgz: what the bg run has written so far (its steps, logs, JSON), and
 #                whether it is still running (bg-state.txt)
 #   together G1 G2 ...   (last: takes the rest of the arguments) each G, a quoted step list
@@ -57,6 +64,7 @@ mkdir -p "$OUT"
 PARTS=/tmp/gpu523-parts
 SITE=/tmp/site523
 SITE2=/tmp/site2
+SITE3=/tmp/site3                   # .whl-sf/ (make-specforge-wheels.sh): SpecForge for `acck`
 RES=/tmp/gpu523-results            # results that outlive a call (families probe, --merge)
 CACHE=/tmp/gpu523-cache            # triton / flashinfer JIT caches, reused while /tmp is kept
 mkdir -p "$PARTS" "$RES" "$CACHE"
@@ -69,7 +77,7 @@ PROBE_TIMEOUT=${PROBE_TIMEOUT:-300}   # GLM-5-next ran 194 s beside two other ch
 PROBE_JOBS=${PROBE_JOBS:-1}
 SHARE_TOKENS=${SHARE_TOKENS:-65536}
 BG=/tmp/gpu523-bg                  # the bg run's OUT, pid (= its session id) and log
-STEPS=" stash install import pytest probe kimi bench8b check bg collect together "   # an argument that is none of these is the step's own
+STEPS=" stash install import pytest probe kimi bench8b check acck bg collect together "   # an argument that is none of these is the step's own
 # SHARE_GPU=1 (set by `together` for its children): cap every engine's KV pool (see together)
 SHARE_OVR=()
 if [ "${SHARE_GPU:-0}" = 1 ]; then
@@ -90,7 +98,7 @@ env523() {
   # nvidia-cutlass-dsl puts `cutlass` on sys.path through a .pth file (nvidia_cutlass_dsl/
   # dsl_packages), and Python reads .pth files only in site dirs, not on PYTHONPATH: named here
   # (sglang 0.5.23's LlamaMLP imports cutlass on CUDA: "No module named 'cutlass'" without it)
-  export PYTHONPATH="$SITE:$SITE/nvidia_cutlass_dsl/dsl_packages:$SITE2:$REPO"
+  export PYTHONPATH="$SITE:$SITE/nvidia_cutlass_dsl/dsl_packages:$SITE2:$SITE3:$REPO"
   export LD_LIBRARY_PATH="$SITE/nvidia/nccl/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
   export PYTHONUNBUFFERED=1
   export GPU523_CUDNN=${GPU523_CUDNN:-off}
@@ -169,6 +177,13 @@ do_install() {
       python3 -m pip install -q --no-index --no-deps --no-compile --target "$SITE2" \
         "$PARTS"/whl/*.whl >> "$OUT/install.log" 2>&1 && touch "$SITE2/.done" || rc=$?
     fi
+    if [ -d .whl-sf ]; then   # SpecForge 0.2.0 for `acck` (make-specforge-wheels.sh), --no-deps
+      mkdir -p "$PARTS/whl-sf" && cp -a .whl-sf/*.whl "$PARTS/whl-sf/"
+    fi
+    if ls "$PARTS"/whl-sf/*.whl > /dev/null 2>&1 && [ ! -f "$SITE3/.done" ]; then
+      python3 -m pip install -q --no-index --no-deps --no-compile --target "$SITE3" \
+        "$PARTS"/whl-sf/*.whl >> "$OUT/install.log" 2>&1 && touch "$SITE3/.done" || rc=$?
+    fi
     if [ ! -f "$SITE2/.done" ]; then
       echo "[run-0523] nothing installed in $SITE2: put .whl/ (make-whl.sh) in the checkout"
       [ $rc -eq 0 ] && rc=3
@@ -189,7 +204,7 @@ while [ $# -gt 0 ]; do
       do_stash "$1"; shift ;;
     install)
       do_install || { echo "[run-0523] install failed: stopping"; break; } ;;
-    import|pytest|probe|kimi|bench8b|check)
+    import|pytest|probe|kimi|bench8b|check|acck)
       if ! installed; then record "$step" 1 0 "not installed: run install first"; break; fi
       env523
       case $step in
@@ -249,6 +264,13 @@ EOF
           run_step bench8b 560 python3 bench/bench.py --device cuda \
             --models llama8b:2048:512:2 --modes a,b --weights dummy --dd-mib 1024 \
             --writer-stages-mib 0 --results-dir "$OUT" --name gpu-llama8b-0523 ;;
+        acck)
+          run_step acck-import 120 python3 -c "import accelerate.utils, specforge.cli, \
+specforge.training.assembly, specforge.algorithms.eagle3.model, specforge.algorithms.dspark.providers, \
+specforge.export.to_sglang, specforge.export.to_hf; print('specforge imports')"
+          # shellcheck disable=SC2086
+          run_step acck "${ACCK_LIMIT_S:-3000}" python3 bench/acceptance_kinds.py run-all \
+            --work /tmp/acck --data .acc/data --results "$OUT/acck" ${ACCK_ARGS:-} ;;
         check)
           rm -rf /tmp/gpu523-check && mkdir -p "$OUT/gpu-check"
           HSDUMP_GPU_RESULTS="$OUT/gpu-check" run_step gpu-check 560 python3 -m pytest -q -s \

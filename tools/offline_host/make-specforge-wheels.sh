@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# make-specforge-wheels.sh: .whl-sf/ (ignored), what bench/acceptance_kinds.py needs on the GPU host
+# beyond the image, the SGLang bundle and .whl/: SpecForge 0.2.0 (pure Python; its metadata pins
+# sglang 0.5.14, torch 2.11.0 and transformers 5.8.1, so it is installed with --no-deps beside the
+# bundle's 0.5.23 stack) and accelerate 1.15.0 (SpecForge's trainer imports accelerate.utils; the
+# image has this version, carried so the run does not depend on it).
+# How the list was made: SpecForge's train (dflash, dspark), export (--to hf, --to sglang) and its
+# EAGLE-3 modules run on the CPU with the unpacked wheel on sys.path in hsdump's venv; every module
+# they imported was mapped to its distribution and looked up in the image's list
+# (/work/.library/device/KINDS.md), .gpu523/WHEELS.txt and .whl/: only accelerate was outside the
+# venv, and flash-attn-4, soundfile, zstandard and cuda-tile (guarded, optional imports, as for
+# SGLang) are the only ones neither the image nor the bundle has. wandb, yunchang, openai-harmony
+# and tensorboard (SpecForge's other requirements) are not imported with report_to=none and
+# without USP attention.
+# The host installs them with `pip install --no-index --no-deps --target /tmp/site3 .whl-sf/*.whl`
+# (run-0523.sh install).
+set -euo pipefail
+ROOT=$(git rev-parse --show-toplevel); cd "$ROOT"
+PY=${PYTHON:-python3}
+mkdir -p .whl-sf
+grep -qx '/.whl-sf/' .git/info/exclude 2>/dev/null || git check-ignore -q .whl-sf || echo '/.whl-sf/' >> .git/info/exclude
+git check-ignore -q .whl-sf/x.whl || { echo ".whl-sf/ is not ignored by git" >&2; exit 1; }
+"$PY" -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation py \
+  -d .whl-sf "specforge==0.2.0" "accelerate==1.15.0"
+ls -la .whl-sf
+du -sh .whl-sf
