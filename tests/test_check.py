@@ -167,3 +167,14 @@ def test_final_states_swapped_fail(hf_rows):
     ref = c.reference(model, [r["input_ids"].tolist() for r in recs], "cpu")
     fin = c.compare_finals(["pre_norm", "post_norm"], recs, ref)
     assert not any(r.ok for r in fin), [r.failures for r in fin]
+
+
+def test_the_in_run_check_on_the_dry_engine_is_skipped(tmp_path):
+    """engine=dry has no logprobs: the run says so, completes, and writes no final_check."""
+    from harness import DRY
+
+    args = ["dataset.max_samples=3", "capture.final=[pre_norm]", "check.logprob_samples=2"]
+    rc, log = harness.extract(DRY, *args, out=tmp_path / "dry")
+    assert rc == 0, log[-3000:]
+    assert "engine=dry) has no logprobs: skipped" in log, log[-3000:]
+    assert not (tmp_path / "dry" / "final_check").exists()
