@@ -68,6 +68,21 @@ def in_loss(tok, rec) -> str:
     return tok.decode([i for i, m in zip(ids, mask) if m])
 
 
+def test_preview_uses_and_refuses_the_same_limit(tmp_path, smollm2, capsys):
+    """case 2: `hsdump preview` showed an 8,191-token sample as valid; it now applies the
+    limit extract applies (8,185, said with its origin) and refuses what extract refuses."""
+    from hsdump.tools.preview import main as preview_main
+
+    data = tmp_path / "long.jsonl"
+    write_jsonl(data, [{"messages": chat(0, " ".join(["word"] * 10000))}])
+    args = ["-n", "1", "--color", "never", "--max-tokens", "8", f"model.path={smollm2}"]
+    assert preview_main([*args, f"dataset.path={data}"]) == 0
+    out = capsys.readouterr().out
+    assert "max_seq_len 8185 (truncate; SGLang 0.5." in out and "8185 tokens" in out, out[:2000]
+    assert preview_main([*args, f"dataset.path={data}", "dataset.max_seq_len=8186"]) == 2
+    assert "Set dataset.max_seq_len=8185 or less" in capsys.readouterr().err
+
+
 # --------------------------------------------------------------------------- 3: JSON-text turns
 def test_case3_a_parquet_messages_column_of_json_text_is_decoded(tmp_path, smollm2, tok):
     """A parquet file whose `messages` column holds JSON strings was read as text rows (every
