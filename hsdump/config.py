@@ -82,8 +82,8 @@ class DatasetConfig:
     max_samples: Optional[int] = None
     """Use only the first N rows of the split."""
     max_seq_len: Optional[int] = 2048
-    """Token budget per sample after the chat template. null: the model's context less one
-    (the engine's context_length when engine.extra sets it), the longest prompt SGLang takes.
+    """Token budget per sample after the chat template. null: the longest prompt SGLang takes,
+    min(context, KV pool) - 7 (hsdump.capture.layers.engine_limit; a longer one is refused).
     In the presets: the preset's limit while dataset.path is the preset's, else null."""
     truncation: str = "truncate"
     """What to do with longer samples: `truncate` or `skip`."""
