@@ -61,7 +61,7 @@ def test_messages_refused_leaves_no_dest(tmp_path):
     assert not (tmp_path / "m").exists()
 
 
-@pytest.mark.parametrize("tool", ["verify", "inspect", "export", "vocab", "compact"])
+@pytest.mark.parametrize("tool", ["verify", "inspect", "export", "vocab", "compact", "check"])
 def test_usage_says_hsdump(tool):
     rc, out, err = hsdump(tool, "--help")
     assert rc == 0 and out.startswith(f"usage: hsdump {tool}"), out
