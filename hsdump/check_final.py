@@ -74,19 +74,18 @@ class RMSNorm:
         return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * w
 
 
-def checkpoint_head(model_path: str) -> Tuple[Head, Dict[str, object]]:
-    """The LM head and final norm of the checkpoint at `model_path`, read from its safetensors
-    (float32), and what was read: {"lm_head", "norm", "eps", "plus_one", "softcap"}."""
-    import torch
+def head_names(model_path: str) -> Tuple[Dict[str, Path], str, str, dict]:
+    """({tensor name: file}, the LM head's name, the final norm's name, the text config) of the
+    checkpoint at `model_path`, from the safetensors headers alone: a Refusal, before the engine
+    starts, when either is missing or stored quantized."""
     from safetensors import safe_open
 
     folder = Path(model_path)
     cfg = json.loads((folder / "config.json").read_text())
-    text = cfg.get("text_config") or {}
-    get = lambda k: text.get(k, cfg.get(k))  # noqa: E731
+    text = {**cfg, **(cfg.get("text_config") or {})}
     files = _weight_files(folder)
     head = _pick(files, re.compile(r"(^|\.)lm_head\.weight$"))
-    if head is None and (get("tie_word_embeddings") in (True, None)):
+    if head is None and text.get("tie_word_embeddings") in (True, None):
         head = _pick(files, re.compile(r"(^|\.)embed_tokens\.weight$"))
     norm = _pick(files, NORM_RE)
     if head is None or norm is None:
@@ -95,21 +94,32 @@ def checkpoint_head(model_path: str) -> Tuple[Head, Dict[str, object]]:
             "(lm_head.weight / tied embed_tokens.weight, norm.weight); check.logprob_samples "
             "cannot check this checkpoint: set it to 0 and use `hsdump check`"
         )
+    for name in (head, norm):
+        with safe_open(str(files[name]), "pt") as h:
+            dtype = h.get_slice(name).get_dtype()
+        if dtype not in ("F32", "BF16", "F16"):
+            raise Refusal(
+                f"{folder}: {name} is stored as {dtype} (quantized): check.logprob_samples "
+                "needs a plain LM head and norm; set it to 0"
+            )
+    return files, head, norm, text
+
+
+def checkpoint_head(model_path: str) -> Tuple[Head, Dict[str, object]]:
+    """The LM head and final norm of the checkpoint at `model_path`, read from its safetensors
+    (float32), and what was read: {"lm_head", "norm", "eps", "plus_one", "softcap"}."""
+    from safetensors import safe_open
+
+    files, head, norm, text = head_names(model_path)
 
     def read(name):
         with safe_open(str(files[name]), "pt") as h:
-            t = h.get_tensor(name)
-        if t.dtype not in (torch.float32, torch.bfloat16, torch.float16):
-            raise Refusal(
-                f"{folder}: {name} is stored as {t.dtype} (quantized): check.logprob_samples "
-                "needs a plain LM head; set it to 0"
-            )
-        return t.float()
+            return h.get_tensor(name).float()
 
     bias_name = norm[: -len("weight")] + "bias"
-    eps = next((float(get(k)) for k in EPS_KEYS if get(k) is not None), 1e-6)
-    plus_one = str(get("model_type") or cfg.get("model_type") or "").startswith("gemma")
-    cap = get("final_logit_softcapping")
+    eps = next((float(text[k]) for k in EPS_KEYS if text.get(k) is not None), 1e-6)
+    plus_one = str(text.get("model_type") or "").startswith("gemma")
+    cap = text.get("final_logit_softcapping")
     fn = RMSNorm(read(norm), eps, plus_one, read(bias_name) if bias_name in files else None)
     facts = {"lm_head": head, "norm": norm, "eps": eps, "plus_one": plus_one, "softcap": cap}
     return Head(read(head), fn, float(cap) if cap else None), facts
@@ -191,7 +201,11 @@ def report(
 
     writer = writer_name(writer)
     kind = kinds[0]
-    head, facts = checkpoint_head(model_path)
+    try:
+        head, facts = checkpoint_head(model_path)
+    except (Refusal, OSError) as e:  # refused before the engine started, unless it changed since
+        log.error("check.logprob_samples: the checkpoint's LM head could not be read: %s", e)
+        return None
     samples = [compare(head, kind, r, logprobs[r["id"]]) for r in recs]
     res = {
         "format": FORMAT,

@@ -319,6 +319,10 @@ def run(cfg: Config, resolved_config: Optional[dict] = None) -> Summary:
     t0 = time.time()
     check_output_dir(cfg.output.dir)
     model = check_model(cfg)
+    if cfg.check.logprob_samples:  # the in-run check's LM head and norm, found before any work
+        from hsdump.check_final import head_names
+
+        head_names(model.path)
     cfg = with_length_limit(cfg, model.info)
     layout = node_layout(cfg)
     if layout.multi:  # the engine takes the layout as resolved here, SLURM's included

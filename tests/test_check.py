@@ -178,3 +178,62 @@ def test_the_in_run_check_on_the_dry_engine_is_skipped(tmp_path):
     assert rc == 0, log[-3000:]
     assert "engine=dry) has no logprobs: skipped" in log, log[-3000:]
     assert not (tmp_path / "dry" / "final_check").exists()
+
+
+def test_a_head_the_in_run_check_cannot_read_is_refused(tmp_path):
+    """From the safetensors headers, before the engine starts (hsdump.pipeline.run): no final
+    norm by name, or an LM head stored quantized."""
+    from safetensors.torch import save_file
+
+    from hsdump.errors import Refusal
+
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "llama"}))
+    w = {"model.embed_tokens.weight": torch.zeros(8, 4), "lm_head.weight": torch.zeros(8, 4)}
+    save_file(w, str(tmp_path / "model.safetensors"))
+    with pytest.raises(Refusal, match="no final norm weight found"):
+        check_final.head_names(str(tmp_path))
+    w["model.norm.weight"] = torch.ones(4)
+    w["lm_head.weight"] = w["lm_head.weight"].to(torch.float8_e4m3fn)
+    save_file(w, str(tmp_path / "model.safetensors"))
+    with pytest.raises(Refusal, match="lm_head.weight is stored as F8_E4M3 \\(quantized\\)"):
+        check_final.head_names(str(tmp_path))
+
+
+# --------------------------------------------------------------------------- the MoE rule
+def _moe_case(noise, spread, shift=0, seq=7, hidden=64):
+    """A synthetic MoE comparison at layer 3 of 6: transformers' float32 states whose adjacent
+    indices are `spread` apart, its bf16 states `noise` from them, and captured rows taken at
+    index 3 + shift with 1.5 x that noise (an MoE's routing flips: above HF bf16's own)."""
+    g = torch.Generator().manual_seed(0)
+
+    def off(t, e):
+        d = torch.randn(t.shape, generator=g)
+        return t + e * t.norm() / d.norm() * d
+
+    f32 = [torch.randn(seq, hidden, generator=g)]
+    for _ in range(6):
+        f32.append(off(f32[-1], spread))
+    f16 = [off(t, noise) for t in f32]
+    rows = off(f32[3 + shift], 1.5 * noise)
+    ref = {
+        "fp32": [c.Forward(f32, None, None, 0.0)],
+        "bf16": [c.Forward(f16, None, None, 0.0)],
+        "moe": True,
+    }
+    rec = {"id": 0, "input_ids": torch.arange(seq), "hidden_states": [rows]}
+    return c.compare_layers([3], [rec], ref)[0]
+
+
+def test_moe_neighbour_verdict_is_judged_against_rule_2():
+    """What an H200 saw on a DeepSeek-V3 model (a 7-token prompt: 0.14 against float32, HF
+    bf16 0.10, 0.5-0.7 against the neighbours) passes: rule 1's 5 x own-error margin failed it;
+    rows one layer off fail; neighbours within what rule 2 accepts are 'too close'."""
+    right = _moe_case(noise=0.1, spread=0.5)
+    assert 0.1 < right.err[0] < 0.2 and min(right.prev[0], right.next[0]) > 0.4, right.to_dict()
+    assert right.ok and right.neighbour == "right", right.failures
+    assert not c.neighbour_far(min(right.prev[0], right.next[0]), right.err[0])  # rule 1's margin
+    shifted = _moe_case(noise=0.1, spread=0.5, shift=1)
+    assert not shifted.ok and shifted.neighbour == "matches 4", shifted.to_dict()
+    close = _moe_case(noise=0.1, spread=0.2)
+    assert close.neighbour == "too close", close.to_dict()
+    assert any("what rule 2 accepts" in f for f in close.failures), close.failures
