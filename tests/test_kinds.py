@@ -24,11 +24,14 @@ from hsdump.capture.families import (
     KIND_CPU_TEST,
     KIND_RULES,
     V23,
+    IdRule,
     check_kinds,
     family_of,
     kind_rule,
 )
 from hsdump.config import CaptureConfig, register_configs, to_config
+
+K_NONE = IdRule("X.set_dflash_layers_to_capture", "none", "a test's")
 
 
 def cap(**kw) -> CaptureConfig:
@@ -109,7 +112,8 @@ def test_serving_ids_per_rule():
     assert K.serving_ids(ds, [2, 31, 59]) == [1, 30, 58]  # first id 1: every id shifts
     assert K.serving_ids(ds, [1, 31, 59]) is None  # id 1 would be shifted: not servable
     assert kind_rule("DeepseekV3ForCausalLM", "dflash", V23).shift == "plus1"  # always shifts
-    assert K.serving_ids(kind_rule("Qwen3_5ForCausalLM", "dflash", V23), [2, 5]) == [2, 5]
+    assert K.serving_ids(kind_rule("Qwen3_5ForCausalLM", "dflash", V23), [2, 5]) == [1, 4]
+    assert K.serving_ids(K_NONE, [2, 5]) == [2, 5]  # a class taking the stack's own indices
     for arch, rules in KIND_RULES[V23].items():  # every rule maps its ids back to the layers
         for kind, rule in rules.items():
             for layers in ([2, 3, 4], [2, 15, 27], [3, 31, 59], [5, 9]):
@@ -217,31 +221,55 @@ def test_recorded_setters_are_sglangs():
     """The code reading KIND_RULES records, checked against the installed SGLang: for each
     architecture, the class that owns the method SGLang calls for each kind, and its shift (the
     `val + 1` of a +1 setter, the first-id test of DeepSeek-V2's EAGLE-3 setter); and that no
-    verified class has a DSpark hook of its own (DSPARK then goes to its DFlash setter)."""
+    verified class has a DSpark hook of its own (DSPARK then goes to its DFlash setter). The
+    class is the one SGLang registers (the file whose EntryClass names it); a module the CPU
+    build cannot import is read from its source."""
     script = r"""
-import importlib, inspect, json, re, sys
+import ast, importlib, inspect, json, re, sys
 from pathlib import Path
 from hsdump.capture.patch import prepare_process
 prepare_process("cpu")
 import sglang
 models = Path(sglang.__file__).parent / "srt" / "models"
 from hsdump.capture.families import KIND_RULES
+def source_class(name, path):
+    # where `path` (the subclass's file) imports it from: its own file first, then any
+    for p in [path] + sorted(models.glob("*.py")):
+        text = p.read_text()
+        for n in ast.parse(text).body:
+            if isinstance(n, ast.ClassDef) and n.name == name:
+                return text, n, p
+    return None
 out = {}
 for arch in KIND_RULES["0.5.23"]:
+    # the file SGLang registers the class from (its EntryClass), where two files define it
     hits = [p for p in sorted(models.glob("*.py")) if re.search(rf"^class {arch}\(", p.read_text(), re.M)]
+    hits.sort(key=lambda p: not re.search(rf"^EntryClass\s*=[^=]*?\b{arch}\b", p.read_text(), re.M | re.S))
     try:
         mod = importlib.import_module("sglang.srt.models." + hits[0].stem)
-    except Exception as e:  # a module the CPU build cannot import (qwen3_5: a GPU kernel)
-        out[arch] = {"error": f"{type(e).__name__}: {e}"[:200]}
-        continue
-    cls = getattr(mod, arch)
-    got = {}
+        cls = getattr(mod, arch)
+    except Exception:  # the CPU build cannot import it (qwen3_5*: a GPU kernel): its source
+        cls = None
+    got = {} if cls is not None else {"from_file": True}
     for kind in ("eagle3", "dflash", "dspark"):
-        fn = getattr(cls, f"set_{kind}_layers_to_capture", None)
-        if fn is None:
-            continue
-        src = inspect.getsource(fn)
-        owner = fn.__qualname__.split(".")[0]
+        name = f"set_{kind}_layers_to_capture"
+        if cls is not None:
+            fn = getattr(cls, name, None)
+            if fn is None:
+                continue
+            src, owner = inspect.getsource(fn), fn.__qualname__.split(".")[0]
+        else:  # the class, then its first base, each where it is defined
+            found, src = source_class(arch, hits[0]), None
+            while found is not None and src is None:
+                text, node, where = found
+                defs = [f for f in node.body if isinstance(f, ast.FunctionDef) and f.name == name]
+                if defs:
+                    src, owner = ast.get_source_segment(text, defs[0]), node.name
+                else:
+                    bases = [b.id for b in node.bases if isinstance(b, ast.Name)]
+                    found = source_class(bases[0], where) if bases else None
+            if src is None:
+                continue
         if "language_model.set_" in src:  # delegates: read the language model's
             owner += " -> delegates"
         shift = "first_id_1" if "[0] == 1" in src else "plus1" if "+ 1 for" in src else "none"
@@ -255,9 +283,8 @@ print("JSON" + json.dumps(out))
     assert p.returncode == 0, p.stderr[-3000:]
     got = json.loads(p.stdout.split("JSON", 1)[1])
     for arch, rules in KIND_RULES[V23].items():
-        if "error" in got[arch]:
-            assert arch.startswith("Qwen3_5"), got[arch]  # read from the file only
-            continue
+        if got[arch].pop("from_file", False):  # only Qwen3.5's modules do not import
+            assert arch.startswith("Qwen3_5"), arch
         assert "dspark" not in got[arch], arch
         for kind in ("eagle3", "dflash"):
             rule = rules.get(kind)
@@ -282,7 +309,7 @@ print("JSON" + json.dumps(out))
         # DeepSeek-V3: DFlash ids shift by 1, EAGLE-3 ids only when the first is 1
         ("deepseek_v3", "dflash", [2, 3, 5]),
         ("deepseek_v3", "eagle3", [3, 4, 5]),
-        # Qwen3.5's text class takes the stack's own indices (no shift): read from the code only
+        # Qwen3.5's text class (qwen3_5_text.py; its module does not import on the CPU)
         ("qwen3_5", "dflash", [2, 3, 5]),
     ],
 )

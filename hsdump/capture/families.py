@@ -253,9 +253,9 @@ def _eagle3(owner: str, shift: str = "plus1") -> Dict[str, IdRule]:
     return {"eagle3": IdRule(f"{owner}.set_eagle3_layers_to_capture", shift, READ)}
 
 
-def _read(owner: str, eagle3_shift: str = "plus1", shift: str = "plus1") -> Dict[str, IdRule]:
+def _read(owner: str, eagle3_shift: str = "plus1") -> Dict[str, IdRule]:
     """Rules read from SGLang's code (tests/test_kinds.py checks each setter's owner class)."""
-    return {**_eagle3(owner, eagle3_shift), **_dflash_family(owner, READ, READ, shift)}
+    return {**_eagle3(owner, eagle3_shift), **_dflash_family(owner, READ, READ)}
 
 
 KIND_RULES: Dict[str, Dict[str, Dict[str, IdRule]]] = {
@@ -279,9 +279,10 @@ KIND_RULES: Dict[str, Dict[str, Dict[str, IdRule]]] = {
         "Qwen3VLMoeForConditionalGeneration": _read("Qwen3VLForConditionalGeneration"),
         "Qwen3_5ForConditionalGeneration": _read("Qwen3VLForConditionalGeneration"),
         "Qwen3_5MoeForConditionalGeneration": _read("Qwen3VLForConditionalGeneration"),
-        # the text classes take the stack's own indices: no shift for either kind
-        "Qwen3_5ForCausalLM": _read("Qwen3_5ForCausalLM", eagle3_shift="none", shift="none"),
-        "Qwen3_5MoeForCausalLM": _read("Qwen3_5ForCausalLM", eagle3_shift="none", shift="none"),
+        # the text classes SGLang registers are qwen3_5_text.py's (qwen3_5.py's class of the
+        # same name is the VL wrappers' stack, which takes its own indices unshifted)
+        "Qwen3_5ForCausalLM": _read("Qwen3_5ForCausalLM"),
+        "Qwen3_5MoeForCausalLM": _read("Qwen3_5ForCausalLM"),
         "GptOssForCausalLM": _read("GptOssForCausalLM"),
         "Gemma4ForConditionalGeneration": _read("Gemma4ForConditionalGeneration"),
         # DeepSeek-V2's EAGLE-3 setter shifts only when the first id is 1; its DFlash setter always
