@@ -601,7 +601,9 @@ def run_all(a) -> int:  # noqa: C901 - one pipeline, read top to bottom
     def run(name, cmd, env=None, done=None, check=True):
         return P.run(name, [str(c) for c in cmd], env, done, check)
 
-    data = Path(a.data).resolve()
+    data = w / "data"  # a copy: the checkout may be synced again while this runs
+    if not (data / "heldout.jsonl").exists():
+        shutil.copytree(Path(a.data).resolve(), data, dirs_exist_ok=True)
     env = {"HSDUMP_CACHE": str(w / "cache"), "PYTHONUNBUFFERED": "1"}
     cpu = a.device == "cpu"
     os.environ["HSDUMP_CACHE"] = env["HSDUMP_CACHE"]
