@@ -735,8 +735,9 @@ def run_all(a) -> int:  # noqa: C901 - one pipeline, read top to bottom
             P.save()
             table(argparse.Namespace(results=str(P.res), json=None))
         if not a.keep_exports:  # disk: the drafters are trained, their records can go
-            for name in names:
-                shutil.rmtree(ex / name, ignore_errors=True)
+            for name in names:  # (hsdump_export.json stays: the ids, and a resumed run's marker)
+                for rows in (ex / name).glob("rows_*"):
+                    shutil.rmtree(rows, ignore_errors=True)
     P.save()
     table(argparse.Namespace(results=str(P.res), json=None))
     return 0
