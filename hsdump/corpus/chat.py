@@ -123,51 +123,6 @@ def incremental_spans(
     return text, spans
 
 
-_PROBE_TOOLS = [
-    {
-        "type": "function",
-        "function": {
-            "name": "hsdump_probe_tool",
-            "description": "probe",
-            "parameters": {"type": "object", "properties": {}},
-        },
-    }
-]
-_PROBE_REPLY = {"role": "assistant", "content": "hsdump-probe-reply"}
-_KEEPING: dict = {}
-
-
-def keeping_templates(tok, field: str) -> List[str]:
-    """The shipped templates that render `field` (`tools` or `reasoning_content`), found by
-    rendering a probe conversation with and without it, whose special markers are single
-    tokens of `tok` (hsdump.corpus.coherence)."""
-    from hsdump.corpus.coherence import template_markers
-
-    key = (field, getattr(tok, "name_or_path", ""), len(tok))
-    if key in _KEEPING:
-        return _KEEPING[key]
-    user = {"role": "user", "content": "hsdump-probe-user"}
-    found = []
-    for name in shipped_templates():
-        template = (TEMPLATES / name).read_text()
-        if field == "tools":
-            with_it, without = ([user, _PROBE_REPLY], _PROBE_TOOLS), ([user, _PROBE_REPLY], None)
-        else:
-            thought = {**_PROBE_REPLY, "reasoning_content": "hsdump-probe-reasoning"}
-            with_it, without = ([user, thought], None), ([user, _PROBE_REPLY], None)
-        try:
-            a = render_template(tok, template, *with_it)[0]
-            b = render_template(tok, template, *without)[0]
-            markers = template_markers(tok, template)
-        except Exception:  # noqa: BLE001 - a template that refuses the probe keeps nothing
-            continue
-        ids = [tok.convert_tokens_to_ids(m) for m in markers]
-        if a != b and all(isinstance(i, int) and i != tok.unk_token_id for i in ids):
-            found.append(name)
-    _KEEPING[key] = found
-    return found
-
-
 def chat_spans(
     tok, messages, tools=None, template: Optional[str] = None
 ) -> Tuple[str, List[Tuple[int, int]]]:

@@ -19,7 +19,7 @@ import logging
 import re
 from typing import List, Optional, Sequence
 
-from hsdump.corpus.chat import chat_template_of, render_template
+from hsdump.corpus.chat import TEMPLATES, chat_template_of, render_template, shipped_templates
 from hsdump.errors import Refusal
 
 log = logging.getLogger(__name__)
@@ -110,3 +110,46 @@ def check_tokenizer(
                 "model.chat_template to use the checkpoint's own template, or name one "
                 "written for this tokenizer"
             )
+
+
+_PROBE_TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "hsdump_probe_tool",
+            "description": "probe",
+            "parameters": {"type": "object", "properties": {}},
+        },
+    }
+]
+_PROBE_REPLY = {"role": "assistant", "content": "hsdump-probe-reply"}
+_KEEPING: dict = {}
+
+
+def keeping_templates(tok, field: str) -> List[str]:
+    """The shipped templates that render `field` (`tools` or `reasoning_content`), found by
+    rendering a probe conversation with and without it, whose special markers are single
+    tokens of `tok`."""
+    key = (field, getattr(tok, "name_or_path", ""), len(tok))
+    if key in _KEEPING:
+        return _KEEPING[key]
+    user = {"role": "user", "content": "hsdump-probe-user"}
+    found = []
+    for name in shipped_templates():
+        template = (TEMPLATES / name).read_text()
+        if field == "tools":
+            with_it, without = ([user, _PROBE_REPLY], _PROBE_TOOLS), ([user, _PROBE_REPLY], None)
+        else:
+            thought = {**_PROBE_REPLY, "reasoning_content": "hsdump-probe-reasoning"}
+            with_it, without = ([user, thought], None), ([user, _PROBE_REPLY], None)
+        try:
+            a = render_template(tok, template, *with_it)[0]
+            b = render_template(tok, template, *without)[0]
+            markers = template_markers(tok, template)
+        except Exception:  # noqa: BLE001 - a template that refuses the probe keeps nothing
+            continue
+        ids = [tok.convert_tokens_to_ids(m) for m in markers]
+        if a != b and all(isinstance(i, int) and i != tok.unk_token_id for i in ids):
+            found.append(name)
+    _KEEPING[key] = found
+    return found

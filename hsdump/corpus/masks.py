@@ -12,7 +12,8 @@ from __future__ import annotations
 
 from typing import Any, Dict, List, Tuple
 
-from hsdump.corpus.chat import chat_spans, keeping_templates, render_template, require_template
+from hsdump.corpus.chat import chat_spans, render_template, require_template
+from hsdump.corpus.coherence import keeping_templates
 from hsdump.corpus.formats import BadRow
 
 
