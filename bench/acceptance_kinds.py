@@ -657,7 +657,7 @@ def run_all(a) -> int:  # noqa: C901 - one pipeline, read top to bottom
         serve_new_tokens=a.serve_new_tokens))  # fmt: skip
     P.save()
 
-    def serve(name, algorithm=None, drafter=None):
+    def serve_cmd(name, algorithm=None, drafter=None):
         cmd = _py(HERE / "acceptance.py", "serve", "--target", target,
                   "--heldout", data / "heldout.jsonl", "--name", name,
                   "--json", P.res / f"serve-{name}.json",
@@ -670,14 +670,40 @@ def run_all(a) -> int:  # noqa: C901 - one pipeline, read top to bottom
             cmd += ["--drafter", str(drafter), "--algorithm", algorithm]
             if a.eager_drafters:
                 cmd.append("--eager")
-        rc = run(f"serve-{name}", cmd, env=env, done=P.res / f"serve-{name}.json", check=False)
-        if rc and drafter and not a.eager_drafters:  # the draft's CUDA graphs, if they fail
-            rc = run(f"serve-{name}-eager", [*cmd, "--eager"], env=env,
-                     done=P.res / f"serve-{name}.json", check=False)  # fmt: skip
-        return rc
+        return cmd
 
-    if not cpu:  # plain first: the reference every row is compared with
-        serve("plain")
+    def serve_together(items):
+        """The engines start together (their start is not timed) and are timed one at a time
+        while the others wait idle (acceptance.py serve's --ready/--go/--release); each row
+        goes into the table as soon as it is measured. A drafter whose CUDA graphs fail is
+        served again alone, without them."""
+        gate = w / "gate"
+        shutil.rmtree(gate, ignore_errors=True)
+        gate.mkdir(parents=True)
+        todo = [it for it in items if not (P.res / f"serve-{it[0]}.json").exists()]
+        ts = {}
+        for name, algorithm, drafter in todo:
+            cmd = [*serve_cmd(name, algorithm, drafter), "--ready", gate / f"ready-{name}",
+                   "--go", gate / f"go-{name}", "--release", gate / "release"]  # fmt: skip
+            ts[name] = acc._thread(run, f"serve-{name}", cmd, env, None, False)[0]
+        for name, t in ts.items():
+            while t.is_alive() and not (gate / f"ready-{name}").exists():
+                time.sleep(0.5)
+        for name, t in ts.items():
+            (gate / f"go-{name}").write_text("go\n")
+            while t.is_alive() and not (P.res / f"serve-{name}.json").exists():
+                time.sleep(0.5)
+            table(argparse.Namespace(results=str(P.res), json=None))
+        (gate / "release").write_text("done\n")
+        for t in ts.values():
+            t.join()
+        for name, algorithm, drafter in todo:
+            if drafter and not a.eager_drafters and not (P.res / f"serve-{name}.json").exists():
+                run(f"serve-{name}-eager", [*serve_cmd(name, algorithm, drafter), "--eager"],
+                    env=env, done=P.res / f"serve-{name}.json", check=False)  # fmt: skip
+        P.save()
+        table(argparse.Namespace(results=str(P.res), json=None))
+
     kinds = [k for k in KINDS if k in a.kinds.split(",")]
     for kind in kinds:
         names = {f"{kind}-default": "default", f"{kind}-layer_off": "layer_off"}
@@ -729,11 +755,9 @@ def run_all(a) -> int:  # noqa: C901 - one pipeline, read top to bottom
                   _py(me, "export", "--kind", kind, "--ckpt", steps[name][step],
                       "--draft-config", cfg, "--out", served, "--target", target),
                   env=env, done=served / "config.json")  # fmt: skip
-        for name in names:
-            if not cpu:
-                serve(name, ALGORITHM[kind], w / "served" / name)
-            P.save()
-            table(argparse.Namespace(results=str(P.res), json=None))
+        if not cpu:  # the plain target (every row's reference) with the first kind
+            serve_together([("plain", None, None)] + [
+                (n, ALGORITHM[kind], w / "served" / n) for n in names])  # fmt: skip
         if not a.keep_exports:  # disk: the drafters are trained, their records can go
             for name in names:  # (hsdump_export.json stays: the ids, and a resumed run's marker)
                 for rows in (ex / name).glob("rows_*"):
@@ -806,12 +830,12 @@ def main(argv=None) -> int:
     p.add_argument("--max-new-tokens", type=int, default=512, help="regeneration")
     p.add_argument("--regen-kv-tokens", type=int, default=2_500_000)
     p.add_argument("--capture-kv-tokens", type=int, default=300_000)
-    p.add_argument("--train-budget-s", type=float, default=120, help="per kind, both runs")
+    p.add_argument("--train-budget-s", type=float, default=100, help="per kind, both runs")
     p.add_argument("--log-interval", type=int, default=20)
     p.add_argument("--serve-new-tokens", type=int, default=256)
     p.add_argument("--serve-limit", type=int, default=None, help="held-out prompts served")
     p.add_argument("--batch1", type=int, default=8)
-    p.add_argument("--mem-fraction", type=float, default=0.5)
+    p.add_argument("--mem-fraction", type=float, default=0.3, help="each of 3 engines at once")
     p.add_argument(
         "--eager-drafters",
         action="store_true",
