@@ -625,8 +625,7 @@ def run_all(a) -> int:  # noqa: C901 - one pipeline, read top to bottom
         "dflash": dflash_default(L),
         "dspark": dflash_default(L),
     }
-    # a key the empty kind_layers map lacks: Hydra adds it with "+"
-    lay = lambda k, xs: f"+capture.kind_layers.{k}=[" + ",".join(map(str, xs)) + "]"  # noqa: E731
+    lay = lambda k, xs: f"capture.kind_layers.{k}=[" + ",".join(map(str, xs)) + "]"  # noqa: E731
     common = [
         *model, "engine=cpu" if cpu else "engine=gpu", f"dataset.max_seq_len={a.max_length}",
         "dataset.on_bad_row=skip", "dataset.num_proc=8", "output.overwrite=false",

@@ -148,9 +148,10 @@ class CaptureConfig:
     """Drafter kinds the capture feeds (hsdump.capture.kinds): eagle3, dflash, dspark. Unset
     capture.layers: the union of their layers; capture.final gains the final states they
     need (dspark: post_norm). `hsdump export --kind` picks one kind's out of the capture."""
-    kind_layers: Dict[str, List[int]] = field(default_factory=dict)
+    kind_layers: Dict[str, Optional[List[int]]] = field(default_factory=dict)
     """A kind's own layers instead of its default for the model's depth, e.g.
-    capture.kind_layers.dflash=[2,8,14,20,28]."""
+    capture.kind_layers.dflash=[2,8,14,20,28] (null: the default; conf/capture/default.yaml
+    names every kind, so the override needs no leading `+`)."""
 
     def __post_init__(self) -> None:
         bad = [k for k in self.final if k not in FINAL_KINDS]
@@ -165,6 +166,7 @@ class CaptureConfig:
                 f"capture.kinds={kinds}: list each of {', '.join(DRAFTER_KINDS)} at most once, "
                 "e.g. capture.kinds=[eagle3,dflash,dspark]"
             )
+        self.kind_layers = {k: list(v) for k, v in self.kind_layers.items() if v is not None}
         unknown = [k for k in self.kind_layers if k not in self.kinds]
         if unknown:
             raise Refusal(

@@ -86,6 +86,18 @@ def test_union_of_kinds_and_their_finals():
     )
 
 
+def test_kind_layers_on_the_command_line():
+    """`capture.kind_layers.<kind>=[...]` as the docs write it (no leading `+`): every kind's key
+    is in conf/capture/default.yaml, null meaning the kind's default."""
+    register_configs()
+    c = to_config(
+        compose_config("capture.kinds=[eagle3,dflash]", "capture.kind_layers.dflash=[6,2,4]")
+    ).capture
+    assert c.kind_layers == {"dflash": [6, 2, 4]}
+    assert K.capture_layers(c, None, 8)[1]["dflash"] == [2, 4, 6]
+    assert to_config(compose_config()).capture.kind_layers == {}
+
+
 def test_refusals_name_the_fix():
     with pytest.raises(ValueError, match=r"capture.kinds=\['medusa'\].*eagle3, dflash, dspark"):
         cap(kinds=["medusa"])
