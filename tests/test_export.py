@@ -688,7 +688,10 @@ def test_a_kind_the_capture_lacks_is_refused_naming_the_reextraction(tmp_path):
             final_state="pre_norm",
             progress=False,
         )
-    with pytest.raises(ex.ExportError, match="speculators takes --kind eagle3, dflash .SGLang refuses speculators-trained DSpark"):
+    with pytest.raises(
+        ex.ExportError,
+        match="speculators takes --kind eagle3, dflash .SGLang refuses speculators-trained DSpark",
+    ):
         ex.export(str(no_post), str(tmp_path / "x"), "speculators", kind="dspark", progress=False)
     for d in ("d", "s", "x"):
         assert not (tmp_path / d).exists()  # refused before DEST is made
