@@ -584,7 +584,7 @@ class CaptureEngine:
                 # a finished task holds its sample's rows: these names kept the last one alive
                 # through the next wait, after the writer had written it (one sample, 0.81 GB
                 # at 32K x 8B, measured with bench/mem_bench.py --caller-only)
-                done = task = None
+                done = task = result = None
         finally:
             for task in inflight:
                 task.cancel()
