@@ -548,6 +548,7 @@ def mode_hsdump(
     with storage fp8, if "fp8" is in `storages`), one engine. b8 runs on the first samples
     holding `fp8_tokens` tokens (0: all of b's). `on_partial(seq, results)` is called after
     each of them, so that a run cut short keeps what it measured."""
+    from hsdump.capture.base import Request
     from hsdump.capture.start import rows_manifest, start
     from hsdump.store.writer import DatasetWriter
 
@@ -561,7 +562,7 @@ def mode_hsdump(
 
     def sids(items):  # request ids must not repeat within one engine
         sid_base[0] += 1_000_000
-        return [(sid_base[0] + i, s) for i, s in enumerate(items)]
+        return [Request(sid_base[0] + i, s, [1] * len(s)) for i, s in enumerate(items)]
 
     def to_disk(samples: List[List[int]], storage: str) -> dict:
         """Capture + DatasetWriter(dtype=storage), timed until close() has committed all."""
@@ -574,11 +575,8 @@ def mode_hsdump(
             t = time.time()
             writer = DatasetWriter(ds_dir, manifest, **WRITER_OPTS)
 
-            def sink(sid, ids, hs, bad):
-                writer.add(sid, ids, [1] * len(ids), hs, nonfinite=bad)
-
             try:
-                eng.run(sids(samples), sink)
+                eng.run(sids(samples), writer.add_sample)
                 t_run = time.time() - t
             finally:
                 t_c = time.time()
@@ -622,14 +620,14 @@ def mode_hsdump(
         for w in loads:
             res = {}
             t = time.time()
-            eng.run(sids(w.warm), lambda *a: None)
+            eng.run(sids(w.warm), lambda s: None)
             res["warmup_s"] = time.time() - t
 
             got = [0, 0]
 
-            def null_sink(sid, ids, hs, bad):
+            def null_sink(s):
                 got[0] += 1
-                got[1] += hs[0].shape[0]
+                got[1] += s.layers[0].shape[0]
 
             idle = mon.reset()
             walls = []

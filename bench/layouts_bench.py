@@ -69,6 +69,7 @@ def throughput(
     port: Optional[int],
 ) -> dict:
     """port None: hsdump chooses it (serving.dp_attention_port under DP attention)."""
+    from hsdump.capture.base import Request
     from hsdump.capture.layers import read_model_info
     from hsdump.capture.start import engine_preset, start
     from hsdump.testing.models import prompts as random_prompts
@@ -86,19 +87,20 @@ def throughput(
     res = {"prompts": n, "length": length, "chunked_prefill_size": chunk, "layers": layers}
     count = {"n": 0}
 
-    def sink(sid, ids, hs, bad):  # capture only: the rows are dropped
+    def sink(s):  # capture only: the rows are dropped
         count["n"] += 1
 
     with start(model, layers, ec, tp_size=tp, info=info) as eng:
         res["engine_start_s"] = round(time.time() - t0, 1)
         t = time.time()
-        eng.run(list(enumerate(prompts[: max(n // 8, 8)])), sink)  # warm-up (kernel JIT)
+        warm = prompts[: max(n // 8, 8)]
+        eng.run([Request(i, p) for i, p in enumerate(warm)], sink)  # warm-up (kernel JIT)
         res["warmup_s"] = round(time.time() - t, 1)
         res["runs_tokens_per_s"] = []
         for _ in range(repeat):
             count["n"] = 0
             t = time.time()
-            eng.run(list(enumerate(prompts)), sink)
+            eng.run([Request(i, p) for i, p in enumerate(prompts)], sink)
             dt = time.time() - t
             assert count["n"] == n, (count["n"], n)
             res["runs_tokens_per_s"].append(round(n * length / dt))

@@ -458,6 +458,7 @@ def caller_run(a) -> int:
 
     from hsdump.capture import engine as engmod
     from hsdump.capture import rows as rowsmod
+    from hsdump.capture.base import CaptureSpec, Request
     from hsdump.config import OutputConfig
     from hsdump.pipeline import rows_in_flight
     from hsdump.store import writer as writermod
@@ -543,7 +544,15 @@ def caller_run(a) -> int:
         _drive = drive
 
     eng = object.__new__(Engine)  # CaptureEngine's state as __init__ leaves it, minus SGLang
+    spec = CaptureSpec(
+        model_path="bench",
+        model=NS(dtype="bfloat16"),
+        engine=NS(inflight_tokens=a.inflight_tokens),
+        layers=tuple(range(slots)),
+        info=NS(hidden_size=hidden),
+    )
     eng.__dict__.update(
+        spec=spec,
         _engine=FakeSGLang(),
         _rx=rx,
         _slot=list(range(slots)),
@@ -607,7 +616,7 @@ def caller_run(a) -> int:
     ids = lambda n, i: [100 + (i + j) % 30000 for j in range(n)]  # noqa: E731
     out_dir = a.out_dir or tempfile.gettempdir()
     try:
-        eng.run([(base + i, ids(256, i)) for i in range(2)], lambda *x: None)  # warm-up
+        eng.run([Request(base + i, ids(256, i)) for i in range(2)], lambda s: None)  # warm-up
         base += 2
         threading.Thread(target=sampler, name="mem-sampler", daemon=True).start()
         for seq, n in seqs:
@@ -629,18 +638,18 @@ def caller_run(a) -> int:
             )
             state["writer"] = w
 
-            def sink(sid, input_ids, hs, bad):  # as the pipeline's and mem_bench's sinks
+            def sink(s):  # as the pipeline's and mem_bench's sinks
                 busy["add"] += 1
-                tr.mark(hs, "writer")
+                tr.mark(s.layers, "writer")
                 try:
-                    w.add(sid, input_ids, [1] * len(input_ids), hs, nonfinite=bad)
+                    w.add_sample(s)
                 finally:
                     busy["add"] -= 1
                 if variant == "trim":
                     libc.malloc_trim(0)
 
             t0 = time.time()
-            eng.run([(base + i, ids(seq, i)) for i in range(n)], sink)
+            eng.run([Request(base + i, ids(seq, i), [1] * seq) for i in range(n)], sink)
             w.close()
             wall = time.time() - t0
             state["writer"] = None
@@ -912,6 +921,7 @@ def main(argv=None) -> int:
     from hsdump.store.writer import DatasetWriter
 
     bench._prepare(a.device)
+    from hsdump.capture.base import Request
     from hsdump.capture.start import rows_manifest, start
 
     model = a.model if a.device == "cuda" else "tiny-llama"
@@ -948,10 +958,10 @@ def main(argv=None) -> int:
         # warm-up (JIT), then the idle baseline: engine up, nothing in flight
         eng.run(
             [
-                (base + i, torch.randint(100, hi, (min(seqs)[0],), generator=g).tolist())
+                Request(base + i, torch.randint(100, hi, (min(seqs)[0],), generator=g).tolist())
                 for i in range(2)
             ],
-            lambda *x: None,
+            lambda s: None,
         )
         base += 2
         for seq, n in seqs:
@@ -967,12 +977,12 @@ def main(argv=None) -> int:
             w = DatasetWriter(ds, manifest, shard_bytes=out.shard_bytes, threads=out.writer_threads)
             sampler.writer = w
 
-            def sink(sid, ids, hs, bad):
-                tracker.mark(hs, "writer")  # counted by the writer's host_bytes from here
-                w.add(sid, ids, [1] * len(ids), hs, nonfinite=bad)
+            def sink(s):
+                tracker.mark(s.layers, "writer")  # counted by the writer's host_bytes from here
+                w.add_sample(s)
 
             t = time.time()
-            eng.run([(base + i, s) for i, s in enumerate(samples)], sink)
+            eng.run([Request(base + i, s, [1] * len(s)) for i, s in enumerate(samples)], sink)
             w.close()
             wall = time.time() - t
             base += n

@@ -38,6 +38,7 @@ def main(argv=None) -> int:
     a = ap.parse_args(argv)
 
     import bench
+    from hsdump.capture.base import Request
     from hsdump.capture.layers import read_model_info, resolve_layers
     from hsdump.capture.start import engine_preset, start
 
@@ -82,7 +83,7 @@ def main(argv=None) -> int:
         res["same_tokens"] = out["h"] == out["s"]  # greedy: expected, not guaranteed (batching)
         full = [(i, p + g_) for i, (p, g_) in enumerate(zip(prompts, out["h"]))]
         t = time.perf_counter()
-        eng.run(full, lambda *x: None)
+        eng.run([Request(i, ids) for i, ids in full], lambda s: None)
         dt = time.perf_counter() - t
         res["c"] = {
             "s": dt,

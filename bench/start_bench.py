@@ -96,6 +96,7 @@ def child(a) -> int:
         engine,  # noqa: F401  (hsdump's engine module, timed here)
         serving,
     )
+    from hsdump.capture.base import Request
     from hsdump.capture.start import start
 
     mark("imported")
@@ -121,13 +122,13 @@ def child(a) -> int:
     def timed(samples, one_by_one=False):
         got = [0]
 
-        def sink(sid, ids, hs, bad):
-            got[0] += len(ids)
+        def sink(s):
+            got[0] += len(s.input_ids)
 
         t = time.perf_counter()
         batches = [[s] for s in samples] if one_by_one else [samples]
         for b in batches:
-            eng.run([(base[0] + i, s) for i, s in enumerate(b)], sink)
+            eng.run([Request(base[0] + i, s) for i, s in enumerate(b)], sink)
             base[0] += len(b)
         dt = time.perf_counter() - t
         n = sum(len(s) for s in samples)

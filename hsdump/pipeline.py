@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
-from hsdump.capture.base import REFUSED, Engine, EngineDied
+from hsdump.capture.base import REFUSED, CapturedSample, CaptureSpec, Engine, EngineDied, Request
 from hsdump.capture.dry import KIND as DRY
 from hsdump.capture.families import Family, check_kinds, check_verified, installed_sglang
 from hsdump.capture.kinds import capture_layers, manifest_kinds
@@ -36,6 +36,7 @@ from hsdump.capture.layers import (
     read_model_info,
 )
 from hsdump.capture.nodes import NodeLayout, find_layout
+from hsdump.capture.start import open_engine
 from hsdump.config import Config, OutputConfig
 from hsdump.corpus.chat import chat_template_of, template_sha256
 from hsdump.corpus.coherence import check_tokenizer
@@ -650,23 +651,19 @@ def start_engine(cfg: Config, model: Model, job: Job) -> Engine:
     t = time.time()
     try:
         with contextlib.nullcontext() if dry else sglang_output(verbose):
-            if dry:
-                from hsdump.capture.dry import DryEngine as EngineClass
-            else:  # the sglang import happens only now
-                from hsdump.capture.engine import CaptureEngine as EngineClass
-
-            fault("engine_start")  # the kill point of a run whose engine is starting
-            engine: Engine = EngineClass(
-                model.path,
-                cfg.model,
-                engine_cfg,
-                model.layers,
-                model.info,
-                final=cfg.capture.final,
+            spec = CaptureSpec(
+                model_path=model.path,
+                model=cfg.model,
+                engine=engine_cfg,
+                layers=tuple(model.layers),
+                info=model.info,
+                final=tuple(job.writer.final),
                 generates=cfg.regenerate.enabled,
                 run_dir=cfg.output.dir,
                 job_tag=writer_tag(cfg.dist.num_jobs, cfg.dist.job_index),
             )
+            fault("engine_start")  # the kill point of a run whose engine is starting
+            engine: Engine = open_engine(spec)
     except BaseException:
         job.writer.close(commit=False)
         raise
@@ -679,7 +676,7 @@ def capture(cfg: Config, model: Model, corpus: Corpus, job: Job, engine: Engine)
     Returns (completed, stop signal name or None, EngineDied or None)."""
     from tqdm import tqdm
 
-    data, writer, summary, layers = corpus.data, job.writer, job.summary, model.layers
+    data, writer, summary = corpus.data, job.writer, job.summary
     log.info(
         "capture: %d samples (%s tokens) to go, %d already committed; engine started in %.1f s",
         len(job.todo),
@@ -697,33 +694,16 @@ def capture(cfg: Config, model: Model, corpus: Corpus, job: Job, engine: Engine)
             REFUSED,
         )
     bar = tqdm(total=len(job.todo), unit="sample", disable=not cfg.progress, dynamic_ncols=True)
-    pos = {data.ids[i]: i for i in job.todo}
     t_run = time.time()
-
-    masks: Dict[int, List[int]] = {}  # regenerated samples: their own masks and messages
-    convs: Dict[int, list] = {}
     first: List[tuple] = []  # check.logprob_samples: the first samples captured (id, input_ids)
 
-    def sink(sid, input_ids, hidden_states, nonfinite):
+    def sink(s: CapturedSample) -> None:
         fault("sample")
         if len(first) < cfg.check.logprob_samples:
-            first.append((sid, list(input_ids)))
-        mask = masks.pop(sid) if sid in masks else data.loss_mask[pos[sid]]
-        k = len(layers)
-        final = dict(zip(engine.final, hidden_states[k:]))  # [seq, H] each
+            first.append((s.sid, list(s.input_ids)))
         # the engine checked NaN/Inf on the device: the writer does not scan the rows again
-        # (final states: engine order -> the writer's order, that of capture.final)
-        bad = [j if j < k else k + writer.final.index(engine.final[j - k]) for j in nonfinite]
-        if writer.add(
-            sid,
-            input_ids,
-            mask,
-            hidden_states[:k],
-            final,
-            nonfinite=bad,
-            conversation=convs.pop(sid, None),
-        ):
-            summary.tokens += len(input_ids)
+        if writer.add_sample(s):
+            summary.tokens += len(s.input_ids)
         bar.update(1)
         el = max(time.time() - t_run, 1e-9)
         bar.set_postfix_str(
@@ -733,8 +713,6 @@ def capture(cfg: Config, model: Model, corpus: Corpus, job: Job, engine: Engine)
 
     def refused(sid: int, message: str) -> None:
         # a bad row: recorded (a resumed run goes past it), counted, the others go on
-        masks.pop(sid, None)
-        convs.pop(sid, None)
         writer.skip(sid, f"{REFUSED}: {message}", count_as=REFUSED)
         log.warning("sample %d is a bad row (%s): %s", sid, REFUSED, message)
         bar.update(1)
@@ -757,12 +735,10 @@ def capture(cfg: Config, model: Model, corpus: Corpus, job: Job, engine: Engine)
     ok, died, logprobs = False, None, {}
     try:
         if not cfg.regenerate.enabled:
-            samples = ((data.ids[i], data.input_ids[i]) for i in job.todo)
+            samples = (Request(data.ids[i], data.input_ids[i], data.loss_mask[i]) for i in job.todo)
             ok = engine.run(samples, sink, on_signal, refused=refused)
         else:
-            ok = regenerate_and_capture(
-                cfg, corpus, job, engine, sink, on_signal, masks, convs, bar, refused
-            )
+            ok = regenerate_and_capture(cfg, corpus, job, engine, sink, on_signal, bar, refused)
         if ok and first:  # before the engine closes: SGLang's own logprobs of those samples
             from hsdump.check_final import engine_logprobs
 
@@ -793,7 +769,7 @@ def capture(cfg: Config, model: Model, corpus: Corpus, job: Job, engine: Engine)
 
 
 def regenerate_and_capture(
-    cfg: Config, corpus: Corpus, job: Job, engine, sink, on_signal, masks, convs, bar, refused=None
+    cfg: Config, corpus: Corpus, job: Job, engine, sink, on_signal, bar, refused=None
 ) -> bool:
     """`regenerate.window` samples at a time: the target model rewrites their answers
     (hsdump.corpus.regenerate), each rewritten conversation becomes a sample under the dataset's length
@@ -834,9 +810,7 @@ def regenerate_and_capture(
                 job.writer.skip(sid, reason)  # counted in writer.skipped, summed by finish()
                 bar.update(1)
                 continue
-            masks[sid], convs[sid] = mask, new[sid]
-            batch.append((sid, ids))
-        # the sink (or `refused`) pops each one's mask and conv
+            batch.append(Request(sid, ids, mask, conversation=new[sid]))
         if not engine.run(batch, sink, on_signal, refused=refused):
             return False
     return True

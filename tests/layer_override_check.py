@@ -93,6 +93,7 @@ def main() -> int:
     from transformers import AutoModelForCausalLM
 
     import hsdump.capture.engine as he
+    from hsdump.capture.base import Request
     from hsdump.capture.start import engine_preset, start
     from hsdump.tiny import resolve_model_path
 
@@ -102,7 +103,7 @@ def main() -> int:
     ids = list(range(10, 50))
     got = {}
     with start(mp, layers, engine_preset("cpu")) as eng:
-        eng.run([(0, ids)], lambda sid, i, hs, bad: got.setdefault(sid, [h.float() for h in hs]))
+        eng.run([Request(0, ids)], lambda s: got.setdefault(s.sid, [h.float() for h in s.rows]))
     m = AutoModelForCausalLM.from_pretrained(mp, dtype=torch.float32)
     with torch.no_grad():
         ref = m(torch.tensor([ids]), output_hidden_states=True).hidden_states

@@ -31,13 +31,15 @@ def prompts(lengths, seed, first_id=0):
 
 def capture(model_path, layers, samples, final=(), **engine_over):
     """{sid: (input_ids, [rows per layer, then per final kind])} from one real CPU engine."""
+    from hsdump.capture.base import Request
     from hsdump.capture.start import start
 
     got = {}
     eng = start(model_path, layers, cpu_engine_config(**engine_over), final=final)
     try:
         eng.run(
-            samples, lambda sid, ids, hs, bad: got.__setitem__(sid, (ids, [h.clone() for h in hs]))
+            [Request(sid, ids) for sid, ids in samples],
+            lambda s: got.__setitem__(s.sid, (s.input_ids, [h.clone() for h in s.rows])),
         )
     finally:
         eng.close()
@@ -116,9 +118,9 @@ def test_final_layer_states_match_transformers(llama_run, tiny_llama):
         for sid, ids in samples["final"]:
             with torch.no_grad():
                 hs_ref = model(torch.tensor([ids]), output_hidden_states=True).hidden_states
-            _, rows = got[sid]  # layers first, then final states in FINAL_KINDS order
+            _, rows = got[sid]  # layers first, then final states in FINAL's (the spec's) order
             assert len(rows) == len(LAYERS) + 2
-            layer3, pre, post = rows[LAYERS.index(3)], rows[-2], rows[-1]
+            layer3, post, pre = rows[LAYERS.index(3)], rows[-2], rows[-1]
             assert rel_err(layer3, hs_ref[3][0]) < 0.02
             assert rel_err(pre, seen["pre"]) < 0.02, "pre_norm: the last layer's raw output"
             assert rel_err(post, seen["post"]) < 0.02, "post_norm: after the final norm"
@@ -135,6 +137,7 @@ def test_nonfinite_rows_are_flagged_per_request(tiny_llama, tmp_path):
 
     from safetensors.torch import load_file, save_file
 
+    from hsdump.capture.base import Request
     from hsdump.capture.layers import read_model_info
     from hsdump.capture.start import start
     from hsdump.store.manifest import Manifest
@@ -156,7 +159,8 @@ def test_nonfinite_rows_are_flagged_per_request(tiny_llama, tmp_path):
     eng = start(str(bad_model), [3, 1], cpu_engine_config(), info=info, final=["post_norm"])
     try:
         eng.run(
-            samples, lambda sid, ids, hs, bad: got.__setitem__(sid, ([h.clone() for h in hs], bad))
+            [Request(sid, ids) for sid, ids in samples],
+            lambda s: got.__setitem__(s.sid, ([h.clone() for h in s.rows], s.nonfinite)),
         )
     finally:
         eng.close()

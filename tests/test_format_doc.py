@@ -30,6 +30,7 @@ import torch
 from safetensors import safe_open
 
 from hsdump import pipeline
+from hsdump.capture.base import CapturedSample
 from hsdump.capture.families import check_verified
 from hsdump.capture.layers import ModelInfo
 from hsdump.config import (
@@ -127,14 +128,17 @@ class Engine:
         self.final, self.stop_after, self.nonfinite = list(final), stop_after, set(nonfinite)
 
     def run(self, items, sink, on_signal, refused=None):
-        for k, (sid, ids) in enumerate(items):
+        for k, req in enumerate(items):
+            sid, ids = req.sid, req.input_ids
             if self.stop_after is not None and k >= self.stop_after:
                 return False
             g = torch.Generator().manual_seed(sid)
             rows = [
                 torch.randn(len(ids), H, generator=g) for _ in range(len(LAYERS) + len(self.final))
             ]
-            sink(sid, ids, rows, [0] if sid in self.nonfinite else [])
+            final = dict(zip(self.final, rows[len(LAYERS) :]))
+            bad = [0] if sid in self.nonfinite else []
+            sink(CapturedSample(sid, ids, req.loss_mask, rows[: len(LAYERS)], final, bad))
         return True
 
     def close(self):

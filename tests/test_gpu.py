@@ -49,6 +49,7 @@ def shared(tmp_path_factory):
 def capture(model_path: str, prompts, out, chunk: int, preset: str = "gpu") -> dict:
     """The prompts through the engine into a dataset at `out`, read back (`preset`: cpu runs
     this file's code on SGLang's CPU engine, by hand, for the Llama cases)."""
+    from hsdump.capture.base import Request
     from hsdump.capture.layers import read_model_info
     from hsdump.capture.start import engine_preset, rows_manifest, start
     from hsdump.store.reader import HsdumpDataset
@@ -63,8 +64,8 @@ def capture(model_path: str, prompts, out, chunk: int, preset: str = "gpu") -> d
         with start(model_path, LAYERS, ec, info=info) as eng:
             t1 = time.time()
             eng.run(
-                list(enumerate(prompts)),
-                lambda sid, ids, hs, bad: writer.add(sid, ids, [1] * len(ids), hs, nonfinite=bad),
+                [Request(sid, ids, [1] * len(ids)) for sid, ids in enumerate(prompts)],
+                writer.add_sample,
             )
             t2, version = time.time(), eng.version
     finally:

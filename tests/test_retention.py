@@ -17,6 +17,7 @@ from types import SimpleNamespace
 import torch
 
 from hsdump.capture import rows
+from hsdump.capture.base import CapturedSample, Request
 from hsdump.capture.engine import CaptureEngine
 from hsdump.capture.rows import Receiver, Sender
 
@@ -27,17 +28,18 @@ def test_drive_drops_a_sample_once_the_sink_has_it():
     eng._died, eng._aborted, eng._stop_requested, eng._wake = None, False, False, None
     refs, alive_later, sunk = {}, [], []
 
-    async def one(sid, ids):
+    async def one(req):
+        sid = req.sid
         await asyncio.sleep(0.02)  # _drive waits for this task meanwhile
         if sid > 0:  # the sink took sample sid - 1 and kept nothing of it
             alive_later.append(refs[sid - 1]() is not None)
         t = torch.zeros(8, 16)
         refs[sid] = weakref.ref(t)
-        return sid, ids, [t], []
+        return CapturedSample(sid, req.input_ids, None, [t])
 
     eng._one = one
-    samples = iter([(i, [1, 2, 3]) for i in range(4)])
-    assert asyncio.run(eng._drive(samples, lambda sid, ids, hs, bad: sunk.append(sid)))
+    samples = iter([Request(i, [1, 2, 3]) for i in range(4)])
+    assert asyncio.run(eng._drive(samples, lambda s: sunk.append(s.sid)))
     assert sunk == [0, 1, 2, 3]
     assert alive_later == [False, False, False]
 

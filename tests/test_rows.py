@@ -299,6 +299,7 @@ def test_sglang_takes_hsdumps_limit_and_refuses_one_more(smollm2, tok):
     reports the same longest prompt hsdump computed before it started, takes a prompt of
     exactly that length, and refuses one token more as a bad request that goes to `refused`
     while the samples beside it are captured."""
+    from hsdump.capture.base import Request
     from hsdump.capture.layers import engine_limit, read_model_info
     from hsdump.capture.start import start
     from hsdump.config import Config
@@ -315,8 +316,8 @@ def test_sglang_takes_hsdumps_limit_and_refuses_one_more(smollm2, tok):
     try:
         assert eng.max_prompt_tokens == limit.tokens
         ok = eng.run(
-            samples,
-            lambda sid, i, hs, bad: got.__setitem__(sid, [h.shape for h in hs]),
+            [Request(sid, ids) for sid, ids in samples],
+            lambda s: got.__setitem__(s.sid, [h.shape for h in s.rows]),
             refused=refusals.__setitem__,
         )
     finally:

@@ -8,13 +8,116 @@ for checking a launch, the sharding, resume and `verify` before spending GPU hou
 
 from __future__ import annotations
 
-from typing import Callable, Dict, Iterable, List, Optional, Protocol, Sequence, Tuple
+from dataclasses import dataclass, field
+from typing import (
+    TYPE_CHECKING,
+    Any,
+    Callable,
+    Dict,
+    Iterable,
+    List,
+    Optional,
+    Protocol,
+    Sequence,
+    Tuple,
+)
 
 import torch
 
-# sink(sample_id, input_ids, hidden_states, nonfinite): nonfinite lists the indices into
-# hidden_states whose rows hold NaN or Inf, found on the device where the rows were captured
-Sink = Callable[[int, List[int], List[torch.Tensor], List[int]], None]
+from hsdump.store.layout import FINAL_KINDS
+
+if TYPE_CHECKING:
+    from hsdump.capture.layers import ModelInfo
+    from hsdump.config import EngineConfig, ModelConfig
+
+
+@dataclass(frozen=True)
+class CaptureSpec:
+    """What every engine is built from, built once (by hsdump.pipeline or
+    hsdump.capture.start.start): the model folder and its settings, the engine's settings, the
+    captured layers (the user's order) and final kinds (the user's order: the writer's),
+    whether `generate` will be called, and where a multi-node engine hands its row keys."""
+
+    model_path: str
+    model: "ModelConfig"
+    engine: "EngineConfig"
+    layers: Tuple[int, ...]
+    info: "ModelInfo"
+    final: Tuple[str, ...] = ()
+    generates: bool = False
+    run_dir: Optional[str] = None
+    job_tag: str = ""
+
+    def __post_init__(self):
+        object.__setattr__(self, "layers", tuple(int(x) for x in self.layers))
+        object.__setattr__(self, "final", tuple(self.final))
+        unknown = [k for k in self.final if k not in FINAL_KINDS]
+        if unknown:
+            raise ValueError(f"final kinds {unknown}: use some of {', '.join(FINAL_KINDS)}")
+
+    @property
+    def engine_final(self) -> List[str]:
+        """The final kinds in the order an engine captures them (FINAL_KINDS order)."""
+        return [k for k in FINAL_KINDS if k in self.final]
+
+    def sample(self, req: "Request", rows: Sequence[torch.Tensor], bad: Iterable[int]):
+        """The CapturedSample of `req` from an engine's rows (one [seq, H] tensor per layer in
+        the spec's order, then one per final kind in `engine_final` order) and `bad`, the
+        indices into those rows that hold NaN/Inf."""
+        k, engine_final = len(self.layers), self.engine_final
+        if len(rows) != k + len(engine_final):
+            raise ValueError(
+                f"sample {req.sid}: {len(rows)} rows, not {k} layers + {len(engine_final)} final"
+            )
+        final = dict(zip(engine_final, rows[k:]))
+        return CapturedSample(
+            sid=req.sid,
+            input_ids=list(req.input_ids),
+            loss_mask=req.loss_mask,
+            conversation=req.conversation,
+            layers=list(rows[:k]),
+            final={kind: final[kind] for kind in self.final},
+            nonfinite=sorted(
+                j if j < k else k + self.final.index(engine_final[j - k]) for j in bad
+            ),
+        )
+
+
+@dataclass
+class Request:
+    """One sample to capture: its id, token ids and loss mask (None: rows not meant for a
+    dataset, as the benchmarks drive an engine), and the conversation it was made from when the
+    target model regenerated its answers (stored with the sample)."""
+
+    sid: int
+    input_ids: List[int]
+    loss_mask: Optional[List[int]] = None
+    conversation: Optional[list] = None
+
+
+@dataclass
+class CapturedSample:
+    """A captured Request: everything the writer takes (DatasetWriter.add_sample). `layers`: one
+    [seq, H] tensor per captured layer in the spec's order; `final`: {kind: [seq, H]} in the
+    spec's final order; `nonfinite`: the indices into layers + final (that order) whose rows
+    hold NaN/Inf, found on the device where the rows were captured."""
+
+    sid: int
+    input_ids: List[int]
+    loss_mask: Optional[List[int]]
+    layers: List[torch.Tensor]
+    final: Dict[str, torch.Tensor] = field(default_factory=dict)
+    nonfinite: List[int] = field(default_factory=list)
+    conversation: Optional[Any] = None
+
+    @property
+    def rows(self) -> List[torch.Tensor]:
+        """The layers' rows, then the final states' (the spec's final order)."""
+        return [*self.layers, *self.final.values()]
+
+
+# sink(sample): each captured sample, in the order the engine finishes them
+Sink = Callable[[CapturedSample], None]
 
 # on_stop_signal(name): SIGINT or SIGTERM arrived while the engine ran
 OnSignal = Optional[Callable[[str], None]]
@@ -47,22 +150,20 @@ class Engine(Protocol):
     """An open engine for one run: `run` (prefill and capture) and `generate` (regeneration),
     stopped by `request_stop` (samples in flight finish) or `abort` (at once), then `close`."""
 
-    final: List[str]
-    """The final-state kinds each sample's rows end with, in FINAL_KINDS order."""
+    spec: CaptureSpec
+    """What the engine was built from (its layers, final kinds, model, settings)."""
 
     max_prompt_tokens: Optional[int]
     """The longest prompt the running engine takes, as it says itself (None: not known)."""
 
     def run(
         self,
-        samples: Iterable[Tuple[int, List[int]]],
+        samples: Iterable[Request],
         sink: Sink,
         on_stop_signal: OnSignal = None,
         refused: Optional[Callable[[int, str], None]] = None,
     ) -> bool:
-        """Capture every (sample_id, input_ids) and hand each to `sink(sample_id, input_ids,
-        hidden_states, nonfinite)`: hidden_states is one [seq, H] tensor per captured layer in
-        the run's layer order, then one per final kind. A sample the engine refuses goes to
+        """Capture every Request and hand each to `sink` as a CapturedSample. A sample the engine refuses goes to
         `refused(sample_id, message)` and the others go on (without it: Refused is raised).
         False if `request_stop()` ended it early; KeyboardInterrupt after `abort()`;
         EngineDied if the engine died."""

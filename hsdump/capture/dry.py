@@ -27,8 +27,7 @@ from typing import Dict, Iterable, List, Optional, Sequence, Tuple
 
 import torch
 
-from hsdump.capture.base import OnSignal, Refused, Sink
-from hsdump.capture.layers import ModelInfo
+from hsdump.capture.base import CaptureSpec, OnSignal, Refused, Request, Sink
 from hsdump.store.layout import DRY, FINAL_KINDS, torch_dtype
 
 log = logging.getLogger(__name__)
@@ -58,29 +57,18 @@ def dry_rows(ids: Sequence[int], keys: Sequence[int], hidden: int, dtype) -> Lis
 
 
 class DryEngine:
-    """The `Engine` of `engine=dry` (see the module's docstring). The constructor takes what
-    CaptureEngine's takes; only the shapes, the layers and the pacing are used."""
+    """The `Engine` of `engine=dry` (see the module's docstring). It takes the CaptureSpec
+    CaptureEngine takes; only the shapes, the layers and the pacing are used."""
 
-    def __init__(
-        self,
-        model_path: str,
-        model_cfg,
-        engine_cfg,
-        layers: Sequence[int],
-        info: ModelInfo,
-        final: Sequence[str] = (),
-        generates: bool = False,
-        run_dir: Optional[str] = None,
-        job_tag: str = "",
-    ):
-        self.layers = list(layers)
-        self.final = [k for k in FINAL_KINDS if k in final]
+    def __init__(self, spec: CaptureSpec):
+        self.spec = spec
+        info, dtype = spec.info, spec.model.dtype
         self.hidden = info.hidden_size
-        self.dtype = torch_dtype(model_cfg.dtype if model_cfg.dtype != "auto" else "bfloat16")
-        self._keys = self.layers + [
-            info.num_hidden_layers + 1 + FINAL_KINDS.index(k) for k in self.final
+        self.dtype = torch_dtype(dtype if dtype != "auto" else "bfloat16")
+        self._keys = list(spec.layers) + [
+            info.num_hidden_layers + 1 + FINAL_KINDS.index(k) for k in spec.engine_final
         ]
-        self._tokens_per_s = float(getattr(engine_cfg, "dry_tokens_per_s", 0.0) or 0.0)
+        self._tokens_per_s = float(getattr(spec.engine, "dry_tokens_per_s", 0.0) or 0.0)
         self._stop = False
         self._aborted = False
         self.max_prompt_tokens: Optional[int] = None
@@ -129,25 +117,25 @@ class DryEngine:
     # ---------------------------------------------------------------- driving
     def run(
         self,
-        samples: Iterable[Tuple[int, List[int]]],
+        samples: Iterable[Request],
         sink: Sink,
         on_stop_signal: OnSignal = None,
         refused=None,
     ) -> bool:
         old = self._signals(on_stop_signal)
         try:
-            for sid, ids in samples:
+            for req in samples:
                 if self._stop:
                     break
-                if sid in self._refuse:
-                    e = Refused(sid, f"refused by {REFUSE_ENV} (engine=dry)")
+                if req.sid in self._refuse:
+                    e = Refused(req.sid, f"refused by {REFUSE_ENV} (engine=dry)")
                     if refused is None:
                         raise e
-                    refused(sid, e.reason)
+                    refused(req.sid, e.reason)
                     continue
-                ids = list(ids)
-                self._pace(len(ids))
-                sink(sid, ids, dry_rows(ids, self._keys, self.hidden, self.dtype), [])
+                self._pace(len(req.input_ids))
+                rows = dry_rows(req.input_ids, self._keys, self.hidden, self.dtype)
+                sink(self.spec.sample(req, rows, []))
             if self._aborted:
                 raise KeyboardInterrupt
             return not self._stop

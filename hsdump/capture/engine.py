@@ -17,7 +17,7 @@ import uuid
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Dict, Iterable, List, Optional, Sequence, Tuple
 
-from hsdump.capture.base import FORBID_ENV, EngineDied, Refused, Sink
+from hsdump.capture.base import FORBID_ENV, CaptureSpec, EngineDied, Refused, Request, Sink
 from hsdump.capture.families import family_of
 from hsdump.capture.layers import ModelInfo
 from hsdump.capture.nodes import (
@@ -201,29 +201,31 @@ def follow(
 
 
 class CaptureEngine:
-    """open -> run(samples, sink) -> close. Samples are (sample_id, input_ids). Implements
-    hsdump.capture.base.Engine with SGLang."""
+    """open -> run(requests, sink) -> close. Implements hsdump.capture.base.Engine with SGLang."""
 
-    def __init__(
-        self,
-        model_path: str,
-        model_cfg: "ModelConfig",
-        engine_cfg: "EngineConfig",
-        layers: Sequence[int],
-        info: ModelInfo,
-        final: Sequence[str] = (),
-        generates: bool = False,
-        run_dir: Optional[str] = None,
-        job_tag: str = "",
-    ):
-        """generates: the run will call `generate` (decode steps), not only `run` (prefill).
-        run_dir, job_tag: the output folder and the job's tag, where an engine over several
-        nodes hands its row keys to the other nodes (hsdump.capture.nodes.write_run_keys)."""
+    def __init__(self, spec: CaptureSpec):
+        """spec.generates: the run will call `generate` (decode steps), not only `run`
+        (prefill). spec.run_dir, spec.job_tag: the output folder and the job's tag, where an
+        engine over several nodes hands its row keys to the other nodes
+        (hsdump.capture.nodes.write_run_keys)."""
         forbid_engine()
+        self.spec = spec
+        model_path, model_cfg, engine_cfg, info = (
+            spec.model_path,
+            spec.model,
+            spec.engine,
+            spec.info,
+        )
+        layers, generates, run_dir, job_tag = (
+            spec.layers,
+            spec.generates,
+            spec.run_dir,
+            spec.job_tag,
+        )
         self.version = check_supported(info, engine_cfg, model_cfg)
         self.generates = generates
         self.layers = list(layers)
-        self.final = [k for k in FINAL_KINDS if k in final]
+        self.final = spec.engine_final
         self.hidden = info.hidden_size
         self.cfg = engine_cfg
         # aux rows arrive in ascending layer order, then the final states; this puts the
@@ -403,15 +405,13 @@ class CaptureEngine:
     # ---------------------------------------------------------------- driving
     def run(
         self,
-        samples: Iterable[Tuple[int, List[int]]],
+        samples: Iterable[Request],
         sink: Sink,
         on_stop_signal: Optional[Callable[[str], None]] = None,
         refused: Optional[Callable[[int, str], None]] = None,
     ) -> bool:
-        """Capture every sample and call `sink(sample_id, input_ids, hidden_states, nonfinite)`,
-        where hidden_states is K tensors [seq, H] in the order of `layers`, followed by one per
-        requested final state (in FINAL_KINDS order), in completion order, and nonfinite the
-        indices into hidden_states of the tensors that hold NaN/Inf (checked on the device).
+        """Capture every Request and call `sink(CapturedSample)` in completion order (its
+        nonfinite indices found on the device, in the spec's order).
         `on_stop_signal(name)` is called on SIGINT / SIGTERM while it runs; `refused(sample_id,
         message)` for a sample SGLang refuses as a bad request (without it, run raises Refused).
         Returns False if `request_stop()` ended it early; raises KeyboardInterrupt after
@@ -518,7 +518,8 @@ class CaptureEngine:
         if self._aborted:
             raise KeyboardInterrupt
 
-    async def _one(self, sid: int, ids: List[int]):
+    async def _one(self, req: Request):
+        sid, ids = req.sid, list(req.input_ids)
         rid = f"hsdump-{self._tag}-{sid}"
         try:
             try:
@@ -539,11 +540,8 @@ class CaptureEngine:
             self._rx.discard(rid)
             raise
         # rows: one [seq, H] tensor per slot (sorted layers, then final) -> the user's order
-        return (
-            sid,
-            ids,
-            [rows[s] for s in self._slot],
-            [j for j, s in enumerate(self._slot) if s in bad],
+        return self.spec.sample(
+            req, [rows[s] for s in self._slot], [j for j, s in enumerate(self._slot) if s in bad]
         )
 
     async def _drive(self, samples, sink: Sink, refused=None) -> bool:
@@ -559,10 +557,9 @@ class CaptureEngine:
                     nxt = None
                 if nxt is None and not inflight:
                     return not self._stop_requested
-                while nxt is not None and (not inflight or used + len(nxt[1]) <= budget):
-                    sid, ids = nxt
-                    inflight[asyncio.ensure_future(self._one(sid, list(ids)))] = len(ids)
-                    used += len(ids)
+                while nxt is not None and (not inflight or used + len(nxt.input_ids) <= budget):
+                    inflight[asyncio.ensure_future(self._one(nxt))] = len(nxt.input_ids)
+                    used += len(nxt.input_ids)
                     nxt = next(samples, None)
                 if self._wake.done():
                     self._wake = asyncio.get_running_loop().create_future()
@@ -580,7 +577,7 @@ class CaptureEngine:
                             raise
                         refused(e.sid, e.reason)
                         continue
-                    sink(*result)
+                    sink(result)
                 # a finished task holds its sample's rows: these names kept the last one alive
                 # through the next wait, after the writer had written it (one sample, 0.81 GB
                 # at 32K x 8B, measured with bench/mem_bench.py --caller-only)

@@ -4,7 +4,7 @@ the dry one, built as an extraction builds it.
 
     ec = engine_preset("gpu", chunked_prefill_size=256)
     with start(model_path, [1, 3, 5], ec) as eng:
-        eng.run(enumerate(prompts), sink)
+        eng.run([Request(i, p) for i, p in enumerate(prompts)], sink)
 
 and `rows_manifest(model_path, [1, 3, 5])` is the manifest a DatasetWriter of those rows takes.
 
@@ -16,7 +16,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Optional, Sequence
 
-from hsdump.capture.base import Engine
+from hsdump.capture.base import CaptureSpec, Engine
 from hsdump.capture.dry import KIND as DRY
 from hsdump.capture.layers import ModelInfo, read_model_info
 from hsdump.command import config_dir
@@ -58,15 +58,25 @@ def start(
     hf_hidden_states_index convention) and the final kinds `final`; `engine.kind` dry gives the
     dry engine. Call from `if __name__ == "__main__":` code or a test: SGLang spawns processes.
     The engine is a context manager (closed on exit)."""
-    model_cfg = ModelConfig(path=model_path, tp_size=tp_size, dtype=dtype)
-    info = info or read_model_info(model_path)
-    if engine.kind == DRY:
+    spec = CaptureSpec(
+        model_path=model_path,
+        model=ModelConfig(path=model_path, tp_size=tp_size, dtype=dtype),
+        engine=engine,
+        layers=tuple(layers),
+        info=info or read_model_info(model_path),
+        final=tuple(final),
+        generates=generates,
+    )
+    return open_engine(spec)
+
+
+def open_engine(spec: CaptureSpec) -> Engine:
+    """The engine `spec` asks for, started: the dry one (engine.kind dry) or SGLang's."""
+    if spec.engine.kind == DRY:
         from hsdump.capture.dry import DryEngine as EngineClass
     else:  # the sglang import happens only now
         from hsdump.capture.engine import CaptureEngine as EngineClass
-    return EngineClass(
-        model_path, model_cfg, engine, list(layers), info, final=final, generates=generates
-    )
+    return EngineClass(spec)
 
 
 def rows_manifest(

@@ -301,6 +301,17 @@ class DatasetWriter:
         finally:
             self.timing["add_s"] += time.perf_counter() - t0
 
+    def add_sample(self, s) -> bool:
+        """`add` of an engine's hsdump.capture.base.CapturedSample (its ids, loss mask, layer
+        rows, final states, device-found NaN/Inf indices and conversation)."""
+        if s.loss_mask is None:
+            raise ValueError(
+                f"sample {s.sid}: no loss mask: build its Request with the sample's loss_mask"
+            )
+        return self.add(
+            s.sid, s.input_ids, s.loss_mask, s.layers, s.final, s.nonfinite, s.conversation
+        )
+
     def _add(
         self, sid, input_ids, loss_mask, hidden_states, final, nonfinite, conversation=None
     ) -> bool:
