@@ -6,7 +6,9 @@ the dry one, built as an extraction builds it.
     with start(model_path, [1, 3, 5], ec) as eng:
         eng.run([Request(i, p) for i, p in enumerate(prompts)], sink)
 
-and `rows_manifest(model_path, [1, 3, 5])` is the manifest a DatasetWriter of those rows takes.
+where `sink` gets each CapturedSample; `rows_manifest(model_path, [1, 3, 5])` is the manifest
+of a DatasetWriter that takes them (`writer.add_sample`, with each Request's loss mask).
+`open_engine(spec)` starts the engine a CaptureSpec asks for, as `hsdump.pipeline` does.
 
 No sglang import here: `hsdump.capture.engine` is imported only when SGLang's engine starts.
 """
