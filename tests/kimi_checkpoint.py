@@ -320,3 +320,15 @@ if __name__ == "__main__":
     out = Path(sys.argv[1])
     build(out, write_kimi_tokenizer, int4="--int4" in sys.argv)
     print(out)
+
+
+def preset_checkpoint(dest: Path, int4: bool) -> Path:
+    """The tiny Kimi-K2.5 checkpoint at 61 layers, with the chat template the release ships
+    beside tokenizer_config.json (`model=kimi_k25 model.path=<ckpt>` takes the checkpoint's own)."""
+    from hsdump.corpus.chat import template_path
+
+    if not (dest / "config.json").exists():
+        build(dest, write_kimi_tokenizer, int4=int4, num_layers=61)
+    if not (dest / "chat_template.jinja").exists():
+        (dest / "chat_template.jinja").write_text(template_path("kimi_k25.jinja").read_text())
+    return dest

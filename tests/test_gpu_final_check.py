@@ -22,7 +22,7 @@ import time
 import pytest
 import torch
 from gpu import run_extract, save, verify
-from kimi_checkpoint import build, write_kimi_tokenizer
+from kimi_checkpoint import preset_checkpoint
 
 pytestmark = [
     pytest.mark.gpu,
@@ -32,12 +32,9 @@ pytestmark = [
 
 
 def test_final_check_in_run_kimi_k25(tmp_path):
-    from hsdump.corpus.chat import template_path
-
     ckpt = tmp_path / "kimi-bf16"
     t0 = time.time()
-    build(ckpt, write_kimi_tokenizer, int4=False, num_layers=61)
-    (ckpt / "chat_template.jinja").write_text(template_path("kimi_k25.jinja").read_text())
+    preset_checkpoint(ckpt, int4=False)
     res = {"model": "Kimi-K2.5 tiny (bf16)", "build_s": round(time.time() - t0, 1)}
     out = tmp_path / "ds"
     t0 = time.time()

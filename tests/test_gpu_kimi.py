@@ -19,7 +19,7 @@ import time
 import pytest
 import torch
 from gpu import failures, records, run_extract, save, verify
-from kimi_checkpoint import build, reference_dir, write_kimi_tokenizer
+from kimi_checkpoint import preset_checkpoint, reference_dir
 
 pytestmark = [
     pytest.mark.gpu,
@@ -28,18 +28,6 @@ pytestmark = [
 ]
 
 PRESET_LAYERS = [3, 31, 59]
-
-
-def checkpoint(dest, int4: bool):
-    """The tiny Kimi-K2.5 checkpoint, with the chat template the release ships beside
-    tokenizer_config.json (`model=kimi_k25 model.path=<ckpt>` takes the checkpoint's own)."""
-    from hsdump.corpus.chat import template_path
-
-    if not (dest / "config.json").exists():
-        build(dest, write_kimi_tokenizer, int4=int4, num_layers=61)
-    if not (dest / "chat_template.jinja").exists():
-        (dest / "chat_template.jinja").write_text(template_path("kimi_k25.jinja").read_text())
-    return dest
 
 
 # SGLang 0.5.23's first INT4 forward on a fresh host JIT-builds its Marlin MoE kernels: the
@@ -51,7 +39,7 @@ def test_kimi_k25_checkpoint_through_the_preset(int4, tmp_path):
 
     mode = "int4" if int4 else "bf16"
     t0 = time.time()
-    ckpt = checkpoint(tmp_path / f"kimi-{mode}", int4)
+    ckpt = preset_checkpoint(tmp_path / f"kimi-{mode}", int4)
     res = {"int4": int4, "build_s": round(time.time() - t0, 1)}
     out = tmp_path / f"ds-{mode}"
     t0 = time.time()
