@@ -212,7 +212,7 @@ def run_config(a, kind: str, train_dir: Path, eval_dir, n_train: int, out: Path)
         num_epochs=a.epochs,
         batch_size=a.batch_size,
         attention_backend="sdpa",
-        save_interval=max(1, per_epoch // 2),
+        save_interval=a.save_interval or max(1, per_epoch // 2),
         log_interval=a.log_interval,
         seed=0,
         **TRAINING[kind],
@@ -721,6 +721,7 @@ def run_all(a) -> int:  # noqa: C901 - one pipeline, read top to bottom
                       "--epochs", a.epochs, "--eval-samples", a.eval_samples,
                       "--batch-size", a.batch_size, "--max-length", a.max_length,
                       "--num-workers", a.num_workers, "--log-interval", a.log_interval,
+                      "--save-interval", a.save_interval,
                       *(["--max-steps", a.max_steps] if a.max_steps else []),
                       *(["--cpu"] if cpu else []))  # fmt: skip
             if not (w / "train" / name / "train.json").exists():
@@ -787,6 +788,12 @@ def main(argv=None) -> int:
     def training_flags(p):
         p.add_argument("--epochs", type=int, default=2)
         p.add_argument("--max-steps", type=int, default=None)
+        p.add_argument(
+            "--save-interval",
+            type=int,
+            default=0,
+            help="checkpoint (and evaluate) every N steps (0: every half epoch)",
+        )
         p.add_argument("--eval-samples", type=int, default=100)
         p.add_argument("--batch-size", type=int, default=1)
         p.add_argument("--max-length", type=int, default=1024)
