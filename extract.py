@@ -7,7 +7,7 @@ with the same configs (this checkout's conf/, shipped inside the wheel as hsdump
 import hydra
 from omegaconf import DictConfig
 
-from hsdump.cli import extract_job, register_resolvers, run_app
+from hsdump.cli import extract_job, finish, register_resolvers, run_app
 from hsdump.config import register_configs
 
 register_configs()
@@ -20,4 +20,4 @@ def main(cfg: DictConfig) -> None:
 
 
 if __name__ == "__main__":  # required: SGLang spawns its scheduler processes
-    run_app(main)  # Hydra's usage errors exit 2, as docs/errors.md says
+    finish(run_app, main)  # Hydra's usage errors exit 2, as docs/errors.md says

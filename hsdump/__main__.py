@@ -4,9 +4,7 @@ Each dataset tool lives in its own module with a `main(argv) -> int` function; `
 Hydra app of extract.py.
 """
 
-import sys
-
-from hsdump.cli import main
+from hsdump.cli import finish, main
 
 if __name__ == "__main__":
-    sys.exit(main())
+    finish(main)

@@ -212,10 +212,40 @@ def main(argv: Optional[List[str]] = None) -> int:
     return int(module.main(rest) or 0)
 
 
+def finish(fn, *args) -> None:
+    """Run a command's entry function and end the process with its exit status, without the
+    interpreter's own teardown: the exit handlers run (atexit: multiprocessing's children,
+    logging, the libraries' own) and the streams are flushed, but the final garbage collection
+    of every module (torch's and SGLang's bindings: 5 s after a CPU extraction, 0.1 s without
+    it, measured 2026-12-03) is skipped. Everything the command writes is committed before its
+    function returns; an unexpected error still ends through Python's own path (traceback)."""
+    try:
+        code = fn(*args)
+    except SystemExit as e:
+        code = e.code
+    if code is None:
+        rc = 0
+    elif isinstance(code, int):
+        rc = code
+    else:  # sys.exit("message"), as Python does it: the message on stderr, status 1
+        print(code, file=sys.stderr)
+        rc = 1
+    import atexit
+
+    atexit._run_exitfuncs()
+    logging.shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    os._exit(rc)
+
+
 def console() -> None:
     """The console script's entry point."""
-    sys.exit(main())
+    finish(main)
 
 
 if __name__ == "__main__":
-    console()
+    finish(main)
