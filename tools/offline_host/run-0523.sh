@@ -319,7 +319,10 @@ specforge.export.to_sglang, specforge.export.to_hf; print('specforge imports')"
       if [ -f "$BG/pid" ] && kill -0 "$(cat "$BG/pid")" 2>/dev/null; then
         record bg 1 0 "a bg run is still going (pid $(cat "$BG/pid")): not started"
       else
+        # acck's results (served rows, the table) outlive a restart: run-all resumes from them
+        rm -rf "$BG.acck" && { [ ! -d "$BG/out/acck" ] || mv "$BG/out/acck" "$BG.acck"; }
         rm -rf "$BG" && mkdir -p "$BG/out"
+        [ ! -d "$BG.acck" ] || mv "$BG.acck" "$BG/out/acck"
         # shellcheck disable=SC2086
         SHARE_GPU=1 OUT="$BG/out" DEADLINE_S=${BG_DEADLINE_S:-1500} \
           setsid bash "$0" $group > "$BG/run.log" 2>&1 < /dev/null &
