@@ -89,10 +89,11 @@ FORK_ENV = "HSDUMP_TEST_FORK"
 class Forked:
     """A run forked by the server: what the tests use of subprocess.Popen (pid, returncode,
     poll, wait, communicate, kill, terminate, send_signal). Its output is a file, read when it
-    has exited; `communicate` returns (stdout + stderr, None)."""
+    has exited; `communicate` returns (stdout + stderr, None), or (stdout, stderr) when started
+    with `split`."""
 
-    def __init__(self, server: "_Server", cmd, out: str):
-        self.args, self._out, self._server = cmd, out, server
+    def __init__(self, server: "_Server", cmd, out: str, err: Optional[str] = None):
+        self.args, self._out, self._err, self._server = cmd, out, err, server
         self.pid: int = 0
         self.returncode: Optional[int] = None
         self._done = threading.Event()
@@ -109,11 +110,17 @@ class Forked:
 
     def communicate(self, timeout: Optional[float] = None):
         self.wait(timeout)
-        try:
-            with open(self._out, encoding="utf-8", errors="replace") as f:
-                return f.read(), None
-        finally:
-            os.unlink(self._out)
+        texts = []
+        for path in (self._out, self._err):
+            if path is None:
+                texts.append(None)
+                continue
+            try:
+                with open(path, encoding="utf-8", errors="replace") as f:
+                    texts.append(f.read())
+            finally:
+                os.unlink(path)
+        return tuple(texts)
 
     def send_signal(self, sig: int) -> None:
         if not self._done.is_set():
@@ -180,11 +187,16 @@ class _Server:
     def takes(self, env: Dict[str, str]) -> bool:
         return self.proc.poll() is None and same_outside_hsdump(env, self.env)
 
-    def start(self, cmd, *, cwd, env, new_session) -> Forked:
-        fd, out = tempfile.mkstemp(prefix="hsdump-run-", suffix=".log")
-        os.close(fd)
-        run = Forked(self, cmd, out)
-        req = {"argv": [str(c) for c in cmd[1:]], "env": env, "cwd": str(cwd), "out": out}
+    def start(self, cmd, *, cwd, env, new_session, split=False) -> Forked:
+        paths = []
+        for suffix in (".log", ".err")[: 2 if split else 1]:
+            fd, path = tempfile.mkstemp(prefix="hsdump-run-", suffix=suffix)
+            os.close(fd)
+            paths.append(path)
+        run = Forked(self, cmd, *paths)
+        req = {"argv": [str(c) for c in cmd[1:]], "env": env, "cwd": str(cwd), "out": paths[0]}
+        if split:
+            req["err"] = paths[1]
         with self.lock:
             req["id"] = rid = next(self.ids)
             self.pending[rid] = run
@@ -221,17 +233,25 @@ def fork_server() -> Optional[_Server]:
     return _servers[-1]
 
 
-def run_python_script(cmd, *, cwd, env, timeout, wait, new_session=False):
-    """`python SCRIPT ARGS` (cmd[0] is this interpreter): forked by the server when it can
-    take the environment, else run as `run` does; the same results."""
+def run_python_script(cmd, *, cwd, env, timeout, wait, new_session=False, split=False):
+    """`python SCRIPT ARGS` or `python -m MODULE ARGS` (cmd[0] is this interpreter): forked by
+    the server when it can take the environment, else run as `run` does; the same results."""
     server = fork_server()
     if server is None or not server.takes(env):
-        return run(cmd, cwd=cwd, env=env, timeout=timeout, wait=wait, new_session=new_session)
-    p = server.start(cmd, cwd=cwd, env=env, new_session=new_session)
+        return run(
+            cmd, cwd=cwd, env=env, timeout=timeout, wait=wait, new_session=new_session, split=split
+        )
+    p = server.start(cmd, cwd=cwd, env=env, new_session=new_session, split=split)
     if not wait:
         return p
-    rc, out, _ = _finish(p, cmd, timeout)
-    return rc, out
+    rc, out, err = _finish(p, cmd, timeout)
+    return (rc, out, err) if split else (rc, out)
+
+
+def _no_engine(args: Sequence, env: Dict[str, str]) -> bool:
+    """A run that starts no SGLang engine, so the fork server may run it: a dry run, or any run
+    of a test the engine guard keeps from starting one (tests/conftest.py: it would fail)."""
+    return DRY in [str(a) for a in args] or bool(env.get(FORBID_ENV))
 
 
 def python(
@@ -242,16 +262,15 @@ def python(
     timeout: float = 600,
     wait: bool = True,
     new_session: bool = False,
+    split: bool = False,
 ):
-    """`python ARGS` (this interpreter) from `cwd`."""
-    return run(
-        [sys.executable, *args],
-        cwd=cwd,
-        env=clean_env(env, fault),
-        timeout=timeout,
-        wait=wait,
-        new_session=new_session,
-    )
+    """`python ARGS` (this interpreter) from `cwd`; `python -m hsdump ...` forked (the fork
+    server) where it starts no engine. `split`: (returncode, stdout, stderr)."""
+    cmd, env = [sys.executable, *args], clean_env(env, fault)
+    kw = dict(cwd=cwd, env=env, timeout=timeout, wait=wait, new_session=new_session, split=split)
+    if list(args[:2]) == ["-m", "hsdump"] and _no_engine(args, env):
+        return run_python_script(cmd, **kw)
+    return run(cmd, **kw)
 
 
 def extract(
@@ -302,12 +321,23 @@ def hsdump(
     wait: bool = True,
     split: bool = False,
 ):
-    """The installed console script (this environment's bin/hsdump), as a user runs it;
-    `split`: (returncode, stdout, stderr)."""
+    """The installed console script (this environment's bin/hsdump), as a user runs it (the
+    fork server runs the script where it starts no engine); `split`: (returncode, stdout,
+    stderr)."""
+    script, env = Path(sys.executable).parent / "hsdump", clean_env(env)
+    if _no_engine(args, env):
+        return run_python_script(
+            [sys.executable, script, *args],
+            cwd=os.getcwd() if cwd is None else cwd,
+            env=env,
+            timeout=timeout,
+            wait=wait,
+            split=split,
+        )
     return run(
-        [Path(sys.executable).parent / "hsdump", *args],
+        [script, *args],
         cwd=cwd,
-        env=clean_env(env),
+        env=env,
         timeout=timeout,
         wait=wait,
         new_session=False,

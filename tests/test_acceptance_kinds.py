@@ -20,10 +20,13 @@ import os
 import subprocess
 import sys
 
+import pytest
 from factories import ROOT
 from test_export import _peer_root
 
 
+# the engine tier: SGLang's own drafter classes build and load the exports (SGLang decides)
+@pytest.mark.engine
 def test_specforge_exports_load_in_sglangs_drafter_classes(tmp_path):
     sf = _peer_root("HSDUMP_SPECFORGE_SRC")
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([sf, os.environ.get("PYTHONPATH", "")]))

@@ -1,10 +1,8 @@
 """`python -m hsdump preview`: rendered samples with the loss-masked tokens marked."""
 
 import re
-import subprocess
-import sys
 
-from factories import ROOT
+import harness
 
 from hsdump.tools.preview import groups
 from hsdump.tools.preview import main as preview_main
@@ -42,36 +40,12 @@ def test_preview_color_and_skipped_rows(tmp_path, capsys):
 
 
 def test_preview_errors_and_cli(tmp_path):
-    r = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "hsdump",
-            "preview",
-            "-n",
-            "1",
-            f"dataset.path={tmp_path / 'missing.jsonl'}",
-        ],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
+    missing = f"dataset.path={tmp_path / 'missing.jsonl'}"
+    rc, out, err = harness.python("-m", "hsdump", "preview", "-n", "1", missing, split=True)
+    assert rc == 2 and "no such file" in err, (out, err)
+    template = "model.chat_template=qwen3_nothink.jinja"
+    rc, out, err = harness.python(
+        "-m", "hsdump", "preview", "-n", "1", "--max-tokens", "30", template, split=True
     )
-    assert r.returncode == 2 and "no such file" in r.stderr
-    r = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "hsdump",
-            "preview",
-            "-n",
-            "1",
-            "--max-tokens",
-            "30",
-            "model.chat_template=qwen3_nothink.jinja",
-        ],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-    )
-    assert r.returncode == 0, r.stderr
-    assert "qwen3_nothink.jinja" in r.stdout and "more tokens" in r.stdout
+    assert rc == 0, err
+    assert "qwen3_nothink.jinja" in out and "more tokens" in out

@@ -18,13 +18,13 @@ def test_a_unit_is_a_file_except_in_the_spread_files():
 def test_a_file_runs_whole_on_one_worker_and_a_spread_file_test_by_test():
     """A real pytest-xdist run on two workers: each of two quick files ran whole on one worker
     (before 2026-12-02, pytest 9.2 + xdist 3.8's loadgroup split them test by test), and two
-    tests of the SPREAD file (its two that start no engine) ran on different workers: the first
+    tests of a SPREAD file (two quick ones that start no engine) ran on different workers: the first
     two units go to the two workers, which stock `--dist loadscope` (the file as one unit)
     would not do, so this fails if xdist does not use conftest's scheduler."""
-    fam = f"tests/{SPREAD[0]}"
+    kinds = f"tests/{SPREAD[1]}"  # two of its quickest tests (under a second each)
     spread = [
-        f"{fam}::test_unverified_class_is_refused_before_the_engine",
-        f"{fam}::test_readme_table_is_the_generated_one",
+        f"{kinds}::test_union_of_kinds_and_their_finals",
+        f"{kinds}::test_serving_ids_per_rule",
     ]
     files = ["tests/test_boundary.py", "tests/test_dist.py"]
     args = ["-m", "pytest", "-v", "-p", "no:cacheprovider", "-n", "2", "--dist", "loadscope"]

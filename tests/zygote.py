@@ -12,7 +12,7 @@ the one this server started with in HSDUMP_* variables alone (hsdump reads those
 not when it is imported), so what the imports saw is what the run would have seen.
 
 Protocol: one JSON object a line. In (stdin): {"id", "argv", "env", "cwd", "out",
-"new_session"}. Out (the stdout it started with): {"id", "pid"} when a child is forked,
+"new_session"} and optionally "err" (stderr's own file); argv[0] "-m" runs argv[1] as a module. Out (the stdout it started with): {"id", "pid"} when a child is forked,
 {"pid", "rc"} when it has exited (rc as subprocess.Popen.returncode: -N for signal N).
 EOF on stdin: the test process is gone; the server exits (its children run on).
 """
@@ -107,6 +107,10 @@ def child(req: dict, proto_out: int) -> None:
         os.dup2(out, 1)
         os.dup2(out, 2)
         os.close(out)
+        if req.get("err"):  # stderr to a file of its own (the harness's `split`)
+            err = os.open(req["err"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            os.dup2(err, 2)
+            os.close(err)
         null = os.open(os.devnull, os.O_RDONLY)
         os.dup2(null, 0)
         os.close(null)
@@ -119,10 +123,16 @@ def child(req: dict, proto_out: int) -> None:
         os.chdir(req["cwd"])
         os.environ.clear()
         os.environ.update(req["env"])
-        sys.argv = list(req["argv"])
-        sys.path[0] = os.path.dirname(os.path.abspath(sys.argv[0]))
+        argv = list(req["argv"])
         try:
-            runpy.run_path(sys.argv[0], run_name="__main__")
+            if argv[0] == "-m":  # `python -m MODULE ARGS`: the module as __main__, cwd on the path
+                sys.argv = [argv[1], *argv[2:]]  # run_module puts the module's file in argv[0]
+                sys.path[0] = os.getcwd()
+                runpy.run_module(argv[1], run_name="__main__", alter_sys=True)
+            else:
+                sys.argv = argv
+                sys.path[0] = os.path.dirname(os.path.abspath(sys.argv[0]))
+                runpy.run_path(sys.argv[0], run_name="__main__")
             code = 0
         except SystemExit as e:
             if e.code is None:
