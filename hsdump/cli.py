@@ -26,6 +26,7 @@ from typing import List, Optional
 
 from hsdump import __version__
 from hsdump.command import SUMMARY_ENV, config_dir, prog
+from hsdump.errors import hydra_usage_error
 
 log = logging.getLogger("hsdump")
 
@@ -111,14 +112,6 @@ def about_output(e: OSError, out_dir: str) -> bool:
     return os.path.commonpath([name, out]) in (name, out)
 
 
-def _hydra_usage_error(e: Optional[BaseException]) -> bool:
-    """Hydra's own refusal of the command line: an override it cannot parse, a key the config
-    has no place for or a value of the wrong type, a config group choice that does not exist."""
-    from hydra.errors import ConfigCompositionException, OverrideParseException, SearchPathException
-
-    return isinstance(e, (ConfigCompositionException, OverrideParseException, SearchPathException))
-
-
 def run_app(app) -> None:
     """Run a `hydra.main` app (extract.py's, `hsdump extract`'s) with docs/errors.md's exit
     statuses: Hydra's own usage errors (it prints them and exits 1) exit 2, as extract's own
@@ -127,11 +120,11 @@ def run_app(app) -> None:
         app()
     except SystemExit as e:
         # Hydra's run_and_report calls sys.exit(1) while handling the error: its context
-        if e.code == 1 and _hydra_usage_error(e.__context__):
+        if e.code == 1 and hydra_usage_error(e.__context__):
             raise SystemExit(2) from None
         raise
     except Exception as e:  # HYDRA_FULL_ERROR=1: Hydra re-raises instead of exiting
-        if not _hydra_usage_error(e):
+        if not hydra_usage_error(e):
             raise
         import traceback
 

@@ -10,6 +10,8 @@ another error, a library's ValueError included, is a failure with its traceback 
 
 from __future__ import annotations
 
+from typing import Optional
+
 
 class Refusal(ValueError):
     """Input hsdump refuses; the message says what to change."""
@@ -17,3 +19,11 @@ class Refusal(ValueError):
 
 class MissingInput(Refusal, FileNotFoundError):
     """A path the input names does not exist (or is not what it should be)."""
+
+
+def hydra_usage_error(e: Optional[BaseException]) -> bool:
+    """Hydra's own refusal of a command line: an override it cannot parse, a key the config has
+    no place for or a value of the wrong type, a config group choice that does not exist."""
+    from hydra.errors import ConfigCompositionException, OverrideParseException, SearchPathException
+
+    return isinstance(e, (ConfigCompositionException, OverrideParseException, SearchPathException))

@@ -143,3 +143,39 @@ def test_bad_input_is_raised_as_a_refusal():
         if n:
             found[str(p.relative_to(ROOT))] = n
     assert found == plain, found
+
+
+@pytest.mark.parametrize(
+    "tool, target, argv",
+    [
+        ("export", "export", ["OUT", "DEST", "--to", "messages"]),
+        ("inspect", "gather", ["OUT"]),
+        ("vocab", "_frequencies", ["OUT", "--draft-vocab-size", "8"]),
+        ("preview", "compose_config", ["-n", "1"]),
+        ("check", "check", ["OUT"]),
+    ],
+)
+def test_only_a_refusal_exits_2_from_the_tools(tool, target, argv, monkeypatch, capsys):
+    """A tool exits 2 for a refusal (and for a path it cannot read); another error, a
+    library's ValueError or KeyError included, is a failure with its traceback (exit 1 from the
+    command), not bad input."""
+    import importlib
+
+    from hsdump.errors import Refusal
+
+    module = importlib.import_module(f"hsdump.tools.{tool}")
+    for err in (ValueError("a library's error"), KeyError("k")):
+
+        def fail(*a, err=err, **k):
+            raise err
+
+        monkeypatch.setattr(module, target, fail)
+        with pytest.raises(type(err)):
+            module.main(list(argv))
+
+    def refuse(*a, **k):
+        raise Refusal("bad input; the fix")
+
+    monkeypatch.setattr(module, target, refuse)
+    assert module.main(list(argv)) == 2
+    assert "bad input; the fix" in capsys.readouterr().err

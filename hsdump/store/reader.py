@@ -55,9 +55,10 @@ def read_safetensors_header(path, root=None) -> dict:
     return header
 
 
-def _damaged(root, where: str, what: str) -> ValueError:
-    """The error for a damaged file of dataset `root` (`where`: the file, relative to it)."""
-    return ValueError(f"{Path(root) / where}: {what}; run `hsdump verify {root}` for every problem")
+def _damaged(root, where: str, what: str) -> Refusal:
+    """The error for a damaged file of dataset `root` (`where`: the file, relative to it): the
+    dataset named is not one hsdump can read, and the message says how to see every problem."""
+    return Refusal(f"{Path(root) / where}: {what}; run `hsdump verify {root}` for every problem")
 
 
 class HsdumpDataset(torch.utils.data.Dataset):

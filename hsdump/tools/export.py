@@ -585,7 +585,7 @@ def main(argv=None) -> int:
             kind=a.kind,
             allow_partial=a.allow_partial,
         )
-    except (ValueError, OSError, KeyError) as e:  # ExportError is a ValueError
+    except (Refusal, OSError) as e:  # bad input (ExportError is a Refusal), the paths named
         print(f"{prog('export')}: {e}", file=sys.stderr)
         return 2
     print(

@@ -20,6 +20,7 @@ from collections import Counter
 from pathlib import Path
 from typing import List, Sequence, Tuple
 
+from hsdump.errors import Refusal
 from hsdump.store.commits import read_manifest
 from hsdump.store.files import size_text as _size
 
@@ -334,7 +335,7 @@ def main(argv=None) -> int:
     a = p.parse_args(argv)
     try:
         facts, lengths, fracs = gather(a.out, progress=True)
-    except (OSError, ValueError, KeyError) as e:
+    except (Refusal, OSError) as e:  # only a refusal or the path named exits 2 (docs/errors.md)
         print(f"{prog('inspect')}: {e}", file=sys.stderr)
         return 2
     print(json.dumps(facts, indent=1) if a.json else format_facts(facts))

@@ -80,12 +80,15 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     color = args.color == "always" or (args.color == "auto" and sys.stdout.isatty())
 
+    from omegaconf.errors import OmegaConfBaseException
+
     from hsdump.capture.layers import check_length_limit, length_limit, read_model_info
     from hsdump.corpus.chat import chat_template_of, has_generation_markers
     from hsdump.corpus.formats import detect_format
     from hsdump.corpus.sources import load_rows
     from hsdump.corpus.tokenization import sample_fn
     from hsdump.corpus.tokenizer import load_tokenizer
+    from hsdump.errors import Refusal, hydra_usage_error
     from hsdump.tiny import resolve_model_path
 
     try:
@@ -100,7 +103,9 @@ def main(argv=None) -> int:
         tok = load_tokenizer(cfg.model, path)
         rows = load_rows(d)
         fmt, column = detect_format(rows, d)
-    except Exception as e:  # config, file or format errors: say what and stop
+    except Exception as e:  # a refusal, a path, an override: say what and stop (exit 2)
+        if not (isinstance(e, (Refusal, OSError, OmegaConfBaseException)) or hydra_usage_error(e)):
+            raise  # anything else is a failure with its traceback (exit 1): docs/errors.md
         print(f"hsdump preview: {e}", file=sys.stderr)
         return 2
     template = chat_template_of(tok)

@@ -161,7 +161,7 @@ def main(argv=None) -> int:
         counts, meta = _frequencies(out)
         v = _target_vocab_size(out, meta, args.target_vocab_size)
         d2t, t2d = build_mapping(counts, args.draft_vocab_size, v)
-    except (ValueError, OSError) as e:
+    except (Refusal, OSError) as e:  # only a refusal or the path named exits 2 (docs/errors.md)
         print(f"{prog('vocab')}: {e}", file=sys.stderr)
         return 2
     total = sum(counts.values())
