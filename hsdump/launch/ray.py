@@ -546,8 +546,6 @@ def main(argv=None) -> int:
         )
     num_gpus = args.num_gpus if args.num_gpus is not None else default_gpus(cfg)
     out_dir = Path(cfg.output.dir)
-    fault = os.environ.get("HSDUMP_RAY_FAULT", "")
-    fault_job, _, fault_spec = fault.partition(":")
 
     import ray
 
@@ -569,20 +567,19 @@ def main(argv=None) -> int:
         warning = check_fits(options)
         if warning:
             print(f"{PROG}: warning: {warning}", file=sys.stderr, flush=True)
-        return launch(
-            ray,
-            only,
-            num_jobs,
-            overrides,
-            env,
-            log_dir,
-            options,
-            out_dir,
-            fault_job,
-            fault_spec,
-            argv,
+        plan = Launch(
+            jobs=only,
+            num_jobs=num_jobs,
+            overrides=overrides,
+            env=env,
+            log_dir=log_dir,
+            options=options,
+            out_dir=out_dir,
+            argv=list(argv),
             nodes=cfg.dist.nodes_per_engine,
+            fault=os.environ.get("HSDUMP_RAY_FAULT", ""),
         )
+        return launch(ray, plan)
     finally:
         if owned:
             ray.shutdown()
@@ -641,21 +638,37 @@ def start_engine_tasks(ray, spec: JobSpec, nodes: int, options: Dict[str, Any], 
     return pg, refs
 
 
-def launch(
-    ray,
-    only,
-    num_jobs,
-    overrides,
-    env,
-    log_dir,
-    options,
-    out_dir,
-    fault_job,
-    fault_spec,
-    argv,
-    nodes: int = 1,
-) -> int:
+@dataclass(frozen=True)
+class Launch:
+    """What `launch` runs: checked by `main` before Ray is touched."""
+
+    jobs: List[int]  # the job indices to run (--only, or all)
+    num_jobs: int
+    overrides: List[str]  # every job's, output.dir absolute
+    env: Dict[str, str]  # the jobs' extra environment (--env)
+    log_dir: str
+    options: Dict[str, Any]  # Ray's task options (ray_options)
+    out_dir: Path
+    argv: List[str]  # the command as given: the report's rerun line
+    nodes: int = 1  # dist.nodes_per_engine
+    fault: str = ""  # HSDUMP_RAY_FAULT, "JOB:SPEC": that job's first attempt gets SPEC
+
+    def fault_once(self, job: int) -> str:
+        fault_job, _, spec = self.fault.partition(":")
+        return spec if fault_job.strip() == str(job) else ""
+
+
+def launch(ray, plan: Launch) -> int:
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    only, num_jobs, overrides, env = plan.jobs, plan.num_jobs, plan.overrides, plan.env
+    log_dir, options, out_dir, argv, nodes = (
+        plan.log_dir,
+        plan.options,
+        plan.out_dir,
+        plan.argv,
+        plan.nodes,
+    )
 
     here = ray.get_runtime_context().get_node_id()
     tracker = (
@@ -682,7 +695,7 @@ def launch(
             overrides=list(overrides),
             env=env,
             log_dir=log_dir,
-            fault_once=fault_spec if fault_job.strip() == str(i) else "",
+            fault_once=plan.fault_once(i),
         )
         if nodes > 1:
             groups[i], gang = start_engine_tasks(ray, spec, nodes, options, tracker)
