@@ -517,14 +517,19 @@ def collate(res: Path) -> dict:
     """One row per served engine; the plain run (same CUDA-graph setting) is the reference
     of `equal_to_plain` and of the speed-ups; per kind, drafter minus control per prompt."""
     runs = {p.stem[len("serve-") :]: json.loads(p.read_text()) for p in res.glob("serve-*.json")}
-    plain = runs.get("plain") or {}
-    ref = plain.get("outputs", {})
+    graphs = lambda r: not (r.get("engine") or {}).get("disable_cuda_graph", False)  # noqa: E731
+    plains = {graphs(r): r for n, r in runs.items() if n.startswith("plain")}
     rows = []
-    for name, r in sorted(runs.items(), key=lambda kv: (kv[0] != "plain", kv[0])):
+    for name, r in sorted(runs.items(), key=lambda kv: (not kv[0].startswith("plain"), kv[0])):
+        # outputs against the plain run with the same CUDA-graph setting, else any plain run;
+        # speed-ups only against the same setting (an eager drafter beside a graphed target
+        # measures the graphs, not the drafter)
+        same_plain = plains.get(graphs(r))
+        ref = (same_plain or plains.get(True) or plains.get(False) or {}).get("outputs", {})
         outs = r.get("outputs", {})
         same = sum(1 for k, v in outs.items() if ref.get(k) == v)
         pre = [acc._prefix(v, ref[k]) / max(1, len(ref[k])) for k, v in outs.items() if k in ref]
-        kind = name.split("-")[0] if name != "plain" else None
+        kind = None if name.startswith("plain") else name.split("-")[0]
         tr = res / f"train-{name}.json"
         pred = json.loads(tr.read_text()) if tr.exists() else {}
         row = dict(
@@ -541,11 +546,11 @@ def collate(res: Path) -> dict:
             predicted_from=pred.get("source"),
             trained_steps=pred.get("steps"),
             served_step=pred.get("served_step"),
-            cuda_graphs=not (r.get("engine") or {}).get("disable_cuda_graph", False),
+            cuda_graphs=graphs(r),
             engine_start_s=r.get("engine_start_s"),
         )
         for k in ("batch1", "batched"):
-            base = (plain.get("batch1" if k == "batch1" else "batched") or {}).get("tokens_per_s")
+            base = ((same_plain or {}).get(k) or {}).get("tokens_per_s")
             row[f"speedup_{k}"] = round(row[f"tokens_per_s_{k}"] / base, 3) if base else None
         rows.append(row)
     pairs = {}
@@ -661,7 +666,7 @@ def run_all(a) -> int:  # noqa: C901 - one pipeline, read top to bottom
         serve_new_tokens=a.serve_new_tokens))  # fmt: skip
     P.save()
 
-    def serve_cmd(name, algorithm=None, drafter=None):
+    def serve_cmd(name, algorithm=None, drafter=None, eager=False):
         cmd = _py(HERE / "acceptance.py", "serve", "--target", target,
                   "--heldout", data / "heldout.jsonl", "--name", name,
                   "--json", P.res / f"serve-{name}.json",
@@ -672,24 +677,28 @@ def run_all(a) -> int:  # noqa: C901 - one pipeline, read top to bottom
             cmd += ["--limit", str(a.serve_limit)]
         if drafter:
             cmd += ["--drafter", str(drafter), "--algorithm", algorithm]
-            if a.eager_drafters:
-                cmd.append("--eager")
+        if eager or (drafter and a.eager_drafters):
+            cmd.append("--eager")
         return cmd
 
-    def serve_together(items):
+    def serve_together(items, eager=False):
         """The engines start together (their start is not timed) and are timed one at a time
         while the others wait idle (acceptance.py serve's --ready/--go/--release); each row
-        goes into the table as soon as it is measured. A drafter whose CUDA graphs fail is
-        served again alone, without them."""
+        goes into the table as soon as it is measured. The drafters whose CUDA graphs fail
+        are served again without them, together, beside the plain target without them
+        (`plain_eager`, their speed-ups' reference). On the H200, 2026-12-03, SGLang 0.5.23's
+        EAGLE-3 draft graphs failed this way (its eagle_worker_v2 imports FlashMLA's backend
+        whatever the attention backend, and the host's bundle had no sgl-flash-mla)."""
         gate = w / "gate"
         shutil.rmtree(gate, ignore_errors=True)
         gate.mkdir(parents=True)
         todo = [it for it in items if not (P.res / f"serve-{it[0]}.json").exists()]
         ts = {}
         for name, algorithm, drafter in todo:
-            cmd = [*serve_cmd(name, algorithm, drafter), "--ready", gate / f"ready-{name}",
+            cmd = [*serve_cmd(name, algorithm, drafter, eager), "--ready", gate / f"ready-{name}",
                    "--go", gate / f"go-{name}", "--release", gate / "release"]  # fmt: skip
-            ts[name] = acc._thread(run, f"serve-{name}", cmd, env, None, False)[0]
+            step = f"serve-{name}" + ("-eager" if eager and drafter else "")
+            ts[name] = acc._thread(run, step, cmd, env, None, False)[0]
         for name, t in ts.items():
             while t.is_alive() and not (gate / f"ready-{name}").exists():
                 time.sleep(0.5)
@@ -701,10 +710,9 @@ def run_all(a) -> int:  # noqa: C901 - one pipeline, read top to bottom
         (gate / "release").write_text("done\n")
         for t in ts.values():
             t.join()
-        for name, algorithm, drafter in todo:
-            if drafter and not a.eager_drafters and not (P.res / f"serve-{name}.json").exists():
-                run(f"serve-{name}-eager", [*serve_cmd(name, algorithm, drafter), "--eager"],
-                    env=env, done=P.res / f"serve-{name}.json", check=False)  # fmt: skip
+        failed = [it for it in todo if it[2] and not (P.res / f"serve-{it[0]}.json").exists()]
+        if failed and not (eager or a.eager_drafters):
+            serve_together([("plain_eager", None, None), *failed], eager=True)
         P.save()
         table(argparse.Namespace(results=str(P.res), json=None))
 
