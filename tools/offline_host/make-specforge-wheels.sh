@@ -14,6 +14,11 @@
 # without USP attention.
 # The host installs them with `pip install --no-index --no-deps --target /tmp/site3 .whl-sf/*.whl`
 # (run-0523.sh install).
+# Also .whl-mla/ (ignored): sgl-flash-mla 1.0.0, a requirement of sglang 0.5.23 that the bundle
+# leaves out; SGLang's EAGLE-3 worker imports it when it captures its CUDA graphs (the H200 run
+# of 2026-12-03 failed there: No module named 'flash_mla'). 9.9 MB, a folder of its own so that
+# it can travel beside a smaller part; `run-0523.sh mla` stashes it, `install` puts it into
+# /tmp/site523 with --no-deps.
 set -euo pipefail
 ROOT=$(git rev-parse --show-toplevel); cd "$ROOT"
 PY=${PYTHON:-python3}
@@ -22,5 +27,11 @@ grep -qx '/.whl-sf/' .git/info/exclude 2>/dev/null || git check-ignore -q .whl-s
 git check-ignore -q .whl-sf/x.whl || { echo ".whl-sf/ is not ignored by git" >&2; exit 1; }
 "$PY" -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation py \
   -d .whl-sf "specforge==0.2.0" "accelerate==1.15.0"
-ls -la .whl-sf
-du -sh .whl-sf
+mkdir -p .whl-mla
+grep -qx '/.whl-mla/' .git/info/exclude 2>/dev/null || git check-ignore -q .whl-mla || echo '/.whl-mla/' >> .git/info/exclude
+git check-ignore -q .whl-mla/x.whl || { echo ".whl-mla/ is not ignored by git" >&2; exit 1; }
+"$PY" -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+  --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
+  -d .whl-mla "sgl-flash-mla==1.0.0"
+ls -la .whl-sf .whl-mla
+du -sh .whl-sf .whl-mla

