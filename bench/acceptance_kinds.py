@@ -4,7 +4,9 @@ SmolLM2-135M-Instruct rewrites ShareGPT prompts (`regenerate=last`, as bench/acc
 one hsdump capture of the union of the kinds' layers and both final states (`capture=all_kinds`)
 feeds EAGLE-3, DFlash and DSpark; a second capture, of the same rewritten conversations with
 every kind's layers one off, feeds the controls. For each kind (DFlash first, then EAGLE-3, then
-DSpark: the order of value), `hsdump export --to specforge --kind K` writes SpecForge 0.2.0's
+DSpark: the order of value; EAGLE-3 also gets the wrong-template control of bench/acceptance.py:
+the same conversations captured with deepseek_v3.jinja, hsdump's template check switched off),
+`hsdump export --to specforge --kind K` writes SpecForge 0.2.0's
 offline records, SpecForge's own trainer (`specforge train --config`, offline mode
 `data.hidden_states_path`, its recipe's settings) trains the drafter and its control, SpecForge's
 own export writes the served folder (`specforge export --to sglang` for EAGLE-3; `--to hf` for
@@ -49,6 +51,8 @@ KINDS = ("dflash", "eagle3", "dspark")  # run order: by value
 ALGORITHM = {"eagle3": "EAGLE3", "dflash": "DFLASH", "dspark": "DSPARK"}
 EXPORT_TO = {"eagle3": "sglang", "dflash": "hf", "dspark": "hf"}
 SERVED_STEPS = 3  # EAGLE-3's speculative_num_steps (acceptance.SPEC)
+ENGINES_AT_ONCE = 3  # serving engines started together (--mem-fraction 0.3 each)
+WRONG_TEMPLATE = "deepseek_v3.jinja"  # EAGLE-3's template control (acceptance.py's, 0.5.17)
 
 # SpecForge's recipes (sgl-project/SpecForge at the 0.2.0 release line):
 #  EAGLE-3: its generated draft (one Llama layer, draft vocabulary 32000) and
@@ -555,9 +559,11 @@ def collate(res: Path) -> dict:
         rows.append(row)
     pairs = {}
     for k in KINDS:
-        d, c = runs.get(f"{k}-default"), runs.get(f"{k}-layer_off")
+        d, c, t = (runs.get(f"{k}-{v}") for v in ("default", "layer_off", "template"))
         if d and c:
             pairs[k] = acc.paired({"default": d, "layer_off": c})["layer_off"]
+        if d and t:  # EAGLE-3's wrong-template control
+            pairs[f"{k}-template"] = acc.paired({"default": d, "template": t})["template"]
     return dict(rows=rows, drafter_minus_control=pairs)
 
 
@@ -660,6 +666,15 @@ def run_all(a) -> int:  # noqa: C901 - one pipeline, read top to bottom
               *([] if cpu else [f"engine.max_total_tokens={a.capture_kv_tokens}"]),
               f"output.dir={ds / 'layer_off'}"),
           env=env, done=ds / "layer_off" / "index.json")  # fmt: skip
+    template = "eagle3" in a.kinds.split(",") and not a.no_template_control
+    if template:  # EAGLE-3's wrong-template control: the same conversations, another template
+        run("extract-template",
+              _py(HERE / "acceptance.py", "extract-unchecked", *common, f"dataset.path={msgs}",
+                  "dataset.format=messages", "regenerate=none", "capture.kinds=[eagle3]",
+                  "capture.final=[post_norm]", f"model.chat_template={WRONG_TEMPLATE}",
+                  *([] if cpu else [f"engine.max_total_tokens={a.capture_kv_tokens}"]),
+                  f"output.dir={ds / 'template'}"),
+              env=env, done=ds / "template" / "index.json")  # fmt: skip
     P.facts.update(acc.env_facts(), datasets=acc.dataset_facts(ds), sizing=dict(
         samples=a.samples, epochs=a.epochs, eval_samples=a.eval_samples,
         train_budget_s=a.train_budget_s, heldout=a.serve_limit or "all",
@@ -719,6 +734,8 @@ def run_all(a) -> int:  # noqa: C901 - one pipeline, read top to bottom
     kinds = [k for k in KINDS if k in a.kinds.split(",")]
     for kind in kinds:
         names = {f"{kind}-default": "default", f"{kind}-layer_off": "layer_off"}
+        if kind == "eagle3" and template:
+            names[f"{kind}-template"] = "template"
         for name, src in names.items():
             run(f"export-{name}", [*hsd, "export", ds / src, ex / name, "--to", "specforge",
                                      "--kind", kind, "--no-progress"], env=env,
@@ -769,8 +786,10 @@ def run_all(a) -> int:  # noqa: C901 - one pipeline, read top to bottom
                       "--draft-config", cfg, "--out", served, "--target", target),
                   env=env, done=served / "config.json")  # fmt: skip
         if not cpu:  # the plain target (every row's reference) with the first kind
-            serve_together([("plain", None, None)] + [
-                (n, ALGORITHM[kind], w / "served" / n) for n in names])  # fmt: skip
+            items = [("plain", None, None)] + [
+                (n, ALGORITHM[kind], w / "served" / n) for n in names]  # fmt: skip
+            for i in range(0, len(items), ENGINES_AT_ONCE):  # --mem-fraction each
+                serve_together(items[i : i + ENGINES_AT_ONCE])
         if not a.keep_exports:  # disk: the drafters are trained, their records can go
             for name in names:  # (hsdump_export.json stays: the ids, and a resumed run's marker)
                 for rows in (ex / name).glob("rows_*"):
@@ -851,7 +870,9 @@ def main(argv=None) -> int:
     p.add_argument("--max-new-tokens", type=int, default=512, help="regeneration")
     p.add_argument("--regen-kv-tokens", type=int, default=2_500_000)
     p.add_argument("--capture-kv-tokens", type=int, default=300_000)
-    p.add_argument("--train-budget-s", type=float, default=100, help="per kind, both runs")
+    p.add_argument(
+        "--train-budget-s", type=float, default=100, help="per kind, its runs side by side"
+    )
     p.add_argument("--log-interval", type=int, default=20)
     p.add_argument("--serve-new-tokens", type=int, default=256)
     p.add_argument("--serve-limit", type=int, default=None, help="held-out prompts served")
@@ -863,6 +884,11 @@ def main(argv=None) -> int:
         help="no CUDA graphs for the drafters' engines (default: graphs, eager if they fail)",
     )
     p.add_argument("--keep-exports", action="store_true")
+    p.add_argument(
+        "--no-template-control",
+        action="store_true",
+        help="skip EAGLE-3's wrong-template control (its capture, training and serving)",
+    )
     p.add_argument("--device", default="cuda", help="cpu: the toy chain here, no serving")
     training_flags(p)
     a = ap.parse_args(argv)
