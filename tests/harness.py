@@ -7,14 +7,16 @@ limit, and returns (returncode, stdout + stderr), or the running process when `w
 own bookkeeping (commits, kills, resume, signals, launchers, sweeps, jobs) use it; tests of
 what SGLang decides leave it out and get the real CPU engine of the embedded default.
 
-A dry `extract.py` run (and any `extract.py` run of a test in the fast tier, which the engine
-guard keeps from starting SGLang) is forked from a server that has already imported torch, transformers,
+Every `extract.py` run, a real engine's too (SGLang spawns its scheduler processes as fresh
+interpreters), is forked from a server that has already imported torch, transformers,
 datasets, Hydra and hsdump and loaded the default tokenizer (tests/zygote.py), so it does not pay ~8 s of
 CPU for the imports: it is still a process of its own, with its argv, environment, working
 directory, output, exit status and signals, and the script runs as `__main__`. A server is
 started per clean environment (`fork_server`: a test that imports sglang in process changes
 os.environ for the rest of it), and only runs whose environment differs from the server's in
-HSDUMP_* variables alone are forked (what the imports read is then the same); every other run,
+HSDUMP_* variables (and the flags a child applies: CHILD_FLAGS) are forked (what the imports
+read is then the same); `python -m hsdump` and the console script are forked where no engine
+can start; every other run,
 and every run with HSDUMP_TEST_FORK=0, is a plain subprocess.
 """
 
@@ -209,9 +211,17 @@ class _Server:
         return run
 
 
+CHILD_FLAGS = ("PYTHONFAULTHANDLER", "PYTHONUNBUFFERED")
+"""Interpreter flags a forked child applies itself (tests/zygote.py: faulthandler on; its output
+is written through unbuffered anyway), so they do not keep a run from the fork server."""
+
+
 def same_outside_hsdump(a: Dict[str, str], b: Dict[str, str]) -> bool:
-    """`a` and `b` differ in HSDUMP_* variables alone (hsdump reads those when it runs)."""
-    return all(k.startswith("HSDUMP_") for k in set(a) | set(b) if a.get(k) != b.get(k))
+    """`a` and `b` differ in HSDUMP_* variables alone (hsdump reads those when it runs), or in
+    the flags a forked child applies (CHILD_FLAGS)."""
+    return all(
+        k.startswith("HSDUMP_") or k in CHILD_FLAGS for k in set(a) | set(b) if a.get(k) != b.get(k)
+    )
 
 
 _servers: list = []
@@ -292,17 +302,9 @@ def extract(
     if out is not None:
         cmd.append(f"output.dir={out}")
     env = clean_env(env, fault)
-    # forked (tests/zygote.py): a dry run, or any run of a test the engine guard keeps from
-    # starting SGLang (tests/conftest.py); a run that may start the real engine: a subprocess
-    if DRY not in (*args, *overrides) and not env.get(FORBID_ENV):
-        return run(
-            [sys.executable, *cmd, *overrides],
-            cwd=cwd,
-            env=env,
-            timeout=timeout,
-            wait=wait,
-            new_session=new_session,
-        )
+    # forked (tests/zygote.py), a real engine's run too: SGLang starts its scheduler processes
+    # with multiprocessing's spawn (fresh interpreters), so the fork shares only the main
+    # process's imports (torch, transformers, Hydra, hsdump: 5-9 s a run on the 2-core machine)
     return run_python_script(
         [sys.executable, *cmd, *overrides],
         cwd=cwd,

@@ -9,7 +9,10 @@ request's argv, environment, working directory and output file (stdout and stder
 the status `python` would give (SystemExit's code, 1 and the traceback for an error, killed by
 the signal that killed it). The harness uses it only for runs whose environment differs from
 the one this server started with in HSDUMP_* variables alone (hsdump reads those when it runs,
-not when it is imported), so what the imports saw is what the run would have seen.
+not when it is imported), so what the imports saw is what the run would have seen, and in
+PYTHONFAULTHANDLER (the child enables faulthandler) and PYTHONUNBUFFERED (its output is written
+through anyway). A real engine's run imports SGLang in the child; SGLang's scheduler processes
+are spawned (fresh interpreters), not forked from it.
 
 Protocol: one JSON object a line. In (stdin): {"id", "argv", "env", "cwd", "out",
 "new_session"} and optionally "err" (stderr's own file); argv[0] "-m" runs argv[1] as a module. Out (the stdout it started with): {"id", "pid"} when a child is forked,
@@ -123,6 +126,10 @@ def child(req: dict, proto_out: int) -> None:
         os.chdir(req["cwd"])
         os.environ.clear()
         os.environ.update(req["env"])
+        if os.environ.get("PYTHONFAULTHANDLER"):  # as `python` does with the variable set
+            import faulthandler
+
+            faulthandler.enable()
         argv = list(req["argv"])
         try:
             if argv[0] == "-m":  # `python -m MODULE ARGS`: the module as __main__, cwd on the path
