@@ -168,12 +168,19 @@ def main() -> int:
         raise err[0]
     if not args.keep_joined:
         shutil.rmtree(joined, ignore_errors=True)
-    for must in (
-        "torch/__init__.py",
-        "triton/__init__.py",
-        "sglang/__init__.py",
-        "nvidia/nccl/lib",
-    ):
+    # torch, triton and NCCL travel only in a bundle that carries their wheels (0523; the 0514
+    # stack takes the image's own)
+    carried = {f["name"].split("-")[0] for f in man["files"] if f["name"].endswith(".whl")}
+    musts = ["sglang/__init__.py"] + [
+        m
+        for w, m in (
+            ("torch", "torch/__init__.py"),
+            ("triton", "triton/__init__.py"),
+            ("nvidia_nccl_cu13", "nvidia/nccl/lib"),
+        )
+        if w in carried
+    ]
+    for must in musts:
         if not os.path.exists(os.path.join(args.site, must)):
             raise SystemExit(f"[gpu523] {must} missing after the install")
     with open(stamp, "w") as fh:

@@ -9,9 +9,9 @@
 # Run from anywhere inside the checkout, on a machine whose pip reaches PyPI:
 #     tools/offline_host/make-bundle.sh [0523|0514]
 # It commits nothing. It writes
-#   .gpuSTACK/pNN/      (ignored: '/.gpuSTACK/' goes into .git/info/exclude) parts of at most
+#   .gpu523/ or .gpu514/pNN/ (ignored: the folder goes into .git/info/exclude) parts of at most
 #                       PART_MB MiB, each with a copy of MANIFEST; copy them to the host
-#   $BUILD_DIR          (default /tmp/sglangSTACK-bundle: wheels, kept and reused; the unpacked
+#   $BUILD_DIR          (default /tmp/sglang523-bundle or /tmp/sglang514-bundle: wheels, kept and reused; the unpacked
 #                       site is deleted after packing)
 # and tools/offline_host/run-0523.sh installs it on the host (README.md beside this file).
 #
@@ -32,12 +32,12 @@ set -euo pipefail
 STACK=${1:-0523}
 ROOT=$(git rev-parse --show-toplevel)
 cd "$ROOT"
-BUILD=${BUILD_DIR:-/tmp/sglang$STACK-bundle}
+BUILD=${BUILD_DIR:-/tmp/sglang${STACK#0}-bundle}
 PART_MB=${PART_MB:-58}
 XZ_LEVEL=${XZ_LEVEL:-9}
 PY=${PYTHON:-python3}
 WITH_CUDNN=${WITH_CUDNN:-0}
-OUTDIR=.gpu$STACK
+OUTDIR=.gpu${STACK#0}
 
 # What every stack carries beyond the image (what the offline Engine import and run path needs
 # that the image lacks, checked against its package list).
