@@ -1,0 +1,882 @@
+"""hsdump's capture against SpecForge 0.2.0's own offline capture of the same token ids.
+
+SpecForge runs its own SGLang pin (0.5.14, torch 2.11.0) in a venv of its own
+(`tools/reference/make-venv-sf514.sh` -> `.venv-sf514`); hsdump runs SGLang 0.5.23 in `.venv`.
+Both capture the same token ids: hsdump's dataset gives them, SpecForge's capture is fed them,
+so what differs is the capture alone (SpecForge's own tokenization and template are not part of
+this comparison).
+
+    python bench/reference_capture.py ids DATASET OUT.jsonl [--limit N]
+    python bench/reference_capture.py specforge IDS.jsonl OUT --model M --layers 1,14,26 \
+        [--python .venv-sf514/bin/python] [--batch 8] [--device cpu|cuda] [--dtype bfloat16]
+    python bench/reference_capture.py compare HSDUMP SPECFORGE_OUT [--dataset DS] \
+        [--json OUT.json] [--md OUT.md]
+    python bench/reference_capture.py run DATASET WORK [--python .venv-sf514/bin/python] \
+        [--batch 8] [--device cpu|cuda] [--hf N] [--json OUT.json]    # all of the above
+
+- `ids`: each sample's `input_ids` and `loss_mask` read with hsdump's reader, in hsdump id order
+  (the order `hsdump export` numbers its files in), one JSON object a line: `{id, input_ids,
+  loss_mask}`. It prints the model folder and the EAGLE-3 SGLang ids the manifest records.
+- `specforge`: runs `bench/reference_specforge_worker.py` in SpecForge's interpreter
+  (`--python`), which captures with SpecForge's offline API at the given SGLang layer ids and
+  writes SpecForge's EAGLE-3 records (`rows_{g}-{g+2000}/data_{i}.ckpt`: `input_ids`,
+  `loss_mask`, `aux_hidden_state` `[1, T, K*H]`, `hidden_state` `[1, T, H]`, T the padded batch
+  length, as SpecForge writes them) and `reference_capture.json` (positions -> ids, timing). On
+  the CPU it first builds hsdump's libcuda stub (`hsdump.capture.patch.load_libcuda_stub`: SGLang's
+  CUDA kernel package needs `libcuda.so.1` to import) and passes it to the worker through
+  `LD_LIBRARY_PATH`, with `SPECFORGE_DEVICE=cpu` and `SGLANG_USE_CPU_ENGINE=1`.
+- `compare`: HSDUMP is an hsdump dataset or its `--to specforge --kind eagle3` export (then the
+  export's source dataset, when it is still there, or `--dataset`, gives the other captured
+  layers and final states); SPECFORGE_OUT is the `specforge` step's folder, or another hsdump
+  export (the fallback check of the comparison itself). Per sample and per tensor: relative
+  error `||sf - hs||_F / ||sf||_F` over the rows both hold (SpecForge's is the reference), the
+  same without row 0 (real activations put an attention sink there), the largest absolute
+  difference, the first row's, the last real row's and the worst row's error, the error with
+  SpecForge's rows shifted one row either way, and the hsdump tensor the SpecForge tensor is
+  closest to among every captured layer and final state, over the rows after the first (a
+  layer off by one, or pre- against post-norm, names itself there); whether ids and loss masks
+  are equal on the real rows, how many pad rows SpecForge's record holds and what ids, mask
+  and states it holds on them, and the loss rows SpecForge's EAGLE-3 normalizer leaves on each
+  record. `--hf N`: each side's error against a float32 transformers forward of the first N
+  samples (which side a difference comes from). A Markdown table and a JSON.
+- `run`: export (hsdump's `--to specforge --kind eagle3`), ids, specforge and compare in one go,
+  the model folder and layer ids taken from the dataset's manifest, under WORK.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Dict, List, Optional
+
+ROOT = Path(__file__).resolve().parent.parent
+WORKER = Path(__file__).resolve().with_name("reference_specforge_worker.py")
+GROUP = 2000
+SHIFT_NOTE = 0.1  # a tensor this far off gets its shifted and neighbouring errors reported
+
+
+# ----------------------------------------------------------------------------- ids
+def manifest_facts(dataset: str) -> dict:
+    """Model folder, EAGLE-3 layers and their SGLang ids, as the dataset's manifest records."""
+    from hsdump.store.commits import read_manifest
+
+    m = read_manifest(Path(dataset))
+    model = m.get("model") or {}
+    kinds = m.get("kinds") or {}
+    e3 = kinds.get("eagle3") or {}
+    return {
+        "model": model.get("resolved_path") or model.get("path"),
+        "architecture": model.get("architecture"),
+        "num_hidden_layers": model.get("num_hidden_layers"),
+        "dtype": model.get("dtype"),
+        "layers": list(m.get("layers") or []),
+        "eagle3_layers": [int(k) for k in (e3.get("layers") or m.get("layers") or [])],
+        "eagle3_serving_ids": e3.get("serving_ids"),
+        "final": m.get("final") or [],
+        "versions": m.get("versions") or {},
+        "sglang_version": m.get("sglang_version"),
+    }
+
+
+def write_ids(dataset: str, out: str, limit: Optional[int] = None) -> int:
+    from hsdump.store.reader import HsdumpDataset
+
+    ds = HsdumpDataset(dataset)
+    ids = ds.ids if limit is None else ds.ids[:limit]
+    Path(out).parent.mkdir(parents=True, exist_ok=True)
+    with open(out, "w") as f:
+        for sid in ids:
+            rec = ds.get(sid, hidden=False)
+            row = {
+                "id": int(sid),
+                "input_ids": rec["input_ids"].tolist(),
+                "loss_mask": rec["loss_mask"].tolist(),
+            }
+            f.write(json.dumps(row) + "\n")
+    ds.close()
+    return len(ids)
+
+
+def cmd_ids(a) -> int:
+    n = write_ids(a.dataset, a.out, a.limit)
+    facts = manifest_facts(a.dataset)
+    print(f"{n} samples -> {a.out}")
+    print(
+        f"model {facts['model']}; EAGLE-3 layers {facts['eagle3_layers']} "
+        f"(hf_hidden_states_index) = SGLang ids {facts['eagle3_serving_ids']}"
+    )
+    return 0
+
+
+# ----------------------------------------------------------------------------- specforge
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run_specforge(
+    ids: str,
+    out: str,
+    *,
+    model: str,
+    layers: List[int],
+    python: str,
+    batch: int = 8,
+    device: str = "cuda",
+    dtype: str = "bfloat16",
+    attention_backend: Optional[str] = None,
+    limit: Optional[int] = None,
+    log: Optional[str] = None,
+    pythonpath: Optional[str] = None,
+) -> int:
+    from hsdump.tiny import resolve_model_path
+
+    env = dict(os.environ)
+    if device == "cpu":
+        from hsdump.capture.patch import load_libcuda_stub
+
+        load_libcuda_stub()  # sets LD_LIBRARY_PATH in os.environ when it builds the stub
+        env = dict(os.environ)
+        env["SPECFORGE_DEVICE"] = "cpu"
+        env["SGLANG_USE_CPU_ENGINE"] = "1"
+        attention_backend = attention_backend or "torch_native"
+    env.update(
+        RANK="0",
+        WORLD_SIZE="1",
+        LOCAL_RANK="0",
+        LOCAL_WORLD_SIZE="1",
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(_free_port()),
+    )
+    if pythonpath is not None:  # SpecForge's packages as a folder (a host without PyPI)
+        env["PYTHONPATH"] = pythonpath
+    cmd = [
+        python,
+        str(WORKER),
+        ids,
+        out,
+        "--model",
+        resolve_model_path(model),
+        "--layers",
+        ",".join(str(k) for k in layers),
+        "--batch",
+        str(batch),
+        "--device",
+        device,
+        "--dtype",
+        dtype,
+    ]
+    if attention_backend:
+        cmd += ["--attention-backend", attention_backend]
+    if limit is not None:
+        cmd += ["--limit", str(limit)]
+    print("+", " ".join(cmd), flush=True)
+    if log:
+        with open(log, "w") as f:
+            p = subprocess.run(cmd, env=env, stdout=f, stderr=subprocess.STDOUT)
+        if p.returncode:
+            print(Path(log).read_text()[-6000:], file=sys.stderr)
+        return p.returncode
+    return subprocess.run(cmd, env=env).returncode
+
+
+def cmd_specforge(a) -> int:
+    layers = [int(x) for x in a.layers.split(",") if x.strip()]
+    return run_specforge(
+        a.ids,
+        a.out,
+        model=a.model,
+        layers=layers,
+        python=a.python,
+        batch=a.batch,
+        device=a.device,
+        dtype=a.dtype,
+        attention_backend=a.attention_backend,
+        limit=a.limit,
+        pythonpath=a.pythonpath,
+    )
+
+
+# ----------------------------------------------------------------------------- loading
+class HsdumpSide:
+    """hsdump's tensors per export position: the EAGLE-3 layers and the final state a
+    SpecForge record carries, plus every other captured layer and final state when the
+    dataset is at hand."""
+
+    def __init__(self, path: str, dataset: Optional[str] = None):
+        p = Path(path)
+        self.export = None
+        self.ds = None
+        if (p / "manifest.json").exists():
+            dataset = str(p)
+        elif (p / "hsdump_export.json").exists():
+            self.export = json.loads((p / "hsdump_export.json").read_text())
+            if (
+                self.export.get("to") != "specforge"
+                or self.export.get("kind", "eagle3") != "eagle3"
+            ):
+                raise SystemExit(f"{p}: an export --to specforge --kind eagle3 is needed")
+            src = self.export.get("source")
+            if dataset is None and src and (Path(src) / "manifest.json").exists():
+                dataset = src
+        else:
+            raise SystemExit(f"{p}: neither an hsdump dataset nor an hsdump export")
+        self.path = p
+        if dataset is not None:
+            from hsdump.store.reader import HsdumpDataset
+
+            self.ds = HsdumpDataset(dataset)
+            self.facts = manifest_facts(dataset)
+        else:
+            self.facts = None
+        if self.export is not None:
+            self.ids = [int(i) for i in self.export["ids"]]
+            self.e3_layers = [int(k) for k in self.export["kind_layers"]]
+            self.serving_ids = self.export.get("serving_ids")
+            self.final_kind = self.export.get("final_state")
+        else:
+            self.ids = list(self.ds.ids)
+            self.e3_layers = self.facts["eagle3_layers"]
+            self.serving_ids = self.facts["eagle3_serving_ids"]
+            self.final_kind = "post_norm" if "post_norm" in self.facts["final"] else None
+        self.all_layers = list(self.ds.layers) if self.ds is not None else list(self.e3_layers)
+        self.dataset = str(self.ds.path) if self.ds is not None else None
+
+    def get(self, pos: int) -> dict:
+        """`input_ids`, `loss_mask`, `aux` (list, EAGLE-3 order), `final` (the SpecForge
+        slot), `others` {name: tensor} of every captured tensor (for the closest-match
+        search)."""
+        import torch
+
+        sid = self.ids[pos]
+        out: Dict[str, object] = {"id": sid, "others": {}}
+        if self.export is not None:
+            rec = load_ckpt(self.path, pos)
+            H = rec["hidden_state"].shape[-1]
+            out["input_ids"] = rec["input_ids"].reshape(-1)
+            out["loss_mask"] = rec["loss_mask"].reshape(-1)
+            aux = rec["aux_hidden_state"].reshape(-1, rec["aux_hidden_state"].shape[-1])
+            out["aux"] = list(torch.split(aux, H, dim=-1))
+            out["final"] = rec["hidden_state"].reshape(-1, H)
+        if self.ds is not None:
+            rec = self.ds.get(sid)
+            if self.export is None:
+                out["input_ids"] = rec["input_ids"]
+                out["loss_mask"] = rec["loss_mask"]
+                out["aux"] = [rec["hidden_states"][self.ds.layers.index(k)] for k in self.e3_layers]
+                out["final"] = (rec.get("final") or {}).get(self.final_kind)
+            for k, t in zip(self.ds.layers, rec["hidden_states"]):
+                out["others"][f"layer {k}"] = t
+            for kind, t in (rec.get("final") or {}).items():
+                out["others"][f"final/{kind}"] = t
+        else:
+            for k, t in zip(self.e3_layers, out["aux"]):
+                out["others"][f"layer {k}"] = t
+            if out["final"] is not None:
+                out["others"][f"final/{self.final_kind}"] = out["final"]
+        return out
+
+
+def load_ckpt(folder: Path, pos: int) -> dict:
+    import torch
+
+    g = pos - pos % GROUP
+    return torch.load(folder / f"rows_{g}-{g + GROUP}" / f"data_{pos}.ckpt", weights_only=True)
+
+
+class SpecForgeSide:
+    """SpecForge's records (the `specforge` step's folder, or an hsdump export)."""
+
+    def __init__(self, path: str):
+        p = Path(path)
+        self.path = p
+        if (p / "reference_capture.json").exists():
+            self.state = json.loads((p / "reference_capture.json").read_text())
+            self.sglang_ids = self.state["sglang_layer_ids"]
+            self.layers = None  # SGLang ids only; matched to hsdump's by its serving ids
+            self.what = "specforge"
+        elif (p / "hsdump_export.json").exists():
+            self.state = json.loads((p / "hsdump_export.json").read_text())
+            self.sglang_ids = self.state.get("serving_ids")
+            self.layers = [int(k) for k in self.state["kind_layers"]]
+            self.what = "hsdump export"
+        else:
+            raise SystemExit(f"{p}: no reference_capture.json or hsdump_export.json")
+        self.ids = [int(i) for i in self.state["ids"]]
+
+    def get(self, pos: int) -> dict:
+        import torch
+
+        rec = load_ckpt(self.path, pos)
+        H = rec["hidden_state"].shape[-1]
+        aux = rec["aux_hidden_state"].reshape(-1, rec["aux_hidden_state"].shape[-1])
+        return {
+            "input_ids": rec["input_ids"].reshape(-1),
+            "loss_mask": rec["loss_mask"].reshape(-1),
+            "aux": list(torch.split(aux, H, dim=-1)),
+            "final": rec["hidden_state"].reshape(-1, H),
+            "shapes": {k: list(v.shape) for k, v in rec.items()},
+            "dtypes": {k: str(v.dtype).replace("torch.", "") for k, v in rec.items()},
+        }
+
+
+# ----------------------------------------------------------------------------- metrics
+def rel(b, a) -> float:
+    """||b - a|| / ||b|| in float32 (b: SpecForge's, the reference)."""
+    b, a = b.float(), a.float()
+    d = float((b - a).norm())
+    n = float(b.norm())
+    return d / n if n else (0.0 if d == 0 else float("inf"))
+
+
+def tensor_metrics(b, a, others: Dict[str, object]) -> dict:
+    """SpecForge tensor `b` [n_b, H] against hsdump's `a` [n_a, H] on their common rows."""
+    n = min(b.shape[0], a.shape[0])
+    bb, aa = b[:n].float(), a[:n].float()
+    diff = bb - aa
+    row_den = bb.norm(dim=-1).clamp_min(1e-30)
+    row_rel = diff.norm(dim=-1) / row_den
+    worst = int(row_rel.argmax())
+    out = {
+        "rows": n,
+        "rel": rel(bb, aa),
+        # real activations carry an attention sink on row 0 (|x| ~ 25,000 in SmolLM2, most of
+        # a layer's squared norm), which the whole-tensor error mostly measures
+        "rel_without_row0": rel(bb[1:], aa[1:]) if n > 1 else None,
+        "max_abs": float(diff.abs().max()),
+        "ref_max_abs": float(bb.abs().max()),
+        "row0_rel": float(row_rel[0]),
+        "last_row_rel": float(row_rel[n - 1]),
+        "worst_row": worst,
+        "worst_row_rel": float(row_rel[worst]),
+        "rows_over_0.05": int((row_rel > 0.05).sum()),
+    }
+    if n > 1:
+        out["shift_sf_later_rel"] = rel(bb[1:], aa[:-1])  # sf row t+1 against hs row t
+        out["shift_sf_earlier_rel"] = rel(bb[:-1], aa[1:])
+    # the closest hsdump tensor, over the rows after the first: row 0 (the attention sink)
+    # is nearly the same vector in neighbouring layers and would blur an off-by-one layer
+    lo = 1 if n > 1 else 0
+    best, best_rel, near = None, None, {}
+    for name, t in others.items():
+        if t is None or t.shape[-1] != b.shape[-1]:
+            continue
+        r = rel(bb[lo:], t[lo:n])
+        near[name] = r
+        if best_rel is None or r < best_rel:
+            best, best_rel = name, r
+    out["closest"] = best
+    out["closest_rel"] = best_rel
+    out["against"] = near
+    return out
+
+
+class Transformers:
+    """A float32 transformers forward of the same ids: which side a difference comes from."""
+
+    def __init__(self, model: str):
+        import torch
+        from transformers import AutoModelForCausalLM
+
+        self.model = AutoModelForCausalLM.from_pretrained(model, dtype=torch.float32).eval()
+        self.path = model
+        self._pre = {}
+        norm = getattr(getattr(self.model, "model", None), "norm", None)
+        if norm is not None:
+            norm.register_forward_hook(lambda m, args, out: self._pre.update(x=args[0][0]))
+
+    def states(self, ids) -> dict:
+        import torch
+
+        with torch.no_grad():
+            out = self.model(ids.reshape(1, -1).to(torch.int64), output_hidden_states=True)
+        got = {f"layer {k}": t[0] for k, t in enumerate(out.hidden_states[:-1])}
+        got["final/post_norm"] = out.hidden_states[-1][0]
+        if "x" in self._pre:
+            got["final/pre_norm"] = self._pre.pop("x")
+        return got
+
+
+def against_transformers(ref: dict, pairs: Dict[str, tuple]) -> dict:
+    """{tensor: {specforge, hsdump, ..._without_row0}}: each side's error against `ref`."""
+    out = {}
+    for name, (hf_name, b, a) in pairs.items():
+        r = ref.get(hf_name)
+        if r is None or a is None:
+            continue
+        n = min(a.shape[0], r.shape[0])
+        out[name] = {
+            "transformers": hf_name,
+            "specforge": rel(r[:n], b[:n]),
+            "hsdump": rel(r[:n], a[:n]),
+            "specforge_without_row0": rel(r[1:n], b[1:n]),
+            "hsdump_without_row0": rel(r[1:n], a[1:n]),
+        }
+    return out
+
+
+def compare(
+    hs: HsdumpSide,
+    sf: SpecForgeSide,
+    limit: Optional[int] = None,
+    hf_samples: int = 0,
+    hf_model: Optional[str] = None,
+) -> dict:
+    import torch
+
+    hf = None
+    if hf_samples:
+        hf_model = hf_model or (hs.facts or {}).get("model")
+        if not hf_model:
+            raise SystemExit("--hf needs the model folder (--model, or a dataset manifest)")
+        from hsdump.tiny import resolve_model_path
+
+        hf = Transformers(resolve_model_path(hf_model))
+
+    if sf.ids != hs.ids[: len(sf.ids)]:
+        common = [i for i in sf.ids if i in set(hs.ids)]
+        note = f"SpecForge holds ids {sf.ids[:8]}..., hsdump {hs.ids[:8]}...; {len(common)} common"
+    else:
+        note = None
+    # SpecForge's aux slot j -> hsdump's EAGLE-3 layer: by SGLang id when both are known
+    K = len(hs.e3_layers)
+    pairing = list(range(K))
+    if sf.layers is not None:
+        pairing = [hs.e3_layers.index(k) if k in hs.e3_layers else None for k in sf.layers]
+    elif hs.serving_ids and sf.sglang_ids:
+        # by SGLang id; an id hsdump's serving ids lack is paired by position, so that the
+        # closest-tensor column shows which layer SpecForge's capture really holds
+        pairing = [
+            hs.serving_ids.index(s) if s in hs.serving_ids else (j if j < K else None)
+            for j, s in enumerate(sf.sglang_ids)
+        ]
+    ids_match = bool(sf.sglang_ids == hs.serving_ids) if sf.layers is None else None
+    hs_pos = {sid: i for i, sid in enumerate(hs.ids)}
+    samples = []
+    positions = range(len(sf.ids)) if limit is None else range(min(limit, len(sf.ids)))
+    for pos in positions:
+        sid = sf.ids[pos]
+        if sid not in hs_pos:
+            samples.append({"position": pos, "id": sid, "missing_in_hsdump": True})
+            continue
+        a = hs.get(hs_pos[sid])
+        b = sf.get(pos)
+        na, nb = int(a["input_ids"].numel()), int(b["input_ids"].numel())
+        n = min(na, nb)
+        pad = nb - na
+        s = {
+            "position": pos,
+            "id": sid,
+            "rows_hsdump": na,
+            "rows_specforge": nb,
+            "pad_rows": pad,
+            "aux_rows_specforge": int(b["aux"][0].shape[0]),
+            "final_rows_specforge": int(b["final"].shape[0]),
+            "ids_equal": bool(torch.equal(b["input_ids"][:n], a["input_ids"][:n].to(torch.int64)))
+            and nb >= na,
+            "loss_mask_equal": bool(
+                torch.equal(b["loss_mask"][:n].to(torch.int64), a["loss_mask"][:n].to(torch.int64))
+            )
+            and nb >= na,
+            "masked_hsdump": int(a["loss_mask"].sum()),
+            "masked_specforge": int(b["loss_mask"].sum()),
+            "shapes_specforge": b["shapes"],
+            "dtypes_specforge": b["dtypes"],
+            "tensors": {},
+        }
+        # SpecForge's EAGLE-3 normalizer (normalize_offline_sample) zeroes the record's last
+        # loss-mask entry, and its trainer pairs row t with token t+1 and target row t+1: on a
+        # padded record the last real row stays in the loss and is paired with a pad row
+        norm_b = b["loss_mask"].to(torch.int64).clone()
+        norm_b[-1] = 0
+        norm_a = a["loss_mask"].to(torch.int64).clone()
+        norm_a[-1] = 0
+        s["trained_rows_specforge"] = int(norm_b.sum())
+        s["trained_rows_hsdump"] = int(norm_a.sum())
+        s["trained_rows_paired_with_pad"] = int(norm_b[max(na - 1, 0) : na].sum()) if pad > 0 else 0
+        if pad > 0:
+            s["pad_ids"] = sorted({int(x) for x in b["input_ids"][na:].tolist()})
+            s["pad_loss_mask_sum"] = int(b["loss_mask"][na:].sum())
+            s["pad_rows_aux_rms"] = float(b["aux"][0][na:].float().pow(2).mean().sqrt())
+            s["pad_rows_final_rms"] = float(b["final"][na:].float().pow(2).mean().sqrt())
+            s["pad_rows_nonzero"] = bool(
+                any(float(t[na:].abs().max()) > 0 for t in b["aux"] + [b["final"]])
+            )
+        for j, t in enumerate(b["aux"]):
+            k = pairing[j] if j < len(pairing) else None
+            label = f"aux {j}"
+            if k is None:
+                s["tensors"][label] = {"unpaired": True}
+                continue
+            m = tensor_metrics(t, a["aux"][k], a["others"])
+            m["hsdump_layer"] = hs.e3_layers[k]
+            m["sglang_id"] = sf.sglang_ids[j] if sf.sglang_ids else None
+            s["tensors"][label] = m
+        if a["final"] is not None:
+            m = tensor_metrics(b["final"], a["final"], a["others"])
+            m["hsdump_tensor"] = f"final/{hs.final_kind}"
+            s["tensors"]["final"] = m
+        if hf is not None and pos < hf_samples:
+            pairs = {
+                f"aux {j}": (f"layer {hs.e3_layers[pairing[j]]}", t, a["aux"][pairing[j]])
+                for j, t in enumerate(b["aux"])
+                if j < len(pairing) and pairing[j] is not None
+            }
+            pairs["final"] = (f"final/{hs.final_kind}", b["final"], a["final"])
+            s["transformers_float32"] = against_transformers(hf.states(a["input_ids"]), pairs)
+        samples.append(s)
+    return {
+        "hsdump": str(hs.path),
+        "hsdump_dataset": hs.dataset,
+        "specforge": str(sf.path),
+        "specforge_is": sf.what,
+        "hsdump_eagle3_layers": hs.e3_layers,
+        "hsdump_serving_ids": hs.serving_ids,
+        "hsdump_captured_layers": hs.all_layers,
+        "hsdump_final_kind": hs.final_kind,
+        "specforge_sglang_ids": sf.sglang_ids,
+        "pairing": pairing,
+        "sglang_ids_match": ids_match,
+        "ids_note": note,
+        "transformers_float32": hf.path if hf is not None else None,
+        "samples": samples,
+        "summary": summarize(samples),
+    }
+
+
+def summarize(samples: List[dict]) -> dict:
+    ok = [s for s in samples if "tensors" in s]
+    out: Dict[str, object] = {
+        "samples": len(samples),
+        "compared": len(ok),
+        "missing_in_hsdump": len(samples) - len(ok),
+        "ids_equal": sum(s["ids_equal"] for s in ok),
+        "loss_mask_equal": sum(s["loss_mask_equal"] for s in ok),
+        "rows_equal": sum(s["rows_hsdump"] == s["rows_specforge"] for s in ok),
+        "samples_with_pad_rows": sum(s["pad_rows"] > 0 for s in ok),
+        "pad_rows": sum(max(s["pad_rows"], 0) for s in ok),
+        "samples_short": sum(s["pad_rows"] < 0 for s in ok),
+        "pad_rows_nonzero": sum(bool(s.get("pad_rows_nonzero")) for s in ok),
+        "real_rows": sum(s["rows_hsdump"] for s in ok),
+        "trained_rows_specforge": sum(s["trained_rows_specforge"] for s in ok),
+        "trained_rows_hsdump": sum(s["trained_rows_hsdump"] for s in ok),
+        "trained_rows_paired_with_pad": sum(s["trained_rows_paired_with_pad"] for s in ok),
+    }
+    tensors: Dict[str, dict] = {}
+    names = sorted({k for s in ok for k in s["tensors"]}, key=lambda x: (x == "final", x))
+    for name in names:
+        ms = [(s, s["tensors"][name]) for s in ok if name in s["tensors"]]
+        ms = [(s, m) for s, m in ms if "rel" in m]
+        if not ms:
+            continue
+        worst_s, worst_m = max(ms, key=lambda sm: sm[1]["rel"])
+        wr_s, wr_m = max(ms, key=lambda sm: sm[1]["worst_row_rel"])
+        closest = {}
+        for _, m in ms:
+            closest[m["closest"]] = closest.get(m["closest"], 0) + 1
+        t = {
+            "hsdump": worst_m.get("hsdump_tensor") or f"layer {worst_m.get('hsdump_layer')}",
+            "sglang_id": worst_m.get("sglang_id"),
+            "rel_worst": worst_m["rel"],
+            "rel_worst_id": worst_s["id"],
+            "rel_median": statistics.median(m["rel"] for _, m in ms),
+            "rel_without_row0_worst": max(
+                (m["rel_without_row0"] for _, m in ms if m["rel_without_row0"] is not None),
+                default=None,
+            ),
+            "max_abs": max(m["max_abs"] for _, m in ms),
+            "ref_max_abs": max(m["ref_max_abs"] for _, m in ms),
+            "row0_rel_worst": max(m["row0_rel"] for _, m in ms),
+            "last_row_rel_worst": max(m["last_row_rel"] for _, m in ms),
+            "worst_row_rel": wr_m["worst_row_rel"],
+            "worst_row": f"id {wr_s['id']} row {wr_m['worst_row']} of {wr_m['rows']}",
+            "rows_over_0.05": sum(m["rows_over_0.05"] for _, m in ms),
+            "shift_rel_min": min(
+                min(m.get("shift_sf_later_rel", 9e9), m.get("shift_sf_earlier_rel", 9e9))
+                for _, m in ms
+            ),
+            "closest": closest,
+        }
+        for other in sorted({k for _, m in ms for k in m["against"]}):
+            vals = [m["against"][other] for _, m in ms if other in m["against"]]
+            t.setdefault("against_median", {})[other] = statistics.median(vals)
+        tensors[name] = t
+    out["tensors"] = tensors
+    hf = [x["transformers_float32"] for x in ok if "transformers_float32" in x]
+    if hf:
+        agg = {}
+        for name in tensors:
+            vals = [x[name] for x in hf if name in x]
+            if vals:
+                agg[name] = {"transformers": vals[0]["transformers"], "samples": len(vals)} | {
+                    k: max(v[k] for v in vals)
+                    for k in (
+                        "specforge",
+                        "hsdump",
+                        "specforge_without_row0",
+                        "hsdump_without_row0",
+                    )
+                }
+        out["transformers_float32"] = agg
+    return out
+
+
+# ----------------------------------------------------------------------------- report
+def _f(x, p=4) -> str:
+    if x is None:
+        return "-"
+    if isinstance(x, float):
+        if x == 0:
+            return "0"
+        return f"{x:.{p}f}" if abs(x) >= 10**-p else f"{x:.1e}"
+    return str(x)
+
+
+def _around(name: str, t: dict) -> str:
+    """The median error against the neighbouring captured tensors (layer k-1, k+1, the other
+    final kind), to see at a glance that the paired one is the match."""
+    med = t.get("against_median") or {}
+    if name.startswith("aux"):
+        k = int(t["hsdump"].split()[-1])
+        keys = [f"layer {k - 1}", f"layer {k + 1}"]
+    else:
+        keys = [x for x in med if x.startswith("final/") and x != t["hsdump"]]
+    return ", ".join(f"{x}: {_f(med[x], 3)}" for x in keys if x in med) or "-"
+
+
+def table(res: dict) -> str:
+    s = res["summary"]
+    head = []
+    if res.get("sglang_ids_match") is False:
+        head = [
+            f"SpecForge captured SGLang ids {res['specforge_sglang_ids']}, hsdump's EAGLE-3 "
+            f"serving ids are {res['hsdump_serving_ids']}: aux slots paired by position.",
+            "",
+        ]
+    lines = head + [
+        f"{s['compared']} samples, {s['real_rows']} real rows; ids equal {s['ids_equal']}/"
+        f"{s['compared']}, loss masks equal {s['loss_mask_equal']}/{s['compared']}, rows equal "
+        f"{s['rows_equal']}/{s['compared']}; SpecForge records with pad rows: "
+        f"{s['samples_with_pad_rows']} ({s['pad_rows']} rows, nonzero states on them in "
+        f"{s['pad_rows_nonzero']}); shorter than hsdump's: {s['samples_short']}. Loss rows "
+        "after SpecForge's EAGLE-3 normalizer (last entry zeroed): "
+        f"{s['trained_rows_specforge']} on SpecForge's records, {s['trained_rows_hsdump']} on "
+        f"hsdump's; last real row still in the loss (paired with a pad row): "
+        f"{s['trained_rows_paired_with_pad']}.",
+        "",
+        "| SpecForge tensor | hsdump tensor | rel. error worst (median) | without row 0, worst | "
+        "max abs diff (max abs value) | row 0 worst | last row worst | worst row | rows > 0.05 | "
+        "shifted one row | closest hsdump tensor (rows 1..) | neighbours (median, rows 1..) |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for name, t in s["tensors"].items():
+        sid = f" (SGLang id {t['sglang_id']})" if t.get("sglang_id") is not None else ""
+        closest = ", ".join(f"{k} x{v}" for k, v in sorted(t["closest"].items(), key=str))
+        lines.append(
+            f"| {name}{sid} | {t['hsdump']} | {_f(t['rel_worst'])} ({_f(t['rel_median'])}) | "
+            f"{_f(t['rel_without_row0_worst'])} | "
+            f"{_f(t['max_abs'], 3)} ({_f(t['ref_max_abs'], 1)}) | {_f(t['row0_rel_worst'])} | "
+            f"{_f(t['last_row_rel_worst'])} | {_f(t['worst_row_rel'])}: {t['worst_row']} | "
+            f"{t['rows_over_0.05']} | {_f(t['shift_rel_min'], 3)} | {closest} | "
+            f"{_around(name, t)} |"
+        )
+    if s.get("transformers_float32"):
+        tf = s["transformers_float32"]
+        k = next(iter(tf.values()))["samples"]
+        lines += [
+            "",
+            f"Each side against a float32 transformers forward of the same ids (first {k} "
+            "samples; worst relative error, with the reference's norm):",
+            "",
+            "| tensor | transformers | SpecForge | hsdump | SpecForge without row 0 | "
+            "hsdump without row 0 |",
+            "|---|---|---|---|---|---|",
+        ]
+        for name, t in tf.items():
+            lines.append(
+                f"| {name} | {t['transformers']} | {_f(t['specforge'])} | {_f(t['hsdump'])} | "
+                f"{_f(t['specforge_without_row0'])} | {_f(t['hsdump_without_row0'])} |"
+            )
+    lines += [
+        "",
+        "| pos | id | rows hsdump | rows SpecForge (pad) | ids | mask | "
+        + " | ".join(s["tensors"].keys())
+        + " |",
+        "|---|---|---|---|---|---|" + "---|" * len(s["tensors"]),
+    ]
+    for x in res["samples"]:
+        if "tensors" not in x:
+            lines.append(f"| {x['position']} | {x['id']} | missing in hsdump |")
+            continue
+        cells = [
+            _f(x["tensors"].get(k, {}).get("rel")) if "rel" in x["tensors"].get(k, {}) else "-"
+            for k in s["tensors"]
+        ]
+        lines.append(
+            f"| {x['position']} | {x['id']} | {x['rows_hsdump']} | {x['rows_specforge']} "
+            f"({x['pad_rows']}) | {'=' if x['ids_equal'] else 'DIFF'} | "
+            f"{'=' if x['loss_mask_equal'] else 'DIFF'} | " + " | ".join(cells) + " |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def cmd_compare(a) -> int:
+    hs = HsdumpSide(a.hsdump, a.dataset)
+    sf = SpecForgeSide(a.specforge)
+    res = compare(hs, sf, a.limit, a.hf, a.model)
+    md = table(res)
+    print(md)
+    if a.md:
+        Path(a.md).write_text(md)
+    if a.json:
+        Path(a.json).write_text(json.dumps(res, indent=1) + "\n")
+    return 0
+
+
+# ----------------------------------------------------------------------------- run
+def _versions() -> dict:
+    import importlib.metadata as md
+
+    out = {}
+    for name in ("hsdump", "sglang", "torch", "transformers", "safetensors"):
+        try:
+            out[name] = md.version(name)
+        except md.PackageNotFoundError:
+            out[name] = "absent"
+    return out
+
+
+def cmd_run(a) -> int:
+    from hsdump.tools.export import export
+
+    work = Path(a.work)
+    work.mkdir(parents=True, exist_ok=True)
+    facts = manifest_facts(a.dataset)
+    ex = Path(a.export) if a.export else work / "hsdump-eagle3"
+    steps: Dict[str, float] = {}
+    if not a.export:
+        t = time.perf_counter()
+        export(a.dataset, str(ex), "specforge", kind="eagle3", progress=False, overwrite=True)
+        steps["export_s"] = time.perf_counter() - t
+    ids = work / "ids.jsonl"
+    n = write_ids(a.dataset, str(ids), a.limit)
+    layers = [int(x) for x in a.layers.split(",")] if a.layers else facts["eagle3_serving_ids"]
+    if not layers:
+        raise SystemExit("the manifest records no EAGLE-3 serving ids: pass --layers")
+    sfo = work / "specforge"
+    rc = 0
+    if not a.skip_specforge:
+        t = time.perf_counter()
+        rc = run_specforge(
+            str(ids),
+            str(sfo),
+            model=a.model or facts["model"],
+            layers=layers,
+            python=a.python,
+            batch=a.batch,
+            device=a.device,
+            dtype=a.dtype or facts["dtype"] or "bfloat16",
+            attention_backend=a.attention_backend,
+            log=str(work / "specforge.log"),
+            pythonpath=a.pythonpath,
+        )
+        steps["specforge_s"] = time.perf_counter() - t
+        if rc:
+            print(f"SpecForge's capture failed (rc {rc}): {work / 'specforge.log'}")
+            return rc
+    res = compare(
+        HsdumpSide(str(ex), a.dataset), SpecForgeSide(str(sfo)), hf_samples=a.hf, hf_model=a.model
+    )
+    md = table(res)
+    print(md)
+    (work / "compare.md").write_text(md)
+    sf_state = json.loads((sfo / "reference_capture.json").read_text())
+    out = {
+        "what": "hsdump's capture against SpecForge 0.2.0's own offline capture, same token ids",
+        "samples": n,
+        "hsdump": {"dataset": a.dataset, "export": str(ex), **facts, "driver": _versions()},
+        "specforge": {
+            k: sf_state.get(k)
+            for k in ("versions", "model", "sglang_layer_ids", "device", "dtype", "server_args")
+        }
+        | {"shim": sf_state.get("shim"), "timing": sf_state.get("timing")},
+        "steps": steps,
+        "compare": res,
+    }
+    if a.json:
+        Path(a.json).write_text(json.dumps(out, indent=1) + "\n")
+    (work / "reference.json").write_text(json.dumps(out, indent=1) + "\n")
+    return 0
+
+
+# ----------------------------------------------------------------------------- main
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    sub = ap.add_subparsers(dest="cmd", required=True)
+
+    p = sub.add_parser("ids", help="token ids and loss masks of an hsdump dataset")
+    p.add_argument("dataset")
+    p.add_argument("out")
+    p.add_argument("--limit", type=int)
+    p.set_defaults(fn=cmd_ids)
+
+    def sf_args(p):
+        p.add_argument(
+            "--python",
+            default=str(ROOT / ".venv-sf514" / "bin" / "python"),
+            help="SpecForge venv's interpreter (default: .venv-sf514/bin/python)",
+        )
+        p.add_argument("--batch", type=int, default=8)
+        p.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
+        p.add_argument("--attention-backend")
+        p.add_argument("--pythonpath", help="PYTHONPATH for the worker (default: inherited)")
+
+    p = sub.add_parser("specforge", help="SpecForge's own capture of an ids file")
+    p.add_argument("ids")
+    p.add_argument("out")
+    p.add_argument("--model", required=True)
+    p.add_argument("--layers", required=True, help="SGLang ids, comma-separated")
+    p.add_argument("--dtype", default="bfloat16")
+    p.add_argument("--limit", type=int)
+    sf_args(p)
+    p.set_defaults(fn=cmd_specforge)
+
+    p = sub.add_parser("compare", help="an hsdump dataset or export against SpecForge's records")
+    p.add_argument("hsdump")
+    p.add_argument("specforge")
+    p.add_argument("--dataset", help="hsdump dataset for the other layers (export given)")
+    p.add_argument("--limit", type=int)
+    p.add_argument("--model", help="model folder for --hf (default: the dataset's)")
+    p.add_argument("--hf", type=int, default=0, help="N: first N samples against transformers")
+    p.add_argument("--json")
+    p.add_argument("--md")
+    p.set_defaults(fn=cmd_compare)
+
+    p = sub.add_parser("run", help="export, ids, specforge, compare")
+    p.add_argument("dataset")
+    p.add_argument("work")
+    p.add_argument("--export", help="an existing --to specforge --kind eagle3 export")
+    p.add_argument("--model", help="default: the manifest's resolved model path")
+    p.add_argument("--layers", help="SGLang ids (default: the manifest's EAGLE-3 serving ids)")
+    p.add_argument("--dtype", help="default: the manifest's model dtype")
+    p.add_argument("--limit", type=int)
+    p.add_argument("--skip-specforge", action="store_true", help="compare an earlier run")
+    p.add_argument("--hf", type=int, default=0, help="N: first N samples against transformers")
+    p.add_argument("--json")
+    sf_args(p)
+    p.set_defaults(fn=cmd_run)
+
+    a = ap.parse_args(argv)
+    return a.fn(a)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
