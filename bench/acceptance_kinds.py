@@ -25,6 +25,11 @@ Pieces (each a subcommand; `run-all` chains them):
     check-served --kind K --folder DIR --target DIR --ids 1,2,3    SGLang's class loads it (CPU)
     table --results DIR                                            the table from the serve runs
 
+With `--reference-python PY` (issue 44), EAGLE-3 also gets a drafter trained on SpecForge 0.2.0's
+own offline capture of the drafter's token ids (`bench/reference_capture.py specforge`, its own
+SGLang 0.5.14 in PY), trained, exported and served the same way; the table's `eagle3-specforge`
+line is hsdump's drafter minus that one, per prompt.
+
 SpecForge is found on the Python path (the GPU host: /tmp/site3 from
 tools/offline_host/make-specforge-wheels.sh; here: its unpacked wheel on PYTHONPATH).
 """
@@ -564,6 +569,9 @@ def collate(res: Path) -> dict:
             pairs[k] = acc.paired({"default": d, "layer_off": c})["layer_off"]
         if d and t:  # EAGLE-3's wrong-template control
             pairs[f"{k}-template"] = acc.paired({"default": d, "template": t})["template"]
+        r = runs.get(f"{k}-specforge")  # the same ids captured by SpecForge's own capture
+        if d and r:
+            pairs[f"{k}-specforge"] = acc.paired({"default": d, "specforge": r})["specforge"]
     return dict(rows=rows, drafter_minus_control=pairs)
 
 
@@ -741,6 +749,22 @@ def run_all(a) -> int:  # noqa: C901 - one pipeline, read top to bottom
                                      "--kind", kind, "--no-progress"], env=env,
                   done=ex / name / "hsdump_export.json")  # fmt: skip
         ids = export_facts(ex / f"{kind}-default")["serving_ids"]
+        if kind == "eagle3" and a.reference_python:
+            # SpecForge's own offline capture (its SGLang pin, in its own interpreter) of the
+            # drafter's token ids at the same serving ids: trained, exported and served like the
+            # drafter; the table's eagle3-specforge line is hsdump's drafter minus this one
+            ref = w / "ref"
+            ref.mkdir(parents=True, exist_ok=True)
+            rc_py = HERE / "reference_capture.py"
+            run("reference-ids", _py(rc_py, "ids", ds / "default", ref / "ids.jsonl"),
+                  env=env, done=ref / "ids.jsonl")  # fmt: skip
+            run("reference-capture",
+                  _py(rc_py, "specforge", ref / "ids.jsonl", ex / f"{kind}-specforge",
+                      "--model", target, "--layers", ",".join(map(str, ids)),
+                      "--python", a.reference_python, "--batch", a.reference_batch,
+                      "--device", "cpu" if cpu else "cuda"),
+                  env=env, done=ex / f"{kind}-specforge" / "reference_capture.json")  # fmt: skip
+            names[f"{kind}-specforge"] = "specforge"
         cfg = w / "draft" / f"{kind}.json"  # the control is served with the default's ids
         cfg.parent.mkdir(parents=True, exist_ok=True)
         cfg.write_text(json.dumps(draft_config(kind, target, ids), indent=1) + "\n")
@@ -796,7 +820,9 @@ def run_all(a) -> int:  # noqa: C901 - one pipeline, read top to bottom
                     shutil.rmtree(rows, ignore_errors=True)
     P.save()
     table(argparse.Namespace(results=str(P.res), json=None))
-    return 0
+    if P.failed:  # the table holds what did run; the exit says that something did not
+        print(f"failed steps: {P.failed} (pipeline.json)", flush=True)
+    return 1 if P.failed else 0
 
 
 def _steps(run: Path):
@@ -889,6 +915,14 @@ def main(argv=None) -> int:
         action="store_true",
         help="skip EAGLE-3's wrong-template control (its capture, training and serving)",
     )
+    p.add_argument(
+        "--reference-python",
+        default=None,
+        help="SpecForge's own stack's interpreter (tools/reference/make-venv-sf514.sh, or "
+        "tools/offline_host/python514.sh): EAGLE-3 also trains and serves a drafter on "
+        "SpecForge's own capture of the same token ids (bench/reference_capture.py)",
+    )
+    p.add_argument("--reference-batch", type=int, default=32, help="SpecForge's capture batch")
     p.add_argument("--device", default="cuda", help="cpu: the toy chain here, no serving")
     training_flags(p)
     a = ap.parse_args(argv)

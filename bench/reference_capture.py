@@ -13,6 +13,8 @@ this comparison).
         [--json OUT.json] [--md OUT.md]
     python bench/reference_capture.py run DATASET WORK [--python .venv-sf514/bin/python] \
         [--batch 8] [--device cpu|cuda] [--hf N] [--json OUT.json]    # all of the above
+    python bench/reference_capture.py speed WORK [--shape llama8b] [--samples 512] \
+        [--tokens 2048] [--batch 32] [--python ...] [--json OUT.json]  # SpecForge's speed
 
 - `ids`: each sample's `input_ids` and `loss_mask` read with hsdump's reader, in hsdump id order
   (the order `hsdump export` numbers its files in), one JSON object a line: `{id, input_ids,
@@ -41,6 +43,11 @@ this comparison).
   samples (which side a difference comes from). A Markdown table and a JSON.
 - `run`: export (hsdump's `--to specforge --kind eagle3`), ids, specforge and compare in one go,
   the model folder and layer ids taken from the dataset's manifest, under WORK.
+- `speed`: SpecForge's capture alone on a benchmark shape (`llama8b`, SGLang's random weights,
+  random ids, batch 32, its EAGLE-3 default layers), timed by the worker: tokens/s in steady
+  state and over the whole run, bytes and files. hsdump's side on the same host is
+  `bench/bench.py --models llama8b:2048:512:2 --modes a,b --weights dummy` (`run-0523.sh ref`
+  runs both).
 """
 
 from __future__ import annotations
@@ -136,6 +143,7 @@ def run_specforge(
     limit: Optional[int] = None,
     log: Optional[str] = None,
     pythonpath: Optional[str] = None,
+    load_format: Optional[str] = None,
 ) -> int:
     from hsdump.tiny import resolve_model_path
 
@@ -178,6 +186,8 @@ def run_specforge(
         cmd += ["--attention-backend", attention_backend]
     if limit is not None:
         cmd += ["--limit", str(limit)]
+    if load_format:
+        cmd += ["--load-format", load_format]
     print("+", " ".join(cmd), flush=True)
     if log:
         with open(log, "w") as f:
@@ -203,6 +213,68 @@ def cmd_specforge(a) -> int:
         limit=a.limit,
         pythonpath=a.pythonpath,
     )
+
+
+def cmd_speed(a) -> int:
+    """SpecForge's capture alone on the benchmark shape: `--shape` from hsdump.testing.models
+    (llama8b: Llama-3.1-8B's dimensions) with SGLang's random weights (`load_format=dummy`, the
+    folder holds config.json only, as `bench/bench.py --weights dummy` runs hsdump's side),
+    `--samples` rows of `--tokens` random ids, its EAGLE-3 default layers for the depth in
+    SGLang ids, batch `--batch`; writes its records under WORK/records and prints the worker's
+    timing (tokens/s steady and whole run, bytes, files)."""
+    from hsdump.capture.layers import eagle3_default
+    from hsdump.testing import models
+
+    work = Path(a.work)
+    work.mkdir(parents=True, exist_ok=True)
+    folder = models.build(a.shape, work / f"{a.shape}-dummy", weights="dummy")
+    cfg = json.loads((Path(folder) / "config.json").read_text())
+    n_layers = int(cfg["num_hidden_layers"])
+    layers = [k - 1 for k in eagle3_default(n_layers)]  # transformers index -> Llama's SGLang id
+    ids = work / "ids.jsonl"
+    with open(ids, "w") as f:
+        rows = models.prompts([a.tokens] * a.samples, seed=0, vocab=int(cfg["vocab_size"]))
+        for i, r in enumerate(rows):
+            f.write(json.dumps({"id": i, "input_ids": r, "loss_mask": [1] * len(r)}) + "\n")
+    out = work / "records"
+    rc = run_specforge(
+        str(ids),
+        str(out),
+        model=folder,
+        layers=layers,
+        python=a.python,
+        batch=a.batch,
+        device=a.device,
+        dtype="bfloat16",
+        attention_backend=a.attention_backend,
+        log=str(work / "specforge-speed.log"),
+        pythonpath=a.pythonpath,
+        load_format="dummy",
+    )
+    if rc:
+        return rc
+    state = json.loads((out / "reference_capture.json").read_text())
+    t = state["timing"]
+    res = {
+        "what": "SpecForge 0.2.0's own offline capture, speed",
+        "shape": a.shape,
+        "sglang_layer_ids": layers,
+        "versions": state.get("versions"),
+        "server_args": state.get("server_args"),
+        "timing": t,
+    }
+    if a.json:
+        Path(a.json).write_text(json.dumps(res, indent=1) + "\n")
+    print(
+        f"SpecForge {a.shape}: {t['samples']} x {a.tokens} tokens, batch {a.batch}: "
+        f"steady {t['tokens_per_s_steady'] or 0:,.0f} tok/s, whole run "
+        f"{t['tokens_per_s_whole_run']:,.0f} tok/s, {t['bytes']:,} bytes in {t['files']} files"
+    )
+    if not a.keep:  # the records are what was timed; their size is in the timing
+        import shutil
+
+        shutil.rmtree(out / "rows_0-2000", ignore_errors=True)
+    return 0
 
 
 # ----------------------------------------------------------------------------- loading
@@ -859,6 +931,16 @@ def main(argv=None) -> int:
     p.add_argument("--json")
     p.add_argument("--md")
     p.set_defaults(fn=cmd_compare)
+
+    p = sub.add_parser("speed", help="SpecForge's capture on the benchmark shape, timed")
+    p.add_argument("work")
+    p.add_argument("--shape", default="llama8b", help="hsdump.testing.models name")
+    p.add_argument("--samples", type=int, default=512)
+    p.add_argument("--tokens", type=int, default=2048)
+    p.add_argument("--json")
+    p.add_argument("--keep", action="store_true", help="keep the records written")
+    sf_args(p)
+    p.set_defaults(fn=cmd_speed, batch=32)  # SpecForge's preparation default batch
 
     p = sub.add_parser("run", help="export, ids, specforge, compare")
     p.add_argument("dataset")

@@ -4,7 +4,8 @@
 only the wheels of that venv (specforge, sglang, torch), never hsdump.
 
     python bench/reference_specforge_worker.py IDS.jsonl OUT --model M --layers 1,14,26 \
-        [--batch 8] [--device cuda|cpu] [--dtype bfloat16] [--attention-backend B]
+        [--batch 8] [--device cuda|cpu] [--dtype bfloat16] [--attention-backend B] \
+        [--load-format dummy]
 
 What it runs, all of it SpecForge's wheel API as its offline preparation uses it:
 
@@ -103,6 +104,9 @@ def main() -> int:
     ap.add_argument("--attention-backend", default=None)
     ap.add_argument("--mem-fraction-static", type=float, default=None)
     ap.add_argument("--limit", type=int, default=None, help="first N samples only")
+    ap.add_argument(
+        "--load-format", default=None, help="dummy: SGLang fills random weights (config.json only)"
+    )
     a = ap.parse_args()
 
     import torch
@@ -129,6 +133,8 @@ def main() -> int:
         kwargs["attention_backend"] = a.attention_backend
     if a.mem_fraction_static is not None:
         kwargs["mem_fraction_static"] = a.mem_fraction_static
+    if a.load_format:
+        kwargs["load_format"] = a.load_format
     if a.device == "cpu":
         kwargs["sampling_backend"] = "pytorch"
         # SGLang's default resolves below zero on the CPU ("no GPU memory for the KV cache")

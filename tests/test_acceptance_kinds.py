@@ -55,3 +55,56 @@ def test_specforge_exports_load_in_sglangs_drafter_classes(tmp_path):
         assert r[kind]["block_size"] == 16 and r[kind]["mask_token_id"] is not None
     assert r["dspark-nested"]["refused_by_sglang"], r["dspark-nested"]
     assert p.returncode == 0, p.stdout[-2000:]
+
+
+def _serve(accepted, steps, algorithm=None, tps=100.0):
+    """A served run as `acceptance.py serve --json` writes it: per held-out prompt the tokens
+    accepted and the verify steps, the outputs, both speeds."""
+    per = {f"p{i}": [a, s] for i, (a, s) in enumerate(zip(accepted, steps))}
+    acc_len = sum(accepted) / sum(steps)
+    return {
+        "engine": {"speculative_algorithm": algorithm, "disable_cuda_graph": False},
+        "per_prompt": per,
+        "outputs": {k: [1, 2, 3] for k in per},
+        "batch1": {"accept_length": acc_len, "tokens_per_s": tps},
+        "batched": {"accept_length": acc_len, "tokens_per_s": tps * 4},
+    }
+
+
+def test_table_pairs_each_drafter_with_its_controls(tmp_path):
+    """`acceptance_kinds.py table`: one row per served engine, and per kind the drafter minus
+    each control over the same prompts (layer off; EAGLE-3's wrong template and its drafter on
+    SpecForge's own capture, issue 44), with a paired bootstrap interval. The drafter accepts
+    more on every prompt here, so every interval lies above 0; a lone control gives no line."""
+    res = tmp_path / "res"
+    res.mkdir()
+    steps = [10] * 12
+    runs = {
+        "plain": _serve([0] * 12, steps),
+        "eagle3-default": _serve([20 + i % 3 for i in range(12)], steps, "EAGLE3"),
+        "eagle3-layer_off": _serve([5] * 12, steps, "EAGLE3"),
+        "eagle3-template": _serve([8] * 12, steps, "EAGLE3"),
+        "eagle3-specforge": _serve([15 + i % 2 for i in range(12)], steps, "EAGLE3"),
+        "dflash-layer_off": _serve([5] * 12, steps, "DFLASH"),  # no drafter row: no line
+    }
+    for name, r in runs.items():
+        (res / f"serve-{name}.json").write_text(json.dumps(r))
+    out = tmp_path / "table.json"
+    p = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "acceptance_kinds.py"), "table",
+         "--results", str(res), "--json", str(out)],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert p.returncode == 0, p.stderr
+    t = json.loads(out.read_text())
+    assert sorted(r["variant"] for r in t["rows"]) == sorted(runs)
+    pairs = t["drafter_minus_control"]
+    assert sorted(pairs) == ["eagle3", "eagle3-specforge", "eagle3-template"]
+    d = sum(20 + i % 3 for i in range(12)) / 120
+    want = {"eagle3": d - 0.5, "eagle3-template": d - 0.8,
+            "eagle3-specforge": d - sum(15 + i % 2 for i in range(12)) / 120}  # fmt: skip
+    for k, x in pairs.items():
+        assert x["default_minus_this"] == pytest.approx(want[k], abs=1e-4), k
+        assert 0 < x["ci95"][0] <= x["ci95"][1], (k, x)
+        assert x["prompts"] == 12 and x["prompts_default_higher"] == 12
+    assert "eagle3-specforge: drafter - control" in p.stdout

