@@ -452,28 +452,25 @@ def tensor_metrics(b, a, others: Dict[str, object]) -> dict:
 
 
 class Transformers:
-    """A float32 transformers forward of the same ids: which side a difference comes from."""
+    """A float32 transformers forward of the same ids (hsdump.check's reference: the
+    checkpoint's own class, the final norm's input and output hooked): which side a difference
+    comes from."""
 
     def __init__(self, model: str):
         import torch
-        from transformers import AutoModelForCausalLM
 
-        self.model = AutoModelForCausalLM.from_pretrained(model, dtype=torch.float32).eval()
+        from hsdump.check import reference_model
+
+        self.model = reference_model(model, torch.float32)
         self.path = model
-        self._pre = {}
-        norm = getattr(getattr(self.model, "model", None), "norm", None)
-        if norm is not None:
-            norm.register_forward_hook(lambda m, args, out: self._pre.update(x=args[0][0]))
 
     def states(self, ids) -> dict:
-        import torch
+        from hsdump.check import forward
 
-        with torch.no_grad():
-            out = self.model(ids.reshape(1, -1).to(torch.int64), output_hidden_states=True)
-        got = {f"layer {k}": t[0] for k, t in enumerate(out.hidden_states[:-1])}
-        got["final/post_norm"] = out.hidden_states[-1][0]
-        if "x" in self._pre:
-            got["final/pre_norm"] = self._pre.pop("x")
+        f = forward(self.model, [int(x) for x in ids.reshape(-1).tolist()], "cpu")
+        got = {f"layer {k}": t for k, t in enumerate(f.hidden_states[:-1])}
+        got["final/post_norm"] = f.post_norm
+        got["final/pre_norm"] = f.pre_norm
         return got
 
 
