@@ -148,7 +148,7 @@ env523() {
 env514() {
   # SpecForge's side: SGLang 0.5.14 and transformers 5.8.1 from the 0514 bundle over the image's
   # torch 2.11.0 (its own cuDNN and NCCL: nothing of /tmp/site523), SpecForge from /tmp/site3
-  export PYTHONPATH="$SITE514:$SITE3"
+  export PYTHONPATH="$SITE514:$SITE3:$SITE2"   # site2: datasets (SpecForge's data utilities)
   export PYTHONUNBUFFERED=1
   export TRITON_CACHE_DIR="$CACHE/triton514"
   export FLASHINFER_WORKSPACE_BASE="$CACHE/fi514"
@@ -284,7 +284,7 @@ while [ $# -gt 0 ]; do
     import514)
       ( env514
         run_step import514 240 python3 -c "import torch, sglang, sgl_kernel, transformers, specforge
-import specforge.offline_capture.sglang_backend as b
+import specforge.data.utils, specforge.offline_capture.sglang_backend as b
 print('torch', torch.__version__, 'sglang', sglang.__version__, 'transformers', transformers.__version__,
       'cuda', torch.cuda.is_available(), 'backend', b.__name__)" ) ;;
     smollm2)
