@@ -144,6 +144,7 @@ def run_specforge(
     log: Optional[str] = None,
     pythonpath: Optional[str] = None,
     load_format: Optional[str] = None,
+    method: str = "eagle3",
 ) -> int:
     from hsdump.tiny import resolve_model_path
 
@@ -188,6 +189,8 @@ def run_specforge(
         cmd += ["--limit", str(limit)]
     if load_format:
         cmd += ["--load-format", load_format]
+    if method != "eagle3":
+        cmd += ["--method", method]
     print("+", " ".join(cmd), flush=True)
     if log:
         with open(log, "w") as f:
@@ -212,6 +215,7 @@ def cmd_specforge(a) -> int:
         attention_backend=a.attention_backend,
         limit=a.limit,
         pythonpath=a.pythonpath,
+        method=a.method,
     )
 
 
@@ -291,11 +295,8 @@ class HsdumpSide:
             dataset = str(p)
         elif (p / "hsdump_export.json").exists():
             self.export = json.loads((p / "hsdump_export.json").read_text())
-            if (
-                self.export.get("to") != "specforge"
-                or self.export.get("kind", "eagle3") != "eagle3"
-            ):
-                raise SystemExit(f"{p}: an export --to specforge --kind eagle3 is needed")
+            if self.export.get("to") != "specforge":
+                raise SystemExit(f"{p}: an export --to specforge (--kind eagle3|dflash|dspark)")
             src = self.export.get("source")
             if dataset is None and src and (Path(src) / "manifest.json").exists():
                 dataset = src
@@ -326,18 +327,14 @@ class HsdumpSide:
         """`input_ids`, `loss_mask`, `aux` (list, EAGLE-3 order), `final` (the SpecForge
         slot), `others` {name: tensor} of every captured tensor (for the closest-match
         search)."""
-        import torch
 
         sid = self.ids[pos]
         out: Dict[str, object] = {"id": sid, "others": {}}
         if self.export is not None:
             rec = load_ckpt(self.path, pos)
-            H = rec["hidden_state"].shape[-1]
             out["input_ids"] = rec["input_ids"].reshape(-1)
             out["loss_mask"] = rec["loss_mask"].reshape(-1)
-            aux = rec["aux_hidden_state"].reshape(-1, rec["aux_hidden_state"].shape[-1])
-            out["aux"] = list(torch.split(aux, H, dim=-1))
-            out["final"] = rec["hidden_state"].reshape(-1, H)
+            out["aux"], out["final"] = split_record(rec, len(self.e3_layers))
         if self.ds is not None:
             rec = self.ds.get(sid)
             if self.export is None:
@@ -355,6 +352,21 @@ class HsdumpSide:
             if out["final"] is not None:
                 out["others"][f"final/{self.final_kind}"] = out["final"]
         return out
+
+
+def split_record(rec: dict, k: int) -> tuple:
+    """A SpecForge record's layer states (a list of k [T, H]) and its final state ([T, H], or
+    None): EAGLE-3's `aux_hidden_state` [1, T, k*H] and `hidden_state`, or the DFlash family's
+    `hidden_states` [T, k*H] and (DSpark) `target_last_hidden_states`."""
+    import torch
+
+    if "aux_hidden_state" in rec:
+        aux, final = rec["aux_hidden_state"], rec["hidden_state"]
+    else:
+        aux, final = rec["hidden_states"], rec.get("target_last_hidden_states")
+    aux = aux.reshape(-1, aux.shape[-1])
+    H = aux.shape[-1] // k
+    return list(torch.split(aux, H, dim=-1)), (None if final is None else final.reshape(-1, H))
 
 
 def load_ckpt(folder: Path, pos: int) -> dict:
@@ -385,16 +397,14 @@ class SpecForgeSide:
         self.ids = [int(i) for i in self.state["ids"]]
 
     def get(self, pos: int) -> dict:
-        import torch
 
         rec = load_ckpt(self.path, pos)
-        H = rec["hidden_state"].shape[-1]
-        aux = rec["aux_hidden_state"].reshape(-1, rec["aux_hidden_state"].shape[-1])
+        aux, final = split_record(rec, len(self.layers or self.sglang_ids))
         return {
             "input_ids": rec["input_ids"].reshape(-1),
             "loss_mask": rec["loss_mask"].reshape(-1),
-            "aux": list(torch.split(aux, H, dim=-1)),
-            "final": rec["hidden_state"].reshape(-1, H),
+            "aux": aux,
+            "final": final,
             "shapes": {k: list(v.shape) for k, v in rec.items()},
             "dtypes": {k: str(v.dtype).replace("torch.", "") for k, v in rec.items()},
         }
@@ -548,7 +558,7 @@ def compare(
             "rows_specforge": nb,
             "pad_rows": pad,
             "aux_rows_specforge": int(b["aux"][0].shape[0]),
-            "final_rows_specforge": int(b["final"].shape[0]),
+            "final_rows_specforge": None if b["final"] is None else int(b["final"].shape[0]),
             "ids_equal": bool(torch.equal(b["input_ids"][:n], a["input_ids"][:n].to(torch.int64)))
             and nb >= na,
             "loss_mask_equal": bool(
@@ -575,9 +585,11 @@ def compare(
             s["pad_ids"] = sorted({int(x) for x in b["input_ids"][na:].tolist()})
             s["pad_loss_mask_sum"] = int(b["loss_mask"][na:].sum())
             s["pad_rows_aux_rms"] = float(b["aux"][0][na:].float().pow(2).mean().sqrt())
-            s["pad_rows_final_rms"] = float(b["final"][na:].float().pow(2).mean().sqrt())
+            finals = [] if b["final"] is None else [b["final"]]
+            if finals:
+                s["pad_rows_final_rms"] = float(b["final"][na:].float().pow(2).mean().sqrt())
             s["pad_rows_nonzero"] = bool(
-                any(float(t[na:].abs().max()) > 0 for t in b["aux"] + [b["final"]])
+                any(float(t[na:].abs().max()) > 0 for t in b["aux"] + finals)
             )
         for j, t in enumerate(b["aux"]):
             k = pairing[j] if j < len(pairing) else None
@@ -589,7 +601,7 @@ def compare(
             m["hsdump_layer"] = hs.e3_layers[k]
             m["sglang_id"] = sf.sglang_ids[j] if sf.sglang_ids else None
             s["tensors"][label] = m
-        if a["final"] is not None:
+        if a["final"] is not None and b["final"] is not None:
             m = tensor_metrics(b["final"], a["final"], a["others"])
             m["hsdump_tensor"] = f"final/{hs.final_kind}"
             s["tensors"]["final"] = m
@@ -599,7 +611,8 @@ def compare(
                 for j, t in enumerate(b["aux"])
                 if j < len(pairing) and pairing[j] is not None
             }
-            pairs["final"] = (f"final/{hs.final_kind}", b["final"], a["final"])
+            if b["final"] is not None:
+                pairs["final"] = (f"final/{hs.final_kind}", b["final"], a["final"])
             s["transformers_float32"] = against_transformers(hf.states(a["input_ids"]), pairs)
         samples.append(s)
     return {
@@ -736,7 +749,8 @@ def table(res: dict) -> str:
         f"{s['rows_equal']}/{s['compared']}; SpecForge records with pad rows: "
         f"{s['samples_with_pad_rows']} ({s['pad_rows']} rows, nonzero states on them in "
         f"{s['pad_rows_nonzero']}); shorter than hsdump's: {s['samples_short']}. Loss rows "
-        "after SpecForge's EAGLE-3 normalizer (last entry zeroed): "
+        "after SpecForge's EAGLE-3 normalizer's rule (last entry zeroed; the DFlash family's "
+        "normalizer has its own): "
         f"{s['trained_rows_specforge']} on SpecForge's records, {s['trained_rows_hsdump']} on "
         f"hsdump's; last real row still in the loss (paired with a pad row): "
         f"{s['trained_rows_paired_with_pad']}.",
@@ -829,18 +843,20 @@ def cmd_run(a) -> int:
     work = Path(a.work)
     work.mkdir(parents=True, exist_ok=True)
     facts = manifest_facts(a.dataset)
-    ex = Path(a.export) if a.export else work / "hsdump-eagle3"
+    ex = Path(a.export) if a.export else work / f"hsdump-{a.kind}"
     steps: Dict[str, float] = {}
     if not a.export:
         t = time.perf_counter()
-        export(a.dataset, str(ex), "specforge", kind="eagle3", progress=False, overwrite=True)
+        export(a.dataset, str(ex), "specforge", kind=a.kind, progress=False, overwrite=True)
         steps["export_s"] = time.perf_counter() - t
     ids = work / "ids.jsonl"
     n = write_ids(a.dataset, str(ids), a.limit)
-    layers = [int(x) for x in a.layers.split(",")] if a.layers else facts["eagle3_serving_ids"]
+    # the kind's SGLang serving ids, as the export records them for this model class
+    served = json.loads((ex / "hsdump_export.json").read_text()).get("serving_ids")
+    layers = [int(x) for x in a.layers.split(",")] if a.layers else served
     if not layers:
-        raise SystemExit("the manifest records no EAGLE-3 serving ids: pass --layers")
-    sfo = work / "specforge"
+        raise SystemExit(f"the export records no {a.kind} serving ids: pass --layers")
+    sfo = work / f"specforge-{a.kind}" if a.kind != "eagle3" else work / "specforge"
     rc = 0
     if not a.skip_specforge:
         t = time.perf_counter()
@@ -854,12 +870,13 @@ def cmd_run(a) -> int:
             device=a.device,
             dtype=a.dtype or facts["dtype"] or "bfloat16",
             attention_backend=a.attention_backend,
-            log=str(work / "specforge.log"),
+            log=str(work / f"specforge-{a.kind}.log"),
             pythonpath=a.pythonpath,
+            method=a.kind,
         )
         steps["specforge_s"] = time.perf_counter() - t
         if rc:
-            print(f"SpecForge's capture failed (rc {rc}): {work / 'specforge.log'}")
+            print(f"SpecForge's capture failed (rc {rc}): {work / f'specforge-{a.kind}.log'}")
             return rc
     res = compare(
         HsdumpSide(str(ex), a.dataset), SpecForgeSide(str(sfo)), hf_samples=a.hf, hf_model=a.model
@@ -870,6 +887,8 @@ def cmd_run(a) -> int:
     sf_state = json.loads((sfo / "reference_capture.json").read_text())
     out = {
         "what": "hsdump's capture against SpecForge 0.2.0's own offline capture, same token ids",
+        "kind": a.kind,
+        "command": " ".join(sys.argv),
         "samples": n,
         "hsdump": {"dataset": a.dataset, "export": str(ex), **facts, "driver": _versions()},
         "specforge": {
@@ -911,6 +930,12 @@ def main(argv=None) -> int:
     p = sub.add_parser("specforge", help="SpecForge's own capture of an ids file")
     p.add_argument("ids")
     p.add_argument("out")
+    p.add_argument(
+        "--method",
+        default="eagle3",
+        choices=["eagle3", "dflash", "dspark"],
+        help="SpecForge's algorithm (its capture method and record layout)",
+    )
     p.add_argument("--model", required=True)
     p.add_argument("--layers", required=True, help="SGLang ids, comma-separated")
     p.add_argument("--dtype", default="bfloat16")
@@ -940,6 +965,12 @@ def main(argv=None) -> int:
     p.set_defaults(fn=cmd_speed, batch=32)  # SpecForge's preparation default batch
 
     p = sub.add_parser("run", help="export, ids, specforge, compare")
+    p.add_argument(
+        "--kind",
+        default="eagle3",
+        choices=["eagle3", "dflash", "dspark"],
+        help="the drafter kind: hsdump's export --kind and SpecForge's capture method",
+    )
     p.add_argument("dataset")
     p.add_argument("work")
     p.add_argument("--export", help="an existing --to specforge --kind eagle3 export")

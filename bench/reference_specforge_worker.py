@@ -18,7 +18,9 @@ What it runs, all of it SpecForge's wheel API as its offline preparation uses it
   given) plus, on the CPU, `device="cpu"`, `sampling_backend="pytorch"` and
   `mem_fraction_static=0.3` (hsdump's CPU engine setting: SGLang's default resolves below zero
   on the CPU and refuses to build the KV cache);
-- `.set_capture_layers(layers, capture_method="eagle3")`: SGLang's ids (Llama adds 1 to each);
+- `.set_capture_layers(layers, capture_method=...)`: SGLang's ids (Llama adds 1 to each), the
+  capture method of `--method`'s algorithm (eagle3, dflash or dspark: SGLang's setter of that
+  kind);
 - batches of `--batch` consecutive samples padded by SpecForge's own collator
   (`specforge.data.utils.DataCollatorWithPadding`: right padding with id 0, loss mask 0,
   attention mask 0), then `.capture(input_ids=, attention_mask=, loss_mask=)`;
@@ -83,11 +85,13 @@ def _cpu_current_device(device: str):
         torch.cuda.current_device = saved
 
 
-def _eagle3_layout():
-    """The EAGLE-3 algorithm's own offline capture layout (text), from SpecForge's registry."""
+def _layout(method: str = "eagle3"):
+    """The algorithm's own offline capture layout (text), from SpecForge's registry: EAGLE-3's
+    records hold `aux_hidden_state` and `hidden_state`, DFlash's `hidden_states` [T, K*H],
+    DSpark's that and `target_last_hidden_states`."""
     from specforge.algorithms.builtin import builtin_algorithm_registry
 
-    providers = builtin_algorithm_registry().resolve("eagle3").providers
+    providers = builtin_algorithm_registry().resolve(method).providers
     (text,) = [p for p in providers.offline if p.modality == "text"]
     return text.capture_layout
 
@@ -98,6 +102,12 @@ def main() -> int:
     ap.add_argument("out")
     ap.add_argument("--model", required=True)
     ap.add_argument("--layers", required=True, help="SGLang ids, comma-separated")
+    ap.add_argument(
+        "--method",
+        default="eagle3",
+        choices=["eagle3", "dflash", "dspark"],
+        help="SpecForge's algorithm: its capture method and its record layout",
+    )
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
     ap.add_argument("--dtype", default="bfloat16")
@@ -142,9 +152,9 @@ def main() -> int:
     t_load = time.perf_counter()
     with _cpu_current_device(a.device):
         capture = load_offline_capture(a.model, torch_dtype=getattr(torch, a.dtype), **kwargs)
-    capture.set_capture_layers(layers, capture_method="eagle3")
+    layout = _layout(a.method)
+    capture.set_capture_layers(layers, capture_method=layout.capture_method)
     seconds_load = time.perf_counter() - t_load
-    layout = _eagle3_layout()
     collate = DataCollatorWithPadding()
 
     dev = torch.device(a.device)
@@ -232,7 +242,8 @@ def main() -> int:
         "ids": [int(r["id"]) for r in rows],
         "model": a.model,
         "sglang_layer_ids": layers,
-        "capture_method": "eagle3",
+        "capture_method": layout.capture_method,
+        "method": a.method,
         "device": a.device,
         "dtype": a.dtype,
         "server_args": {k: v for k, v in kwargs.items()},
