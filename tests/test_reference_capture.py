@@ -7,32 +7,30 @@ capture"); here its side is an hsdump export in SpecForge's record layout, which
 takes as well. Run as a script: tests import nothing of bench/."""
 
 import json
-import subprocess
 import sys
 
+import harness
 from factories import ROOT, make_dataset, stored_sample
 
 LENS = {0: 5, 2: 17, 3: 9, 9: 40, 12: 12}
 FINAL = ("pre_norm", "post_norm")
 
 
-def _export(src, dest):
-    p = subprocess.run(
-        [sys.executable, "-m", "hsdump", "export", str(src), str(dest), "--to", "specforge",
-         "--kind", "eagle3", "--no-progress"],
-        capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
-    assert p.returncode == 0, p.stderr
+def _export(src, dest, kind="eagle3"):
+    rc, log = harness.python("-m", "hsdump", "export", str(src), str(dest), "--to", "specforge",
+                             "--kind", kind, "--no-progress", timeout=120)  # fmt: skip
+    assert rc == 0, log[-3000:]
     return dest
 
 
 def _compare(hs, other, out):
-    p = subprocess.run(
-        [sys.executable, str(ROOT / "bench" / "reference_capture.py"), "compare", str(hs),
-         str(other), "--json", str(out)],
-        capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
-    assert p.returncode == 0, p.stderr
+    """The script, forked by the fork server (torch is imported there already)."""
+    cmd = [sys.executable, str(ROOT / "bench" / "reference_capture.py"), "compare", str(hs),
+           str(other), "--json", str(out)]  # fmt: skip
+    rc, log = harness.run_python_script(
+        cmd, cwd=ROOT, env=harness.clean_env(None), timeout=120, wait=True
+    )
+    assert rc == 0, log[-3000:]
     return json.loads(out.read_text())
 
 
@@ -60,3 +58,36 @@ def test_compare_names_the_tensor_each_record_holds(tmp_path):
     for name, t in off["tensors"].items():
         assert t["rel_worst"] > 0.5, name
         assert t["closest"] == {want[name]: 5}, (name, t["closest"])
+
+
+def test_compare_reads_the_dflash_familys_records(tmp_path):
+    """SpecForge's DFlash records hold `hidden_states` [T, K*H] and no final state (DSpark adds
+    `target_last_hidden_states`): the comparison splits them into the kind's layers. hsdump's
+    `--kind dflash` and `--kind dspark` exports of the same samples, against themselves and
+    against the rotated layers."""
+
+    def with_kinds(path):  # the manifest records the DFlash family's layers, as capture.kinds does
+        m = json.loads((path / "manifest.json").read_text())
+        m["kinds"] = {k: {"layers": [2, 4, 5], "serving_ids": None} for k in ("dflash", "dspark")}
+        (path / "manifest.json").write_text(json.dumps(m))
+        return path
+
+    def rotated(s, n):
+        ids, mask, hs, fin = stored_sample(s, n, final=FINAL)
+        return ids, mask, [hs[2], hs[0], hs[1]], fin
+
+    a = with_kinds(make_dataset(tmp_path / "a", {s: stored_sample(s, n, final=FINAL)
+                                                 for s, n in LENS.items()}))  # fmt: skip
+    b = with_kinds(make_dataset(tmp_path / "b", {s: rotated(s, n) for s, n in LENS.items()}))
+    for kind, final in (("dflash", False), ("dspark", True)):
+        _export(a, tmp_path / f"a-{kind}", kind)
+        _export(b, tmp_path / f"b-{kind}", kind)
+        same = _compare(tmp_path / f"a-{kind}", tmp_path / f"a-{kind}", tmp_path / "s.json")
+        t = same["summary"]["tensors"]
+        assert sorted(t) == (["aux 0", "aux 1", "aux 2"] + (["final"] if final else [])), kind
+        assert all(x["rel_worst"] == 0 for x in t.values()), kind
+        off = _compare(tmp_path / f"a-{kind}", tmp_path / f"b-{kind}", tmp_path / "o.json")
+        t = off["summary"]["tensors"]
+        want = {"aux 0": "layer 5", "aux 1": "layer 2", "aux 2": "layer 4"}
+        for name, w in want.items():
+            assert t[name]["closest"] == {w: 5}, (kind, name, t[name]["closest"])
