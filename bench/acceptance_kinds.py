@@ -22,6 +22,7 @@ Pieces (each a subcommand; `run-all` chains them):
     draft-config --kind K --target DIR --export EX --out JSON   the drafter's config (recipe)
     train --kind K --target DIR --data EX --draft-config JSON --out DIR   SpecForge's trainer
     export --kind K --ckpt DIR --draft-config JSON --target DIR --out DIR  SpecForge's export
+    predict --kind dflash --train DIR --drafter DIR --json OUT     DFlash's predicted accept length
     check-served --kind K --folder DIR --target DIR --ids 1,2,3    SGLang's class loads it (CPU)
     table --results DIR                                            the table from the serve runs
 
@@ -275,9 +276,9 @@ def predicted_accept_length(kind: str, rows: list, tail: int = 20, upto=None) ->
     EAGLE-3: 1 + sum over the 3 served steps of the product of its eval per-position
     accuracies (accept length of a chain of 3 drafts, top-1); DSpark: its `tau_probabilistic`
     (the expected accepted block prefix), eval if logged, else the mean of the last `tail`
-    training steps; DFlash: SpecForge 0.2.0's DFlash strategy logs token accuracy only (its
-    model computes `accept_len` but the strategy drops it), so none. `upto`: the served
-    checkpoint's step (later logs are left out)."""
+    training steps; DFlash: SpecForge 0.2.0's DFlash strategy logs token accuracy only, so
+    none here (`predict` counts it on the served folder, and run-all puts that in its place).
+    `upto`: the served checkpoint's step (later logs are left out)."""
     rows = [r for r in rows if upto is None or r["step"] <= upto]
     ev = [r for r in rows if any(k.startswith("eval/") for k in r)]
     last_eval = ev[-1] if ev else {}
@@ -354,6 +355,105 @@ def export(a) -> int:
             json.dumps(dict(checkpoint=str(ckpt), tool="specforge export"), indent=1) + "\n"
         )
     return rc
+
+
+# ----------------------------------------------------------------------------- predict
+def predict(a) -> int:
+    """DFlash's accept length as its trainer's own code predicts it, for the served drafter:
+    SpecForge 0.2.0's DFlash strategy logs token accuracy only, but its DFlash family has
+    `compute_accept_len` (what its Domino model reports: per block, 1 + the drafted prefix equal
+    to the target's tokens). This loads the folder SpecForge exported
+    (`AutoDraftModel.from_pretrained`) into SpecForge's `OnlineDFlashModel`, built as its
+    trainer builds it from the run's run.json (the target's embedding and LM head through its
+    `TargetEmbeddingsAndHead`, the drafter's mask token and block, the run's anchors, loss
+    decay and attention backend), runs it over the trainer's held-out records (read by its
+    DFlash normalizer), and counts every block of the model's own forward with
+    `compute_accept_len` on the argmax of its logits. Teacher-forced and greedy, as EAGLE-3's
+    prediction from its per-position accuracies is."""
+    import torch
+    from specforge.algorithms.common.dflash_family_data import normalize_offline_sample
+    from specforge.algorithms.common.dflash_family_model import (
+        OnlineDFlashModel,
+        compute_accept_len,
+    )
+    from specforge.modeling.auto import AutoDraftModel
+    from specforge.modeling.target.target_utils import TargetEmbeddingsAndHead
+
+    if a.kind != "dflash":
+        raise SystemExit("predict: DFlash only (EAGLE-3 and DSpark trainers log their own)")
+    run = json.loads((Path(a.train) / "run.json").read_text())
+    m_cfg, tr, data = run["model"], run["training"], run["data"]
+    records = sorted(Path(a.records or data["eval_hidden_states_path"]).glob("*.ckpt"),
+                     key=lambda f: int(f.stem.split("_")[1]))[: a.limit]  # fmt: skip
+    if not records:
+        raise SystemExit(f"predict: no records in {a.records or data['eval_hidden_states_path']}")
+    device = torch.device("cpu" if a.cpu or not torch.cuda.is_available() else "cuda")
+    dtype = torch.bfloat16
+    torch.manual_seed(0)
+    draft = AutoDraftModel.from_pretrained(a.drafter, torch_dtype=dtype,
+                                           attn_implementation=tr["attention_backend"])  # fmt: skip
+    dcfg = draft.config.to_dict()
+    mask = (dcfg.get("dflash_config") or {}).get("mask_token_id")
+    if mask is None:
+        raise SystemExit(f"{a.drafter}: no dflash_config.mask_token_id")
+    head = TargetEmbeddingsAndHead.from_pretrained(
+        m_cfg["target_model_path"], embed_key=m_cfg.get("embedding_key"),
+        lm_head_key=m_cfg.get("lm_head_key"), device=device.type, dtype=dtype,
+    )  # fmt: skip
+    model = OnlineDFlashModel(
+        draft_model=draft, target_lm_head=head.lm_head, target_embed_tokens=head.embed_tokens,
+        mask_token_id=int(mask), block_size=int(draft.block_size),
+        attention_backend=tr["attention_backend"], num_anchors=int(tr["num_anchors"]),
+        loss_decay_gamma=tr.get("loss_decay_gamma"),
+    ).to(device=device, dtype=dtype).eval()  # fmt: skip
+    B = int(draft.block_size)
+    sums = dict(accept=0.0, blocks=0.0, correct=torch.zeros(B, dtype=torch.float64),
+                valid=torch.zeros(B, dtype=torch.float64),
+                hist=torch.zeros(B + 1, dtype=torch.float64))  # fmt: skip
+    terms = model._dflash_objective_chunk_terms
+
+    def counted(hidden, target_ids, weight_mask):  # the model's blocks, as its loss sees them
+        b, n, k, h = hidden.shape
+        pred = model.lm_head(hidden.reshape(b, n * k, h)).reshape(b, n, k, -1).argmax(-1)
+        valid = weight_mask > 0
+        accepted = compute_accept_len(pred, target_ids, valid)  # SpecForge's own count
+        blocks = valid.any(dim=-1)
+        sums["accept"] += float(((accepted + 1.0) * blocks).sum())
+        sums["blocks"] += float(blocks.sum())
+        sums["correct"] += ((pred == target_ids) & valid).sum(dim=(0, 1)).double().cpu()
+        sums["valid"] += valid.sum(dim=(0, 1)).double().cpu()
+        sums["hist"] += torch.bincount((accepted + 1.0)[blocks].long().cpu(),
+                                       minlength=B + 1)[: B + 1].double()  # fmt: skip
+        return terms(hidden, target_ids, weight_mask)
+
+    model._dflash_objective_chunk_terms = counted
+    t0 = time.time()
+    with torch.no_grad():
+        for f in records:
+            raw = torch.load(f, map_location="cpu", weights_only=True)
+            s = normalize_offline_sample(raw, max_len=int(data["max_length"]))
+            model(input_ids=s["input_ids"].to(device),
+                  hidden_states=s["hidden_states"].to(device=device, dtype=dtype),
+                  loss_mask=s["loss_mask"].to(device))  # fmt: skip
+    if not sums["blocks"]:
+        raise SystemExit("predict: no block with a supervised token in the records")
+    v = sums["valid"]
+    res = dict(
+        kind=a.kind, drafter=str(a.drafter), records=len(records), blocks=int(sums["blocks"]),
+        predicted=round(sums["accept"] / sums["blocks"], 4),
+        # SpecForge's eval/avg_acc at the same step, recomputed: the drafter runs as trained
+        accuracy=round(float(sums["correct"].sum() / v.sum()), 4),
+        source="SpecForge compute_accept_len over OnlineDFlashModel's blocks, held-out records",
+        per_position_acc=[round(float(c / x), 4) if x else None
+                          for c, x in zip(sums["correct"], v)][1:],
+        accept_histogram=[int(x) for x in sums["hist"]][1:],
+        block_size=B, num_anchors=int(tr["num_anchors"]), device=device.type,
+        seconds=round(time.time() - t0, 1),
+    )  # fmt: skip
+    Path(a.json).parent.mkdir(parents=True, exist_ok=True)
+    Path(a.json).write_text(json.dumps(res, indent=1) + "\n")
+    print(json.dumps({k: res[k] for k in ("kind", "records", "blocks", "predicted", "accuracy")}))
+    return 0
 
 
 # ------------------------------------------------------------------------ check-served
@@ -805,12 +905,22 @@ def run_all(a) -> int:  # noqa: C901 - one pipeline, read top to bottom
             rows = trainer_metrics(w / "train" / name / "train.log")
             facts = dict(kind=kind, steps=rows[-1]["step"] if rows else 0, served_step=step,
                          **predicted_accept_length(kind, rows, upto=step))  # fmt: skip
-            (P.res / f"train-{name}.json").write_text(json.dumps(facts, indent=1) + "\n")
             served = w / "served" / name
             run(f"sf-export-{name}",
                   _py(me, "export", "--kind", kind, "--ckpt", steps[name][step],
                       "--draft-config", cfg, "--out", served, "--target", target),
                   env=env, done=served / "config.json")  # fmt: skip
+            pj = P.res / f"predict-{name}.json"
+            if kind == "dflash" and (served / "config.json").exists():  # no trainer prediction
+                run(f"predict-{name}",
+                      _py(me, "predict", "--kind", kind, "--train", w / "train" / name,
+                          "--drafter", served, "--json", pj, *(["--cpu"] if cpu else [])),
+                      env=env, done=pj, check=False)  # fmt: skip
+            if pj.exists():
+                x = json.loads(pj.read_text())
+                facts.update(predicted=x["predicted"], source=x["source"],
+                             per_position_acc=x["per_position_acc"])  # fmt: skip
+            (P.res / f"train-{name}.json").write_text(json.dumps(facts, indent=1) + "\n")
         if not cpu:  # the plain target (every row's reference) with the first kind
             items = [("plain", None, None)] + [
                 (n, ALGORITHM[kind], w / "served" / n) for n in names]  # fmt: skip
@@ -876,6 +986,14 @@ def main(argv=None) -> int:
     p.add_argument("--draft-config", required=True)
     p.add_argument("--target", required=True)
     p.add_argument("--out", required=True)
+    p = sub.add_parser("predict")
+    p.add_argument("--kind", choices=KINDS, required=True)
+    p.add_argument("--train", required=True, help="the training folder (its run.json)")
+    p.add_argument("--drafter", required=True, help="SpecForge's export of the checkpoint")
+    p.add_argument("--records", default=None, help="default: the run's held-out records")
+    p.add_argument("--limit", type=int, default=None)
+    p.add_argument("--json", required=True)
+    p.add_argument("--cpu", action="store_true")
     p = sub.add_parser("check-served")
     p.add_argument("--kind", choices=KINDS, required=True)
     p.add_argument("--folder", required=True)
@@ -944,6 +1062,8 @@ def main(argv=None) -> int:
         return train(a)
     if a.cmd == "export":
         return export(a)
+    if a.cmd == "predict":
+        return predict(a)
     if a.cmd == "check-served":
         ids = [int(x) for x in a.ids.split(",")]
         r = sglang_load(a.target, [a.folder])[a.folder]

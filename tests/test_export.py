@@ -348,6 +348,7 @@ PEER_WHEELS = {
     "HSDUMP_SPECFORGE_SRC": "specforge==0.2.0",
     "HSDUMP_SPECULATORS09_SRC": "speculators==0.9.0",
     "HSDUMP_HS_CONNECTORS_SRC": "hs-connectors==0.9.0",
+    "HSDUMP_ACCELERATE_SRC": "accelerate==1.15.0",  # SpecForge's trainer (its DDP wrapper)
 }
 
 
