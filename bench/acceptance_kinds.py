@@ -708,6 +708,77 @@ def off_by_one(layers) -> list:
     return [int(k) + 1 for k in layers]
 
 
+# slots of H per record row in SpecForge's layout, per kind (EAGLE-3: 3 aux + the final state;
+# DFlash: 5 layers; DSpark: 5 layers + the final state), and 16 bytes a row of ids and mask
+EXPORT_SLOTS = {"eagle3": 4, "dflash": 5, "dspark": 6}
+DISK_MARGIN = 8e9  # SpecForge's checkpoints (a drafter's weights and optimizer, every
+# --save-interval steps, two to four trainers), the served folders, logs
+
+
+def spent(capture: str, i: int, kinds) -> bool:
+    """No step after kind `kinds[i]`'s export of `capture` reads that capture."""
+    return capture == "template" or i == len(kinds) - 1
+
+
+def disk_plan(index: dict, hidden: int, kinds, template: bool, ref_batch, slots: dict) -> list:
+    """What run-all holds on disk at each kind's peak, from the default capture's index:
+    the captures (default, layer-off control, EAGLE-3's template control: the same samples, at
+    `slots` tensors of H a row each: their layers and final states), each released once no
+    later step reads it (`spent`), beside the kind's exports (bf16 rows, written one by one);
+    with `ref_batch`, EAGLE-3's SpecForge capture of the same ids, whose records keep the rows
+    of its padded batches (each batch of `ref_batch` consecutive samples padded to its
+    longest). [(kind, bytes at its peak, {what: bytes})]."""
+    lengths = index["samples"]["length"]
+    T = sum(lengths)
+    row = lambda n: n * hidden * 2 + 16  # noqa: E731
+    held = {c: T * row(slots[c]) for c in ("default", "layer_off")}
+    held["default"] = sum(index["shards"]["bytes"])  # measured
+    if template:
+        held["template"] = T * row(slots["template"])
+    out = []
+    for i, kind in enumerate(kinds):
+        eagle = kind == "eagle3"
+        written, peak = {}, {}
+        for c in ["default", "layer_off"] + (["template"] if eagle and template else []):
+            written[f"export {c}"] = T * row(EXPORT_SLOTS[kind])
+            now = {**held, **written}
+            peak = max(peak, now, key=lambda d: sum(d.values()))
+            if spent(c, i, kinds):
+                held.pop(c, None)
+        if eagle and ref_batch:
+            padded = sum(max(lengths[j : j + ref_batch]) * len(lengths[j : j + ref_batch])
+                         for j in range(0, len(lengths), ref_batch))  # fmt: skip
+            now = {**held, **written, "SpecForge capture": padded * row(EXPORT_SLOTS[kind])}
+            peak = max(peak, now, key=lambda d: sum(d.values()))
+        out.append((kind, sum(peak.values()), peak))
+    return out
+
+
+def check_disk(w: Path, index: dict, hidden: int, kinds, template: bool, ref_batch, slots: dict,
+               free_gb=None) -> dict:  # fmt: skip
+    """Refuse a plan whose peak does not fit the disk under the work folder (the GPU host's
+    is 64 GB), before the controls' captures and the trainings spend the host's time:
+    naming the peak, the free space and what fits."""
+    plan = disk_plan(index, hidden, kinds, template, ref_batch, slots)
+    held = sum(index["shards"]["bytes"])  # the default capture is on disk already
+    free = free_gb * 1e9 if free_gb is not None else shutil.disk_usage(w).free + held
+    kind, peak, parts = max(plan, key=lambda x: x[1])
+    facts = dict(free_gb=round(free / 1e9, 1), peak_gb=round(peak / 1e9, 1), peak_kind=kind,
+                 margin_gb=DISK_MARGIN / 1e9,
+                 peak_parts={k: round(v / 1e9, 1) for k, v in parts.items()})  # fmt: skip
+    if peak + DISK_MARGIN > free:
+        n = len(index["samples"]["length"])
+        fit = int(n * (free - DISK_MARGIN) / peak) if free > DISK_MARGIN else 0
+        gb = ", ".join(f"{k} {v}" for k, v in facts["peak_parts"].items())
+        raise SystemExit(
+            f"run-all: at {kind}'s step this run needs {peak / 1e9:.1f} GB on disk ({gb} GB) "
+            f"plus {DISK_MARGIN / 1e9:.0f} GB for checkpoints, and {w} has {free / 1e9:.1f} GB "
+            f"(counting the default capture's): run fewer kinds per run (--kinds), or "
+            f"--samples {fit} or fewer (this capture has {n}), or --no-template-control"
+        )
+    return facts
+
+
 def run_all(a) -> int:  # noqa: C901 - one pipeline, read top to bottom
     """The GPU run, resumable (each step is skipped when its output exists): build the
     target; capture every kind's layers once (regenerated answers) and once one layer off;
@@ -764,17 +835,32 @@ def run_all(a) -> int:  # noqa: C901 - one pipeline, read top to bottom
               *([f"dataset.max_samples={a.samples}"] if a.samples else []),
               f"output.dir={ds / 'default'}"),
           env=env, done=ds / "default" / "index.json")  # fmt: skip
+    kinds = [k for k in KINDS if k in a.kinds.split(",")]
+    template = "eagle3" in kinds and not a.no_template_control
+    # the controls' capture holds what this run's kinds read: their layers one off, and the
+    # post-norm final state where a kind trains on it (SpecForge's EAGLE-3 and DSpark)
+    ctl_final = ["post_norm"] if {"eagle3", "dspark"} & set(kinds) else []
+    control = [f"capture.kinds=[{','.join(kinds)}]", f"capture.final=[{','.join(ctl_final)}]",
+               *(lay(k, off_by_one(default[k])) for k in kinds)]  # fmt: skip
+    idx = json.loads((ds / "default" / "index.json").read_text())
+    man = json.loads((ds / "default" / "manifest.json").read_text())
+    hidden = json.loads((Path(target) / "config.json").read_text())["hidden_size"]
+    slots = dict(default=len(man["layers"]) + len(man.get("final") or []),
+                 layer_off=len({x for k in kinds for x in off_by_one(default[k])}) + len(ctl_final),
+                 template=len(default["eagle3"]) + 1)  # fmt: skip
+    P.facts["disk"] = check_disk(w, idx, hidden, kinds, template,
+                                 a.reference_batch if a.reference_python else None, slots,
+                                 a.disk_gb)  # fmt: skip
     hsd = _py("-m", "hsdump")
     msgs = ex / "messages" / "conversations.jsonl"
     run("export-messages", [*hsd, "export", ds / "default", ex / "messages", "--to",
                               "messages", "--no-progress"], env=env, done=msgs)  # fmt: skip
     run("extract-layer_off",
           _py("extract.py", *common, f"dataset.path={msgs}", "dataset.format=messages",
-              "regenerate=none", *(lay(k, off_by_one(v)) for k, v in default.items()),
+              "regenerate=none", *control,
               *([] if cpu else [f"engine.max_total_tokens={a.capture_kv_tokens}"]),
               f"output.dir={ds / 'layer_off'}"),
           env=env, done=ds / "layer_off" / "index.json")  # fmt: skip
-    template = "eagle3" in a.kinds.split(",") and not a.no_template_control
     if template:  # EAGLE-3's wrong-template control: the same conversations, another template
         run("extract-template",
               _py(HERE / "acceptance.py", "extract-unchecked", *common, f"dataset.path={msgs}",
@@ -839,25 +925,31 @@ def run_all(a) -> int:  # noqa: C901 - one pipeline, read top to bottom
         P.save()
         table(argparse.Namespace(results=str(P.res), json=None))
 
-    kinds = [k for k in KINDS if k in a.kinds.split(",")]
-    for kind in kinds:
+    for i_kind, kind in enumerate(kinds):
         names = {f"{kind}-default": "default", f"{kind}-layer_off": "layer_off"}
         if kind == "eagle3" and template:
             names[f"{kind}-template"] = "template"
+        ref = w / "ref"
+        rc_py = HERE / "reference_capture.py"
+        if kind == "eagle3" and a.reference_python:  # its ids, before the capture is released
+            ref.mkdir(parents=True, exist_ok=True)
+            run("reference-ids", _py(rc_py, "ids", ds / "default", ref / "ids.jsonl"),
+                  env=env, done=ref / "ids.jsonl")  # fmt: skip
         for name, src in names.items():
             run(f"export-{name}", [*hsd, "export", ds / src, ex / name, "--to", "specforge",
                                      "--kind", kind, "--no-progress"], env=env,
                   done=ex / name / "hsdump_export.json")  # fmt: skip
+            # a capture no later step reads goes at once (disk_plan counts on it): the
+            # template control's after its export, the others after the last kind's (their
+            # index and manifest stay: the facts, and a resumed run's markers)
+            if spent(src, i_kind, kinds) and not a.keep_exports and (ds / src / "shards").exists():
+                print(f"releasing {ds / src}'s shards (no later step reads them)", flush=True)
+                shutil.rmtree(ds / src / "shards", ignore_errors=True)
         ids = export_facts(ex / f"{kind}-default")["serving_ids"]
         if kind == "eagle3" and a.reference_python:
             # SpecForge's own offline capture (its SGLang pin, in its own interpreter) of the
             # drafter's token ids at the same serving ids: trained, exported and served like the
             # drafter; the table's eagle3-specforge line is hsdump's drafter minus this one
-            ref = w / "ref"
-            ref.mkdir(parents=True, exist_ok=True)
-            rc_py = HERE / "reference_capture.py"
-            run("reference-ids", _py(rc_py, "ids", ds / "default", ref / "ids.jsonl"),
-                  env=env, done=ref / "ids.jsonl")  # fmt: skip
             run("reference-capture",
                   _py(rc_py, "specforge", ref / "ids.jsonl", ex / f"{kind}-specforge",
                       "--model", target, "--layers", ",".join(map(str, ids)),
@@ -880,7 +972,7 @@ def run_all(a) -> int:  # noqa: C901 - one pipeline, read top to bottom
                       "--save-interval", a.save_interval,
                       *(["--max-steps", a.max_steps] if a.max_steps else []),
                       *(["--cpu"] if cpu else []))  # fmt: skip
-            if not (w / "train" / name / "train.json").exists():
+            if not trained(w / "train" / name):  # a resumed run trains again what failed
                 t, box = acc._thread(P.run, f"train-{name}", cmd, env, None, False)
                 procs.append((name, t))
         end = time.time() + a.train_budget_s
@@ -935,6 +1027,15 @@ def run_all(a) -> int:  # noqa: C901 - one pipeline, read top to bottom
     if P.failed:  # the table holds what did run; the exit says that something did not
         print(f"failed steps: {P.failed} (pipeline.json)", flush=True)
     return 1 if P.failed else 0
+
+
+def trained(out: Path) -> bool:
+    """The training in `out` ended as planned: finished, or stopped by the budget."""
+    f = out / "train.json"
+    if not f.exists():
+        return False
+    r = json.loads(f.read_text())
+    return r.get("rc") == 0 or bool(r.get("stopped_by_budget"))
 
 
 def _steps(run: Path):
@@ -1057,6 +1158,13 @@ def main(argv=None) -> int:
         "SpecForge's own capture of the same token ids (bench/reference_capture.py)",
     )
     p.add_argument("--reference-batch", type=int, default=32, help="SpecForge's capture batch")
+    p.add_argument(
+        "--disk-gb",
+        type=float,
+        default=None,
+        help="the disk the run may fill (default: the work folder's free space, measured after "
+        "the first capture, plus that capture's); a plan that does not fit stops there",
+    )
     p.add_argument("--device", default="cuda", help="cpu: the toy chain here, no serving")
     training_flags(p)
     a = ap.parse_args(argv)
