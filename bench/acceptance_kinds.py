@@ -672,6 +672,9 @@ def collate(res: Path) -> dict:
         r = runs.get(f"{k}-specforge")  # the same ids captured by SpecForge's own capture
         if d and r:
             pairs[f"{k}-specforge"] = acc.paired({"default": d, "specforge": r})["specforge"]
+        r = runs.get(f"{k}-speculators")  # hsdump's data, trained by speculators instead
+        if d and r:
+            pairs[f"{k}-speculators"] = acc.paired({"default": d, "speculators": r})["speculators"]
     return dict(rows=rows, drafter_minus_control=pairs)
 
 
@@ -720,14 +723,17 @@ def spent(capture: str, i: int, kinds) -> bool:
     return capture == "template" or i == len(kinds) - 1
 
 
-def disk_plan(index: dict, hidden: int, kinds, template: bool, ref_batch, slots: dict) -> list:
+def disk_plan(
+    index: dict, hidden: int, kinds, template: bool, ref_batch, slots: dict, speculators=False
+) -> list:
     """What run-all holds on disk at each kind's peak, from the default capture's index:
     the captures (default, layer-off control, EAGLE-3's template control: the same samples, at
     `slots` tensors of H a row each: their layers and final states), each released once no
     later step reads it (`spent`), beside the kind's exports (bf16 rows, written one by one);
     with `ref_batch`, EAGLE-3's SpecForge capture of the same ids, whose records keep the rows
     of its padded batches (each batch of `ref_batch` consecutive samples padded to its
-    longest). [(kind, bytes at its peak, {what: bytes})]."""
+    longest); with `speculators`, EAGLE-3's `--to speculators` export too (the aux layers and
+    the final state, stacked). [(kind, bytes at its peak, {what: bytes})]."""
     lengths = index["samples"]["length"]
     T = sum(lengths)
     row = lambda n: n * hidden * 2 + 16  # noqa: E731
@@ -739,6 +745,8 @@ def disk_plan(index: dict, hidden: int, kinds, template: bool, ref_batch, slots:
     for i, kind in enumerate(kinds):
         eagle = kind == "eagle3"
         written, peak = {}, {}
+        if eagle and speculators:  # written first, from the default capture
+            written["export speculators"] = T * row(EXPORT_SLOTS[kind])
         for c in ["default", "layer_off"] + (["template"] if eagle and template else []):
             written[f"export {c}"] = T * row(EXPORT_SLOTS[kind])
             now = {**held, **written}
@@ -755,11 +763,11 @@ def disk_plan(index: dict, hidden: int, kinds, template: bool, ref_batch, slots:
 
 
 def check_disk(w: Path, index: dict, hidden: int, kinds, template: bool, ref_batch, slots: dict,
-               free_gb=None) -> dict:  # fmt: skip
+               free_gb=None, speculators=False) -> dict:  # fmt: skip
     """Refuse a plan whose peak does not fit the disk under the work folder (the GPU host's
     is 64 GB), before the controls' captures and the trainings spend the host's time:
     naming the peak, the free space and what fits."""
-    plan = disk_plan(index, hidden, kinds, template, ref_batch, slots)
+    plan = disk_plan(index, hidden, kinds, template, ref_batch, slots, speculators)
     held = sum(index["shards"]["bytes"])  # the default capture is on disk already
     free = free_gb * 1e9 if free_gb is not None else shutil.disk_usage(w).free + held
     kind, peak, parts = max(plan, key=lambda x: x[1])
@@ -850,7 +858,7 @@ def run_all(a) -> int:  # noqa: C901 - one pipeline, read top to bottom
                  template=len(default["eagle3"]) + 1)  # fmt: skip
     P.facts["disk"] = check_disk(w, idx, hidden, kinds, template,
                                  a.reference_batch if a.reference_python else None, slots,
-                                 a.disk_gb)  # fmt: skip
+                                 a.disk_gb, a.speculators)  # fmt: skip
     hsd = _py("-m", "hsdump")
     msgs = ex / "messages" / "conversations.jsonl"
     run("export-messages", [*hsd, "export", ds / "default", ex / "messages", "--to",
@@ -935,6 +943,12 @@ def run_all(a) -> int:  # noqa: C901 - one pipeline, read top to bottom
             ref.mkdir(parents=True, exist_ok=True)
             run("reference-ids", _py(rc_py, "ids", ds / "default", ref / "ids.jsonl"),
                   env=env, done=ref / "ids.jsonl")  # fmt: skip
+        spec = kind == "eagle3" and a.speculators  # speculators' own EAGLE-3 trainer too
+        if spec:
+            run("export-eagle3-speculators",
+                  [*hsd, "export", ds / "default", ex / "eagle3-speculators", "--to",
+                   "speculators", "--kind", "eagle3", "--no-progress"], env=env,
+                  done=ex / "eagle3-speculators" / "hsdump_export.json")  # fmt: skip
         for name, src in names.items():
             run(f"export-{name}", [*hsd, "export", ds / src, ex / name, "--to", "specforge",
                                      "--kind", kind, "--no-progress"], env=env,
@@ -975,6 +989,15 @@ def run_all(a) -> int:  # noqa: C901 - one pipeline, read top to bottom
             if not trained(w / "train" / name):  # a resumed run trains again what failed
                 t, box = acc._thread(P.run, f"train-{name}", cmd, env, None, False)
                 procs.append((name, t))
+        spec_ckpt = w / "ckpt" / "eagle3-speculators"
+        if spec and not speculators_epochs(spec_ckpt):
+            cmd = _py(HERE / "acceptance.py", "train", "--data", ex / "eagle3-speculators",
+                      "--target", target, "--save", spec_ckpt, "--epochs", a.epochs,
+                      "--num-workers", a.num_workers, "--log-freq", a.log_interval,
+                      *(["--max-steps", a.max_steps] if a.max_steps else []),
+                      *(["--cpu"] if cpu else []))  # fmt: skip
+            procs.append(("eagle3-speculators",
+                          acc._thread(P.run, "train-eagle3-speculators", cmd, env, None, False)[0]))  # fmt: skip
         end = time.time() + a.train_budget_s
         while any(t.is_alive() for _, t in procs):
             if time.time() > end:
@@ -985,14 +1008,25 @@ def run_all(a) -> int:  # noqa: C901 - one pipeline, read top to bottom
             time.sleep(2)
         for _, t in procs:
             t.join()
+        extra = []  # served beside the kind's SpecForge drafters
+        if spec:
+            got = speculators_drafter(spec_ckpt, w / "served" / "eagle3-speculators",
+                                      default["eagle3"], run, env)  # fmt: skip
+            if got:
+                (P.res / "train-eagle3-speculators.json").write_text(
+                    json.dumps(got, indent=1) + "\n"
+                )
+                extra.append(("eagle3-speculators", "EAGLE3", w / "served" / "eagle3-speculators"))
+            else:
+                P.failed.append("eagle3-speculators: no epoch checkpoint to serve")
         # drafter and control are served from the same step (the newest both reached)
         steps = {n: dict((s, p) for s, p in _steps(w / "train" / n / "run")) for n in names}
         common_steps = set.intersection(*(set(v) for v in steps.values()))
         if not common_steps:
             P.failed.append(f"{kind}: no checkpoint common to {list(names)}")
             P.save()
-            continue
-        step = max(common_steps)
+            names = {}
+        step = max(common_steps) if common_steps else None
         for name in names:
             rows = trainer_metrics(w / "train" / name / "train.log")
             facts = dict(kind=kind, steps=rows[-1]["step"] if rows else 0, served_step=step,
@@ -1015,18 +1049,51 @@ def run_all(a) -> int:  # noqa: C901 - one pipeline, read top to bottom
             (P.res / f"train-{name}.json").write_text(json.dumps(facts, indent=1) + "\n")
         if not cpu:  # the plain target (every row's reference) with the first kind
             items = [("plain", None, None)] + [
-                (n, ALGORITHM[kind], w / "served" / n) for n in names]  # fmt: skip
+                (n, ALGORITHM[kind], w / "served" / n) for n in names] + extra  # fmt: skip
             for i in range(0, len(items), ENGINES_AT_ONCE):  # --mem-fraction each
                 serve_together(items[i : i + ENGINES_AT_ONCE])
         if not a.keep_exports:  # disk: the drafters are trained, their records can go
             for name in names:  # (hsdump_export.json stays: the ids, and a resumed run's marker)
                 for rows in (ex / name).glob("rows_*"):
                     shutil.rmtree(rows, ignore_errors=True)
+            if spec and extra:  # speculators' records: its hidden_states/ folder
+                shutil.rmtree(ex / "eagle3-speculators" / "hidden_states", ignore_errors=True)
     P.save()
     table(argparse.Namespace(results=str(P.res), json=None))
     if P.failed:  # the table holds what did run; the exit says that something did not
         print(f"failed steps: {P.failed} (pipeline.json)", flush=True)
     return 1 if P.failed else 0
+
+
+def speculators_epochs(ckpt: Path) -> list:
+    """The epochs speculators' trainer saved under --save-path (`<epoch>/`)."""
+    if not ckpt.is_dir():
+        return []
+    return sorted(int(p.name) for p in ckpt.iterdir()
+                  if p.name.isdigit() and (p / "config.json").exists())  # fmt: skip
+
+
+def speculators_drafter(ckpt: Path, served: Path, layers, run, env) -> dict:
+    """speculators' newest epoch, converted to SGLang's LlamaForCausalLMEagle3 layout
+    (bench/acceptance.py convert, with hsdump's layers), and its own prediction: 1 + the sum
+    over the 3 served steps of its validation `full_acc` (cumulative: the chance that the
+    first k drafts are all right). {} when no epoch was saved."""
+    epochs = speculators_epochs(ckpt)
+    if not epochs:
+        return {}
+    e = epochs[-1]
+    run("convert-eagle3-speculators",
+        _py(HERE / "acceptance.py", "convert", "--ckpt", ckpt / str(e), "--out", served,
+            "--aux-layers", ",".join(map(str, layers))),
+        env=env, done=served / "config.json")  # fmt: skip
+    vm = ckpt / str(e) / "val_metrics.json"
+    m = json.loads(vm.read_text()) if vm.exists() else {}
+    acc_k = [m.get(f"full_acc_{k}_epoch") for k in range(SERVED_STEPS)]
+    ok = all(x is not None for x in acc_k)
+    return dict(kind="eagle3", trainer="speculators 0.9.0", epochs=epochs, served_epoch=e,
+                steps=None, served_step=f"epoch {e}", eval=m,
+                predicted=round(1 + sum(acc_k), 4) if ok else None,
+                source="1 + speculators' val full_acc, 3 steps" if ok else None)  # fmt: skip
 
 
 def trained(out: Path) -> bool:
@@ -1158,6 +1225,14 @@ def main(argv=None) -> int:
         "SpecForge's own capture of the same token ids (bench/reference_capture.py)",
     )
     p.add_argument("--reference-batch", type=int, default=32, help="SpecForge's capture batch")
+    p.add_argument(
+        "--speculators",
+        action="store_true",
+        help="EAGLE-3 also gets a drafter trained by speculators 0.9.0's own trainer and recipe "
+        "(bench/acceptance.py train) on hsdump's --to speculators export of the same capture, "
+        "converted to SGLang's layout (bench/acceptance.py convert) and served the same way: "
+        "the eagle3-speculators line (speculators and its deps on the Python path)",
+    )
     p.add_argument(
         "--disk-gb",
         type=float,

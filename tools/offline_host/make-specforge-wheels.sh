@@ -12,6 +12,13 @@
 # SGLang) are the only ones neither the image nor the bundle has. wandb, yunchang, openai-harmony
 # and tensorboard (SpecForge's other requirements) are not imported with report_to=none and
 # without USP attention.
+# With them, for `run-all --speculators` (EAGLE-3 trained by speculators 0.9.0 too, on hsdump's
+# `--to speculators` export): speculators 0.9.0 and hs-connectors 0.9.0 (pure Python; speculators
+# allows torch <= 2.14.1 and transformers <= 5.19.0, the pinned stack), pydantic-settings 2.16.3
+# and python-dotenv 1.2.4: what its trainer imports beyond the image and the bundle (checked on the
+# CPU, 2026-12-03: datasets from .whl/, loguru and openai from the bundle, httpx and rich from the
+# image; its trainer trained, and bench/acceptance.py convert's folder loaded in SGLang 0.5.23's
+# LlamaForCausalLMEagle3 with every parameter filled, in hsdump's venv).
 # The host installs them with `pip install --no-index --no-deps --target /tmp/site3 .whl-sf/*.whl`
 # (run-0523.sh install).
 # Also .whl-mla/ (ignored): sgl-flash-mla 1.0.0, a requirement of sglang 0.5.23 that the bundle
@@ -26,7 +33,8 @@ mkdir -p .whl-sf
 grep -qx '/.whl-sf/' .git/info/exclude 2>/dev/null || git check-ignore -q .whl-sf || echo '/.whl-sf/' >> .git/info/exclude
 git check-ignore -q .whl-sf/x.whl || { echo ".whl-sf/ is not ignored by git" >&2; exit 1; }
 "$PY" -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation py \
-  -d .whl-sf "specforge==0.2.0" "accelerate==1.15.0"
+  -d .whl-sf "specforge==0.2.0" "accelerate==1.15.0" "speculators==0.9.0" "hs-connectors==0.9.0" \
+  "pydantic-settings==2.16.3" "python-dotenv==1.2.4"
 mkdir -p .whl-mla
 grep -qx '/.whl-mla/' .git/info/exclude 2>/dev/null || git check-ignore -q .whl-mla || echo '/.whl-mla/' >> .git/info/exclude
 git check-ignore -q .whl-mla/x.whl || { echo ".whl-mla/ is not ignored by git" >&2; exit 1; }

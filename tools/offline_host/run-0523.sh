@@ -51,6 +51,7 @@
 #                acceptance-kinds.json, rewritten after every served row, serve-*.json,
 #                with ACCK_ARGS="--reference-python $PWD/tools/offline_host/python514.sh" (after
 #                install514) EAGLE-3 also trains and serves a drafter on SpecForge's own capture,
+#                with "--speculators" one trained by speculators 0.9.0 (its wheels are in .whl-sf/),
 #                train-*.json, pipeline.json, logs/); its work folder /tmp/acck is kept, so a
 #                second call resumes; run it with `bg acck` (ACCK_LIMIT_S, default 3000; ACCK_ARGS
 #                adds run-all flags)
@@ -383,6 +384,10 @@ EOF
           run_step acck-import 120 python3 -c "import accelerate.utils, specforge.cli, \
 specforge.training.assembly, specforge.algorithms.eagle3.model, specforge.algorithms.dspark.providers, \
 specforge.export.to_sglang, specforge.export.to_hf; print('specforge imports')"
+          if [[ " ${ACCK_ARGS:-} " == *" --speculators "* ]]; then  # speculators' trainer too
+            run_step acck-import-speculators 120 python3 -c "import speculators.train.cli, \
+speculators.train.trainer, speculators.train.data; print('speculators imports')"
+          fi
           # shellcheck disable=SC2086
           run_step acck "${ACCK_LIMIT_S:-3000}" python3 bench/acceptance_kinds.py run-all \
             --work /tmp/acck --data .acc/data --results "$OUT/acck" ${ACCK_ARGS:-} ;;
