@@ -145,7 +145,8 @@ def _serve(accepted, steps, algorithm=None, tps=100.0):
 def test_table_pairs_each_drafter_with_its_controls(tmp_path):
     """`acceptance_kinds.py table`: one row per served engine, and per kind the drafter minus
     each control over the same prompts (layer off; EAGLE-3's wrong template and its drafter on
-    SpecForge's own capture, issue 44), with a paired bootstrap interval. The drafter accepts
+    SpecForge's own capture, issue 44; its drafter trained by speculators on hsdump's data),
+    with a paired bootstrap interval. The drafter accepts
     more on every prompt here, so every interval lies above 0; a lone control gives no line."""
     res = tmp_path / "res"
     res.mkdir()
@@ -156,6 +157,7 @@ def test_table_pairs_each_drafter_with_its_controls(tmp_path):
         "eagle3-layer_off": _serve([5] * 12, steps, "EAGLE3"),
         "eagle3-template": _serve([8] * 12, steps, "EAGLE3"),
         "eagle3-specforge": _serve([15 + i % 2 for i in range(12)], steps, "EAGLE3"),
+        "eagle3-speculators": _serve([18] * 12, steps, "EAGLE3"),
         "dflash-layer_off": _serve([5] * 12, steps, "DFLASH"),  # no drafter row: no line
     }
     for name, r in runs.items():
@@ -170,10 +172,11 @@ def test_table_pairs_each_drafter_with_its_controls(tmp_path):
     t = json.loads(out.read_text())
     assert sorted(r["variant"] for r in t["rows"]) == sorted(runs)
     pairs = t["drafter_minus_control"]
-    assert sorted(pairs) == ["eagle3", "eagle3-specforge", "eagle3-template"]
+    assert sorted(pairs) == ["eagle3", "eagle3-specforge", "eagle3-speculators", "eagle3-template"]
     d = sum(20 + i % 3 for i in range(12)) / 120
     want = {"eagle3": d - 0.5, "eagle3-template": d - 0.8,
-            "eagle3-specforge": d - sum(15 + i % 2 for i in range(12)) / 120}  # fmt: skip
+            "eagle3-specforge": d - sum(15 + i % 2 for i in range(12)) / 120,
+            "eagle3-speculators": d - 1.8}  # fmt: skip
     for k, x in pairs.items():
         assert x["default_minus_this"] == pytest.approx(want[k], abs=1e-4), k
         assert 0 < x["ci95"][0] <= x["ci95"][1], (k, x)
