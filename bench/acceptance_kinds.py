@@ -57,7 +57,6 @@ KINDS = ("dflash", "eagle3", "dspark")  # run order: by value
 ALGORITHM = {"eagle3": "EAGLE3", "dflash": "DFLASH", "dspark": "DSPARK"}
 EXPORT_TO = {"eagle3": "sglang", "dflash": "hf", "dspark": "hf"}
 SERVED_STEPS = 3  # EAGLE-3's speculative_num_steps (acceptance.SPEC)
-ENGINES_AT_ONCE = 3  # serving engines started together (--mem-fraction 0.3 each)
 WRONG_TEMPLATE = "deepseek_v3.jinja"  # EAGLE-3's template control (acceptance.py's, 0.5.17)
 
 # SpecForge's recipes (sgl-project/SpecForge at the 0.2.0 release line):
@@ -888,7 +887,8 @@ def run_all(a) -> int:  # noqa: C901 - one pipeline, read top to bottom
                   "--heldout", data / "heldout.jsonl", "--name", name,
                   "--json", P.res / f"serve-{name}.json",
                   "--max-new-tokens", a.serve_new_tokens, "--batch1", a.batch1,
-                  "--mem-fraction", a.mem_fraction, "--max-total-tokens", 300000,
+                  "--mem-fraction", a.mem_fraction or round(0.8 / a.engines_at_once, 3),
+                  "--max-total-tokens", 300000,
                   "--device", a.device)  # fmt: skip
         if a.serve_limit:
             cmd += ["--limit", str(a.serve_limit)]
@@ -1027,7 +1027,9 @@ def run_all(a) -> int:  # noqa: C901 - one pipeline, read top to bottom
             P.save()
             names = {}
         step = max(common_steps) if common_steps else None
-        for name in names:
+
+        def finish(name, kind=kind, step=step, steps=steps, cfg=cfg):
+            """SpecForge's export of the served step, DFlash's prediction, the facts."""
             rows = trainer_metrics(w / "train" / name / "train.log")
             facts = dict(kind=kind, steps=rows[-1]["step"] if rows else 0, served_step=step,
                          **predicted_accept_length(kind, rows, upto=step))  # fmt: skip
@@ -1035,7 +1037,7 @@ def run_all(a) -> int:  # noqa: C901 - one pipeline, read top to bottom
             run(f"sf-export-{name}",
                   _py(me, "export", "--kind", kind, "--ckpt", steps[name][step],
                       "--draft-config", cfg, "--out", served, "--target", target),
-                  env=env, done=served / "config.json")  # fmt: skip
+                  env=env, done=served / "config.json", check=False)  # fmt: skip
             pj = P.res / f"predict-{name}.json"
             if kind == "dflash" and (served / "config.json").exists():  # no trainer prediction
                 run(f"predict-{name}",
@@ -1047,11 +1049,17 @@ def run_all(a) -> int:  # noqa: C901 - one pipeline, read top to bottom
                 facts.update(predicted=x["predicted"], source=x["source"],
                              per_position_acc=x["per_position_acc"])  # fmt: skip
             (P.res / f"train-{name}.json").write_text(json.dumps(facts, indent=1) + "\n")
+
+        # side by side: each is mostly its interpreter's imports (21-25 s on the H200 host)
+        for t, _ in [acc._thread(finish, n) for n in names]:
+            t.join()
+        names = {n: v for n, v in names.items() if (w / "served" / n / "config.json").exists()}
         if not cpu:  # the plain target (every row's reference) with the first kind
             items = [("plain", None, None)] + [
                 (n, ALGORITHM[kind], w / "served" / n) for n in names] + extra  # fmt: skip
-            for i in range(0, len(items), ENGINES_AT_ONCE):  # --mem-fraction each
-                serve_together(items[i : i + ENGINES_AT_ONCE])
+            n = a.engines_at_once
+            for i in range(0, len(items), n):  # --mem-fraction each
+                serve_together(items[i : i + n])
         if not a.keep_exports:  # disk: the drafters are trained, their records can go
             for name in names:  # (hsdump_export.json stays: the ids, and a resumed run's marker)
                 for rows in (ex / name).glob("rows_*"):
@@ -1205,7 +1213,20 @@ def main(argv=None) -> int:
     p.add_argument("--serve-new-tokens", type=int, default=256)
     p.add_argument("--serve-limit", type=int, default=None, help="held-out prompts served")
     p.add_argument("--batch1", type=int, default=8)
-    p.add_argument("--mem-fraction", type=float, default=0.3, help="each of 3 engines at once")
+    p.add_argument(
+        "--engines-at-once",
+        type=int,
+        default=3,
+        help="serving engines started together, then timed one at a time (SmolLM2 with a "
+        "300,000-token KV pool needs about 8 GB of an H200 each, CUDA graphs beside)",
+    )
+    p.add_argument(
+        "--mem-fraction",
+        type=float,
+        default=None,
+        help="each engine's mem_fraction_static (default 0.8 / --engines-at-once; the H200 "
+        "runs of 2026-12-03 served 3 at 0.3)",
+    )
     p.add_argument(
         "--eager-drafters",
         action="store_true",
