@@ -299,6 +299,27 @@ def predicted_accept_length(kind: str, rows: list, tail: int = 20, upto=None) ->
     return out
 
 
+# SpecForge 0.2.0's EAGLE-3 loss is a Triton kernel (specforge/core/loss.py LogSoftmaxLoss),
+# which has no CPU backend; for the CPU rehearsal only, the same loss as that file's own reference
+# implementation (`_compute_loss`: -sum(mask * p_target * log_softmax(logits)) over the vocabulary,
+# averaged over the rows), eager; then SpecForge's CLI as `python -m specforge.cli` runs it
+CPU_EAGLE3_LOSS = r"""
+import runpy, sys
+import torch
+import specforge.core.loss as L
+
+
+def cpu_loss(logits, target_p, position_mask):
+    logp = torch.log_softmax(logits.float(), dim=-1)
+    return -(position_mask * target_p * logp).sum(-1).mean()
+
+
+L.LogSoftmaxLoss.apply = cpu_loss
+sys.argv = ["specforge", *sys.argv[1:]]
+runpy.run_module("specforge.cli", run_name="__main__")
+"""
+
+
 def train(a) -> int:
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -306,6 +327,8 @@ def train(a) -> int:
     cfg = run_config(a, a.kind, train_dir, eval_dir, n, out)
     (out / "run.json").write_text(json.dumps(cfg, indent=1) + "\n")
     cmd = _py("-m", "specforge.cli", "train", "--config", out / "run.json")
+    if a.cpu and a.kind == "eagle3":  # the CPU rehearsal: its loss without the Triton kernel
+        cmd = _py("-c", CPU_EAGLE3_LOSS, "train", "--config", out / "run.json")
     print("specforge train --config " + str(out / "run.json"), flush=True)
     log = out / "train.log"
     # a budget stop (SIGTERM to the process group) reaches SpecForge, which unwinds and exits;
