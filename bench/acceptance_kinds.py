@@ -848,6 +848,29 @@ def check_disk(w: Path, index: dict, hidden: int, kinds, template: bool, ref_bat
     return facts
 
 
+def plan_capture(capture: Path, kinds, template: bool, ref_batch, speculators: bool, disk_gb,
+                 w: Path) -> dict:  # fmt: skip
+    """check_disk for run-all's plan from its first capture (its index and manifest: lengths,
+    bytes, layers, final states, the model's depth and width); the controls' capture as run-all
+    makes it (the kinds' layers one off, post_norm where a kind trains on it)."""
+    from hsdump.capture.kinds import dflash_default
+    from hsdump.capture.layers import eagle3_default
+
+    idx = json.loads((capture / "index.json").read_text())
+    man = json.loads((capture / "manifest.json").read_text())
+    L, hidden = man["model"]["num_hidden_layers"], man["model"]["hidden_size"]
+    default = {
+        "eagle3": eagle3_default(L),
+        "dflash": dflash_default(L),
+        "dspark": dflash_default(L),
+    }
+    ctl_final = 1 if {"eagle3", "dspark"} & set(kinds) else 0
+    slots = dict(default=len(man["layers"]) + len(man.get("final") or []),
+                 layer_off=len({x for k in kinds for x in off_by_one(default[k])}) + ctl_final,
+                 template=len(default["eagle3"]) + 1)  # fmt: skip
+    return check_disk(w, idx, hidden, kinds, template, ref_batch, slots, disk_gb, speculators)
+
+
 def run_all(a) -> int:  # noqa: C901 - one pipeline, read top to bottom
     """The GPU run, resumable (each step is skipped when its output exists): build the
     target; capture every kind's layers once (regenerated answers) and once one layer off;
@@ -911,15 +934,9 @@ def run_all(a) -> int:  # noqa: C901 - one pipeline, read top to bottom
     ctl_final = ["post_norm"] if {"eagle3", "dspark"} & set(kinds) else []
     control = [f"capture.kinds=[{','.join(kinds)}]", f"capture.final=[{','.join(ctl_final)}]",
                *(lay(k, off_by_one(default[k])) for k in kinds)]  # fmt: skip
-    idx = json.loads((ds / "default" / "index.json").read_text())
-    man = json.loads((ds / "default" / "manifest.json").read_text())
-    hidden = json.loads((Path(target) / "config.json").read_text())["hidden_size"]
-    slots = dict(default=len(man["layers"]) + len(man.get("final") or []),
-                 layer_off=len({x for k in kinds for x in off_by_one(default[k])}) + len(ctl_final),
-                 template=len(default["eagle3"]) + 1)  # fmt: skip
-    P.facts["disk"] = check_disk(w, idx, hidden, kinds, template,
-                                 a.reference_batch if a.reference_python else None, slots,
-                                 a.disk_gb, a.speculators)  # fmt: skip
+    P.facts["disk"] = plan_capture(ds / "default", kinds, template,
+                                   a.reference_batch if a.reference_python else None,
+                                   a.speculators, a.disk_gb, w)  # fmt: skip
     hsd = _py("-m", "hsdump")
     msgs = ex / "messages" / "conversations.jsonl"
     run("export-messages", [*hsd, "export", ds / "default", ex / "messages", "--to",
@@ -1242,6 +1259,13 @@ def main(argv=None) -> int:
     p.add_argument("--limit", type=int, default=None)
     p.add_argument("--json", required=True)
     p.add_argument("--cpu", action="store_true")
+    p = sub.add_parser("disk-plan")
+    p.add_argument("--capture", required=True, help="run-all's first capture (ds/default)")
+    p.add_argument("--kinds", default=",".join(KINDS))
+    p.add_argument("--no-template-control", action="store_true")
+    p.add_argument("--reference-batch", type=int, default=None)
+    p.add_argument("--speculators", action="store_true")
+    p.add_argument("--disk-gb", type=float, default=None)
     p = sub.add_parser("check-served")
     p.add_argument("--kind", choices=KINDS, required=True)
     p.add_argument("--folder", required=True)
@@ -1340,6 +1364,17 @@ def main(argv=None) -> int:
         return export(a)
     if a.cmd == "predict":
         return predict(a)
+    if a.cmd == "disk-plan":  # what run-all would check after that capture; exit 2: no fit
+        kinds = [k for k in KINDS if k in a.kinds.split(",")]
+        try:
+            facts = plan_capture(Path(a.capture), kinds,
+                                 "eagle3" in kinds and not a.no_template_control,
+                                 a.reference_batch, a.speculators, a.disk_gb, Path(a.capture))  # fmt: skip
+        except SystemExit as e:
+            print(e, file=sys.stderr)
+            return 2
+        print(json.dumps(facts))
+        return 0
     if a.cmd == "check-served":
         ids = [int(x) for x in a.ids.split(",")]
         r = sglang_load(a.target, [a.folder])[a.folder]

@@ -201,3 +201,37 @@ def test_table_pairs_each_drafter_with_its_controls(tmp_path):
         assert 0 < x["ci95"][0] <= x["ci95"][1], (k, x)
         assert x["prompts"] == 12 and x["prompts_default_higher"] == 12
     assert "eagle3-specforge: drafter - control" in p.stdout
+
+
+def test_disk_plan_refuses_a_run_the_hosts_disk_cannot_hold(tmp_path):
+    """`acceptance_kinds.py disk-plan` (what run-all checks right after its first capture): the
+    peak of the plan from the capture's index and manifest (SmolLM2's shape: 30 layers of 576,
+    4,000 samples of 450 tokens, the union of every kind's 6 layers and both final states), the
+    captures released once no later step reads them. DFlash alone: the first capture, the
+    controls' (DFlash's 5 layers one off, no final state) and one export of 5 layers, counted
+    here; every kind with SpecForge's reference capture does not fit 58 GB: exit 2, naming the
+    --samples that would."""
+    H, T = 576, 4000 * 450
+    cap = tmp_path / "default"
+    cap.mkdir()
+    capture = T * (8 * H * 2 + 16)
+    (cap / "index.json").write_text(json.dumps(
+        {"samples": {"length": [450] * 4000}, "shards": {"bytes": [capture]}}))  # fmt: skip
+    (cap / "manifest.json").write_text(json.dumps(
+        {"layers": [2, 15, 27, 9, 21, 28], "final": ["pre_norm", "post_norm"],
+         "model": {"num_hidden_layers": 30, "hidden_size": H}}))  # fmt: skip
+
+    def plan(*args):
+        return subprocess.run(
+            [sys.executable, str(ROOT / "bench" / "acceptance_kinds.py"), "disk-plan",
+             "--capture", str(cap), "--disk-gb", "58", *args],
+            capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+
+    p = plan("--kinds", "dflash")
+    assert p.returncode == 0, p.stderr
+    five = T * (5 * H * 2 + 16)  # DFlash's rows: the controls' capture and each export
+    assert json.loads(p.stdout)["peak_gb"] == pytest.approx((capture + 2 * five) / 1e9, abs=0.06)
+    p = plan("--kinds", "dflash,eagle3,dspark", "--reference-batch", "32")
+    assert p.returncode == 2, p.stdout
+    assert "at eagle3's step" in p.stderr and "--samples" in p.stderr, p.stderr
