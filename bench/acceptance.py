@@ -250,6 +250,13 @@ EXPECTED = {
 OPTIONAL = {"input_norm.weight", "d2t"}
 
 
+def epochs(save: Path) -> list:
+    """The epochs speculators' trainer saved under --save-path (`<epoch>/` with its config)."""
+    if not save.is_dir():
+        return []
+    return sorted(int(p.name) for p in save.glob("[0-9]*") if (p / "config.json").exists())
+
+
 def last_checkpoint(save: Path) -> Path:
     """The newest epoch folder speculators wrote under --save-path (`<epoch>/`)."""
     epochs = sorted(
@@ -873,11 +880,7 @@ def run_all(a) -> int:  # noqa: C901 - one pipeline, read top to bottom
     for t, _ in tt:
         t.join()
 
-    def epochs_done(n):
-        d = w / "ckpt" / n
-        return sorted(int(p.name) for p in d.glob("[0-9]*") if (p / "config.json").exists())
-
-    done = {n: epochs_done(n) for n in ("default", "layer_off", "template")}
+    done = {n: epochs(w / "ckpt" / n) for n in ("default", "layer_off", "template")}
     trained = [n for n, v in done.items() if v]  # a training that failed is not served
     common_epochs = set.intersection(*(set(done[n]) for n in trained)) if trained else set()
     if not common_epochs:

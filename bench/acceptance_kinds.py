@@ -1069,7 +1069,7 @@ def run_all(a) -> int:  # noqa: C901 - one pipeline, read top to bottom
                 t, box = acc._thread(P.run, f"train-{name}", cmd, env, None, False)
                 procs.append((name, t))
         spec_ckpt = w / "ckpt" / "eagle3-speculators"
-        if spec and not speculators_epochs(spec_ckpt):
+        if spec and not acc.epochs(spec_ckpt):
             cmd = _py(HERE / "acceptance.py", "train", "--data", ex / "eagle3-speculators",
                       "--target", target, "--save", spec_ckpt, "--epochs", a.epochs,
                       "--num-workers", a.num_workers, "--log-freq", a.log_interval,
@@ -1154,20 +1154,12 @@ def run_all(a) -> int:  # noqa: C901 - one pipeline, read top to bottom
     return 1 if P.failed else 0
 
 
-def speculators_epochs(ckpt: Path) -> list:
-    """The epochs speculators' trainer saved under --save-path (`<epoch>/`)."""
-    if not ckpt.is_dir():
-        return []
-    return sorted(int(p.name) for p in ckpt.iterdir()
-                  if p.name.isdigit() and (p / "config.json").exists())  # fmt: skip
-
-
 def speculators_drafter(ckpt: Path, served: Path, layers, run, env) -> dict:
     """speculators' newest epoch, converted to SGLang's LlamaForCausalLMEagle3 layout
     (bench/acceptance.py convert, with hsdump's layers), and its own prediction: 1 + the sum
     over the 3 served steps of its validation `full_acc` (cumulative: the chance that the
     first k drafts are all right). {} when no epoch was saved."""
-    epochs = speculators_epochs(ckpt)
+    epochs = acc.epochs(ckpt)
     if not epochs:
         return {}
     e = epochs[-1]

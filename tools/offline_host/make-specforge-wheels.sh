@@ -7,7 +7,7 @@
 # How the list was made: SpecForge's train (dflash, dspark), export (--to hf, --to sglang) and its
 # EAGLE-3 modules run on the CPU with the unpacked wheel on sys.path in hsdump's venv; every module
 # they imported was mapped to its distribution and looked up in the image's list
-# (/work/.library/device/KINDS.md), .gpu523/WHEELS.txt and .whl/: only accelerate was outside the
+# (image-packages.txt beside this script), .gpu523/WHEELS.txt and .whl/: only accelerate was outside the
 # venv, and flash-attn-4, soundfile, zstandard and cuda-tile (guarded, optional imports, as for
 # SGLang) are the only ones neither the image nor the bundle has. wandb, yunchang, openai-harmony
 # and tensorboard (SpecForge's other requirements) are not imported with report_to=none and
