@@ -349,6 +349,7 @@ PEER_WHEELS = {
     "HSDUMP_SPECULATORS09_SRC": "speculators==0.9.0",
     "HSDUMP_HS_CONNECTORS_SRC": "hs-connectors==0.9.0",
     "HSDUMP_ACCELERATE_SRC": "accelerate==1.15.0",  # SpecForge's trainer (its DDP wrapper)
+    "HSDUMP_SGLANG0517_SRC": "sglang==0.5.17",  # its model sources (tests/test_kinds.py)
 }
 
 

@@ -21,8 +21,10 @@ from tolerance import rel_err
 
 from hsdump.capture import kinds as K
 from hsdump.capture.families import (
+    FAMILIES,
     KIND_CPU_TEST,
     KIND_RULES,
+    V17,
     V23,
     IdRule,
     check_kinds,
@@ -126,8 +128,8 @@ def test_serving_ids_per_rule():
     assert kind_rule("DeepseekV3ForCausalLM", "dflash", V23).shift == "plus1"  # always shifts
     assert K.serving_ids(kind_rule("Qwen3_5ForCausalLM", "dflash", V23), [2, 5]) == [1, 4]
     assert K.serving_ids(K_NONE, [2, 5]) == [2, 5]  # a class taking the stack's own indices
-    for arch, rules in KIND_RULES[V23].items():  # every rule maps its ids back to the layers
-        for kind, rule in rules.items():
+    for arch, rules in [*KIND_RULES[V23].items(), *KIND_RULES[V17].items()]:
+        for kind, rule in rules.items():  # every rule maps its ids back to the layers
             for layers in ([2, 3, 4], [2, 15, 27], [3, 31, 59], [5, 9]):
                 ids = K.serving_ids(rule, layers)
                 assert ids is None or K.layers_of(ids, rule) == layers, (arch, kind)
@@ -144,8 +146,9 @@ def test_kind_gate():
         check_kinds(arch, ["eagle3"], False, "0.5.23")  # EAGLE-3 stays the family gate's
         check_kinds(arch, ["dflash"], True, "0.5.23")
     # a rule holds for the release it was read on
-    with pytest.raises(ValueError, match="dspark.*SGLang 0.5.17"):
-        check_kinds("LlamaForCausalLM", ["dspark"], False, "0.5.17")
+    with pytest.raises(ValueError, match="dspark.*SGLang 0.5.14"):
+        check_kinds("LlamaForCausalLM", ["dspark"], False, "0.5.14")
+    check_kinds("LlamaForCausalLM", ["dspark"], False, "0.5.17")  # read on 0.5.17 too
     check_kinds("LlamaForCausalLM", ["dspark"], False, None)  # engine=dry: the class only
 
 
@@ -311,6 +314,57 @@ print("JSON" + json.dumps(out))
                 assert rule.shift == shift, (arch, kind, shift)
         if "dflash" in rules:
             assert rules["dspark"].setter == rules["dflash"].setter and "dspark" in rules
+
+
+@pytest.mark.timeout(600)
+def test_recorded_setters_are_sglang_0517s():
+    """KIND_RULES for SGLang 0.5.17 (the GPU host image's torch takes it) against 0.5.17's own
+    model sources, read from its PyPI wheel (it cannot be imported beside 0.5.23): every class
+    verified on 0.5.17 has the rules of the setters 0.5.17 gives it, and no others (a class
+    with a DFlash setter has DFlash and DSpark rules; DSPARK goes to that setter, since none of
+    them has a DSpark hook, and SGLang's configure_aux_hidden_state_capture routes it so)."""
+    from setters import classes, read_setters
+
+    root = Path(_peer_root("HSDUMP_SGLANG0517_SRC")) / "sglang" / "srt"
+    models = root / "models"
+    route = root / "model_executor" / "model_runner_components" / "attention_backend_setup.py"
+    text = route.read_text()
+    assert 'hasattr(model, "set_dspark_layers_to_capture")' in text
+    assert "model.set_dflash_layers_to_capture(dflash_target_layer_ids)" in text
+    by_name = classes(models)
+    verified = [a for f in FAMILIES if f.verified_on(V17) for a in f.architectures]
+    rules17 = KIND_RULES[V17]
+    assert set(rules17) <= set(verified)
+    for arch in verified:
+        got = read_setters(models, arch, by_name)
+        assert "dspark" not in got, arch
+        delegated = got.get("eagle3", [""])[0].endswith("delegates")
+        if arch not in rules17:  # no rule: no DFlash setter (a delegating wrapper is left out)
+            assert "dflash" not in got or delegated, (arch, got)
+            continue
+        for kind in ("eagle3", "dflash"):
+            rule = rules17[arch].get(kind)
+            assert (rule is None) == (kind not in got), (arch, kind, got)
+            if rule is None:
+                continue
+            owner, shift = got[kind]
+            assert rule.setter.split(".")[0] == owner.split(" ")[0], (arch, kind, owner)
+            if owner.endswith("delegates"):  # Kimi-K2.5 -> its DeepseekV3ForCausalLM
+                assert rule.shift == rules17["DeepseekV3ForCausalLM"][kind].shift
+            else:
+                assert rule.shift == shift, (arch, kind, shift)
+        if "dflash" in rules17[arch]:
+            assert rules17[arch]["dspark"].setter == rules17[arch]["dflash"].setter
+    # the DFlash family on 0.5.17 and 0.5.23 alike for the class the GPU path serves
+    for kind in ("dflash", "dspark", "eagle3"):
+        assert kind_rule("LlamaForCausalLM", kind, "0.5.17") == IdRule(
+            KIND_RULES[V23]["LlamaForCausalLM"][kind].setter,
+            KIND_RULES[V23]["LlamaForCausalLM"][kind].shift,
+            rules17["LlamaForCausalLM"][kind].where,
+        )
+    check_kinds("LlamaForCausalLM", ["eagle3", "dflash", "dspark"], False, "0.5.17")
+    with pytest.raises(ValueError, match="Checked for dflash: .*LlamaForCausalLM"):
+        check_kinds("Qwen3_5ForCausalLM", ["dflash"], False, "0.5.17")
 
 
 @pytest.mark.gpu

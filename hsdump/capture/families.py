@@ -304,10 +304,42 @@ KIND_RULES: Dict[str, Dict[str, Dict[str, IdRule]]] = {
         "Gemma3ForCausalLM": _eagle3("Gemma3ForCausalLM"),
     },
 }
+READ17 = "code reading of SGLang 0.5.17 (tests/test_kinds.py reads its wheel's model sources)"
+
+
+def _read17(owner: str, eagle3_shift: str = "plus1", dflash: bool = True) -> Dict[str, IdRule]:
+    rules = {"eagle3": IdRule(f"{owner}.set_eagle3_layers_to_capture", eagle3_shift, READ17)}
+    if dflash:
+        rules.update(_dflash_family(owner, READ17, READ17))
+    return rules
+
+
+# SGLang 0.5.17 (the GPU host image's torch 2.11 takes it): the classes verified on 0.5.17
+# (FAMILIES), each with the setters 0.5.17's own model code gives it. Its
+# configure_aux_hidden_state_capture (model_runner_components/attention_backend_setup.py) sends
+# DSPARK to set_dflash_layers_to_capture when the class has no DSpark hook, as 0.5.23 does.
+# Qwen3_5ForCausalLM / Qwen3_5MoeForCausalLM have no setter at all on 0.5.17 (LAYER_FLAG_CAPTURE):
+# SGLang 0.5.17 serves no drafter kind on them.
+KIND_RULES[V17] = {
+    "LlamaForCausalLM": _read17("LlamaForCausalLM"),
+    "GptOssForCausalLM": _read17("GptOssForCausalLM"),
+    "Qwen3NextForCausalLM": _read17("Qwen3NextForCausalLM"),
+    "Qwen3_5ForConditionalGeneration": _read17("Qwen3VLForConditionalGeneration"),
+    "Qwen3_5MoeForConditionalGeneration": _read17("Qwen3VLForConditionalGeneration"),
+    "DeepseekV3ForCausalLM": _read17("DeepseekV2ForCausalLM", eagle3_shift="first_id_1"),
+    "DeepseekV32ForCausalLM": _read17("DeepseekV2ForCausalLM", eagle3_shift="first_id_1"),
+    # delegates to its DeepseekV3ForCausalLM language model
+    "KimiK25ForConditionalGeneration": _read17(
+        "KimiK25ForConditionalGeneration", eagle3_shift="first_id_1"
+    ),
+    # EAGLE-3 only (no DFlash setter in 0.5.17: SGLang refuses DFLASH/DSPARK on them)
+    "MiniMaxM2ForCausalLM": _read17("MiniMaxM2ForCausalLM", dflash=False),
+    "Gemma3ForCausalLM": _read17("Gemma3ForCausalLM", dflash=False),
+}
 """Per SGLang release, per architecture, per drafter kind: the rule of the setter SGLang calls
-for that kind. DFlash/DSpark rules exist for the verified classes whose SGLang 0.5.23 class has
-a DFlash setter; others are refused for those kinds (`check_kinds`). EAGLE-3's rules only give
-the serving ids the manifest records (hsdump captures its own indices for every kind)."""
+for that kind. DFlash/DSpark rules exist for the verified classes whose class on that release
+has a DFlash setter; others are refused for those kinds (`check_kinds`). EAGLE-3's rules only
+give the serving ids the manifest records (hsdump captures its own indices for every kind)."""
 
 
 def kind_rule(architecture: str, kind: str, sglang_version: Optional[str]) -> Optional[IdRule]:
@@ -330,7 +362,8 @@ def check_kinds(
             continue
         if allow_unverified:
             continue
-        known = sorted(a for a, r in KIND_RULES.get(V23, {}).items() if kind in r)
+        rel = release(sglang_version) if sglang_version else max(KIND_RULES)
+        known = sorted(a for a, r in KIND_RULES.get(rel, {}).items() if kind in r)
         raise Refusal(
             f"capture.kinds holds {kind}, but hsdump has not checked which layers SGLang "
             f"{sglang_version or V23} serves a {kind} drafter of {architecture} from (each class's "
