@@ -122,6 +122,34 @@ def _json(obj) -> Callable[[Path], None]:
 
 
 # ---------------------------------------------------------------------- per-format records
+def specforge_record(rec: dict, final: Optional[str], pick: Optional[List[int]], kind: str) -> dict:
+    """Sample `rec` (HsdumpDataset.get's) as SpecForge 0.2.0's offline record of drafter
+    `kind` (`--to specforge`; what hsdump.online's store hands its offline normalizer too)."""
+    import torch
+
+    from hsdump.store.reader import verifier_state
+
+    hs: List[torch.Tensor] = list(rec["hidden_states"])
+    if pick is not None:
+        hs = [hs[j] for j in pick]
+    if kind != "eagle3":
+        # SpecForge's DFlash-family records (dflash_family_data.normalize_offline_sample)
+        out = {
+            "input_ids": rec["input_ids"],
+            "loss_mask": rec["loss_mask"],
+            "hidden_states": torch.cat(hs, dim=-1).contiguous(),
+        }
+        if kind == "dspark":  # normalize_dspark_offline_sample: the post-norm final state
+            out["target_last_hidden_states"] = verifier_state(rec, final).contiguous()
+        return out
+    return {
+        "input_ids": rec["input_ids"],
+        "loss_mask": rec["loss_mask"],
+        "aux_hidden_state": torch.cat(hs, dim=-1).unsqueeze(0),
+        "hidden_state": verifier_state(rec, final).contiguous().unsqueeze(0),
+    }
+
+
 def sample_writer(
     fmt: str,
     rec: dict,
@@ -138,17 +166,9 @@ def sample_writer(
     hs: List[torch.Tensor] = list(rec["hidden_states"])
     if pick is not None:
         hs = [hs[j] for j in pick]
+    if fmt == "specforge":
+        return _torch_save(specforge_record(rec, final, pick, kind))
     v = verifier_state(rec, final)
-    if fmt == "specforge" and kind != "eagle3":
-        # SpecForge's DFlash-family records (dflash_family_data.normalize_offline_sample)
-        out = {
-            "input_ids": rec["input_ids"],
-            "loss_mask": rec["loss_mask"],
-            "hidden_states": torch.cat(hs, dim=-1).contiguous(),
-        }
-        if kind == "dspark":  # normalize_dspark_offline_sample: the post-norm final state
-            out["target_last_hidden_states"] = v.contiguous()
-        return _torch_save(out)
     if fmt == "speculators":
         from safetensors.torch import save_file
 
@@ -161,15 +181,6 @@ def sample_writer(
                 "input_ids": rec["input_ids"],
                 "hidden_states": hs + [v],
                 "loss_mask": rec["loss_mask"],
-            }
-        )
-    if fmt == "specforge":
-        return _torch_save(
-            {
-                "input_ids": rec["input_ids"],
-                "loss_mask": rec["loss_mask"],
-                "aux_hidden_state": torch.cat(hs, dim=-1).unsqueeze(0),
-                "hidden_state": v.contiguous().unsqueeze(0),
             }
         )
     raise Refusal(f"unknown format {fmt!r}")
