@@ -1,4 +1,4 @@
-"""The pinned stack on the GPU host, checked piece by piece (run-0523.sh import).
+"""The pinned stack on the GPU host, checked piece by piece (run-0523.sh / run-0517.sh import).
 
     python3 tools/offline_host/import_check.py --out $OUT/import.json
 
@@ -9,7 +9,9 @@ all-reduce, cuDNN's state, a triton kernel, sgl_kernel's sm90 ops (its RMSNorm a
 torch's), flashinfer's JIT RMSNorm (the path sgl_kernel 0.4.10 takes when flashinfer is
 importable: it compiles with the image's nvcc), `import sglang.srt.entrypoints.engine` with
 its time, hsdump's capture modules, and every loaded extension module that comes from the
-image's site-packages (none of them may be built against the image's torch 2.11).
+image's site-packages (on the 0523 stack none of them may be built against the image's torch
+2.11; on 0517 the image's torch is the one in use), torch.compile of flex_attention (SpecForge's
+drafters' attention) and SpecForge's trainer imports where .whl-sf/ is installed.
 """
 
 from __future__ import annotations
@@ -48,7 +50,11 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", required=True)
     ap.add_argument("--site", default="/tmp/site523")
+    ap.add_argument(
+        "--stack", default="0523", help="0523 (torch 2.14.1 staged) or 0517 (the image's)"
+    )
     args = ap.parse_args()
+    R["stack"] = args.stack
     site = os.path.realpath(args.site)
     R["python"] = sys.version
     R["sys_path_head"] = sys.path[:6]
@@ -228,6 +234,38 @@ def main() -> int:
             "datasets": datasets.__version__,
             "hydra": hydra.__version__,
         }
+
+    @check("flex_attention_compile")
+    def _():
+        # SpecForge's default attention for its drafters (DFlash's block mask): torch.compile
+        # of flex_attention, forward and backward, on this torch and triton
+        import torch
+        from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+        def causal(b, h, q, k):
+            return q >= k
+
+        mask = create_block_mask(causal, B=None, H=None, Q_LEN=1024, KV_LEN=1024, device="cuda")
+        q = torch.randn(2, 8, 1024, 64, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+        t0 = time.time()
+        fn = torch.compile(flex_attention)
+        o = fn(q, q, q, block_mask=mask)
+        o.sum().backward()
+        torch.cuda.synchronize()
+        return {"first_call_s": round(time.time() - t0, 1), "shape": list(o.shape)}
+
+    @check("specforge_trainer_import")
+    def _():
+        import importlib.util
+
+        if importlib.util.find_spec("specforge") is None:
+            return {"skipped": "specforge is not installed (.whl-sf/)"}
+        import specforge
+        import specforge.algorithms.common.dflash_family_model  # noqa: F401
+        import specforge.cli  # noqa: F401
+        import specforge.training.assembly  # noqa: F401
+
+        return {"file": specforge.__file__}
 
     @check("loaded_from_image")
     def _():

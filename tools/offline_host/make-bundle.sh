@@ -5,11 +5,14 @@
 #   STACK 0514: SpecForge 0.2.0's pins, SGLang 0.5.14 with the image's torch 2.11.0 and
 #               transformers 5.8.1, for its own offline capture beside hsdump's
 #               (bench/reference_capture.py; run-0523.sh stash514, install514).
+#   STACK 0517: SGLang 0.5.17 + sgl-kernel 0.4.5 over the image's own torch 2.11.0 and
+#               transformers 5.17.0 (one part of about 48 MiB; run-0517.sh: the acceptance
+#               benchmark's stack, README.md "The host image's own stack").
 #
 # Run from anywhere inside the checkout, on a machine whose pip reaches PyPI:
-#     tools/offline_host/make-bundle.sh [0523|0514]
+#     tools/offline_host/make-bundle.sh [0523|0514|0517]
 # It commits nothing. It writes
-#   .gpu523/ or .gpu514/pNN/ (ignored: the folder goes into .git/info/exclude) parts of at most
+#   .gpu523/, .gpu514/ or .gpu517/pNN/ (ignored: the folder goes into .git/info/exclude) parts of at most
 #                       PART_MB MiB, each with a copy of MANIFEST; copy them to the host
 #   $BUILD_DIR          (default /tmp/sglang523-bundle or /tmp/sglang514-bundle: wheels, kept and reused; the unpacked
 #                       site is deleted after packing)
@@ -137,7 +140,22 @@ WHEELS=(
   "${COMMON[@]}"
 )
 ;;
-*) echo "make-bundle.sh: unknown stack '$STACK' (0523 or 0514)" >&2; exit 2 ;;
+0517)
+# torch 2.11.0 and transformers 5.17.0 are the image's own: nothing raw. SGLang 0.5.17's pins
+# (sglang-kernel 0.4.5, flashinfer 0.6.15.post1, apache-tvm-ffi, xgrammar, openai) with the
+# common set; the image's transformers is kept (SGLang 0.5.17 pins 5.12.1): the site build
+# patches the one place 0.5.17 clashes with 5.17 (its qwen3_asr config registration).
+WHEELS=(
+  sglang==0.5.17
+  sglang-kernel==0.4.5
+  flashinfer-python==0.6.15.post1
+  apache-tvm-ffi==0.1.11
+  xgrammar==0.2.1
+  openai==2.6.1
+  "${COMMON[@]}"
+)
+;;
+*) echo "make-bundle.sh: unknown stack '$STACK' (0523, 0514 or 0517)" >&2; exit 2 ;;
 esac
 
 PLAT=(--only-binary=:all: --python-version 3.12 --implementation cp
@@ -205,6 +223,25 @@ rm -rf "$S"/bin
 find "$S" -name __pycache__ -type d -prune -exec rm -rf {} +
 # the image's sitecustomize stays reachable: ours comes from run-0523.sh, not from a wheel
 rm -f "$S"/sitecustomize.py
+if [ "$STACK" = 0517 ]; then
+  # SGLang 0.5.17 registers its own 'qwen3_asr' configs with AutoConfig; the image's
+  # transformers 5.17.0 ships them too, and `import sglang.srt.entrypoints.engine` raises
+  # "'qwen3_asr' is already used": both registrations take exist_ok=True
+  "$PY" - "$S/sglang/srt/configs/qwen3_asr.py" <<'PYEOF'
+import re, sys
+p = sys.argv[1]
+s = open(p).read()
+n = 0
+for name in ("Qwen3ASRConfig", "Qwen3ASRThinkerConfig"):
+    pat = re.compile(r'^AutoConfig\.register\(("qwen3_asr(?:_thinker)?"), %s\)$' % name, re.M)
+    s, k = pat.subn(r'AutoConfig.register(\1, %s, exist_ok=True)' % name, s)
+    n += k
+if n != 2:
+    sys.exit("qwen3_asr patch did not apply (%d of 2)" % n)
+open(p, "w").write(s)
+print("patched", p)
+PYEOF
+fi
 
 echo "== packing site.tar.xz (xz -$XZ_LEVEL; about 15 min on 2 busy cores)"
 du -sh "$S" | sed 's/^/unpacked: /'
@@ -281,6 +318,10 @@ if [ "$STACK" = 0523 ]; then
   echo "  bash tools/offline_host/run-0523.sh stash NN        (once per part)"
   echo "then, with .whl/ (tools/offline_host/make-whl.sh) beside them:"
   echo "  bash tools/offline_host/run-0523.sh install import"
+elif [ "$STACK" = 0517 ]; then
+  echo "  bash tools/offline_host/run-0517.sh stash NN        (once per part)"
+  echo "then, with .whl/ (make-whl.sh) and .whl-sf/ (make-specforge-wheels.sh) beside them:"
+  echo "  bash tools/offline_host/run-0517.sh install import"
 else
   echo "  bash tools/offline_host/run-0523.sh stash514 NN     (once per part)"
   echo "then, with .whl-sf/ (tools/offline_host/make-specforge-wheels.sh) beside them:"

