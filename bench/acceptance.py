@@ -380,10 +380,59 @@ def heldout_ids(target: str, path: str, limit=None):
     return [r["id"] for r in rows], out
 
 
-def _gen(eng, ids, sp):
+def _gen(eng, ids, sp, **kw):
     t = time.perf_counter()
-    outs = eng.generate(input_ids=ids, sampling_params=sp)
+    outs = eng.generate(input_ids=ids, sampling_params=sp, **kw)
     return outs, time.perf_counter() - t
+
+
+def margins_of(out) -> list:
+    """Per output token of a greedy run with top_logprobs_num=2: [top-1 minus top-2 logprob,
+    the top-2 token] (how near a tie the target's choice was at each position)."""
+    rows = []
+    for top in out["meta_info"].get("output_top_logprobs") or []:
+        top = sorted(top, key=lambda x: -x[0])
+        if len(top) < 2:
+            rows.append([None, None])
+            continue
+        rows.append([round(float(top[0][0]) - float(top[1][0]), 5), int(top[1][1])])
+    return rows
+
+
+def divergence(run: dict, plain: dict, near: float = 0.1) -> dict:
+    """Where a run's greedy outputs leave the plain target's: per prompt whose output differs,
+    the first position that differs, the plain target's own top-1 minus top-2 logprob there
+    (`plain_margins`, from `serve --margins`) and whether the run took the plain target's
+    second choice. A run that only flips near-ties (margin < `near` nats) and takes the
+    runner-up there diverges by numerics (verify's extend kernels against decode's); a wide
+    margin, or a token that was not the runner-up, points to a fault."""
+    ref, outs = plain.get("outputs") or {}, run.get("outputs") or {}
+    mg = plain.get("plain_margins") or {}
+    firsts = []
+    for k, v in outs.items():
+        if k not in ref or ref[k] == v:
+            continue
+        i = _prefix(v, ref[k])
+        if i >= min(len(v), len(ref[k])):  # one stopped earlier: no differing token
+            firsts.append(dict(prompt=k, position=i, margin=None, runner_up=None))
+            continue
+        m = (mg.get(k) or [])[i] if i < len(mg.get(k) or []) else [None, None]
+        firsts.append(dict(prompt=k, position=i, margin=m[0],
+                           runner_up=None if m[1] is None else int(v[i]) == m[1]))  # fmt: skip
+    ms = sorted(f["margin"] for f in firsts if f["margin"] is not None)
+    out = dict(prompts=len(outs), equal=sum(1 for k, v in outs.items() if ref.get(k) == v),
+               diverged=len(firsts), with_margin=len(ms),
+               median_margin=ms[len(ms) // 2] if ms else None,
+               near_ties=sum(1 for x in ms if x < near), near=near,
+               took_runner_up=sum(1 for f in firsts if f["runner_up"]),
+               median_first_position=sorted(f["position"] for f in firsts)[len(firsts) // 2]
+               if firsts else None, first=firsts[:64])  # fmt: skip
+    b1 = run.get("outputs_batch1") or {}
+    if b1:  # the same engine at batch 1 against its own batched outputs
+        out["batch1_equal_to_own_batched"] = (
+            f"{sum(1 for k, v in b1.items() if outs.get(k) == v)}/{len(b1)}"
+        )
+    return out
 
 
 def serve(a) -> int:
@@ -442,8 +491,10 @@ def serve(a) -> int:
         n1 = min(a.batch1, len(prompts))
         tok1 = ver1 = 0
         wall1 = 0.0
+        outs1 = []
         for p in prompts[:n1]:
             (o,), w = _gen(eng, [p], sp)
+            outs1.append(o)
             tok1 += int(o["meta_info"]["completion_tokens"])
             ver1 += int(o["meta_info"].get("spec_verify_ct") or 0)
             wall1 += w
@@ -455,6 +506,12 @@ def serve(a) -> int:
             accept_length=round(tok1 / ver1, 4) if ver1 else None,
         )
         res["outputs"] = {str(s): list(o["output_ids"]) for s, o in zip(sids, outs)}
+        res["outputs_batch1"] = {str(s): list(o["output_ids"]) for s, o in zip(sids, outs1)}
+        if a.margins and not a.drafter:  # after the timings: how near a tie each choice was
+            outs_m, _ = _gen(eng, prompts, sp, return_logprob=True, top_logprobs_num=2)
+            res["plain_margins"] = {str(s): margins_of(o) for s, o in zip(sids, outs_m)}
+            same = sum(1 for o, m in zip(outs, outs_m) if o["output_ids"] == m["output_ids"])
+            res["margins_run_equal"] = f"{same}/{len(outs)}"
         # completion tokens and verify steps, per prompt
         res["per_prompt"] = {str(s): [c, v] for s, c, v in zip(sids, comp, ver)}
         Path(a.json).parent.mkdir(parents=True, exist_ok=True)
@@ -987,6 +1044,13 @@ def main(argv=None) -> int:
     p.add_argument("--go")
     p.add_argument("--release")
     p.add_argument("--eager", action="store_true", help="no CUDA graphs")
+    p.add_argument(
+        "--margins",
+        action="store_true",
+        help="the plain target only: after the timings, the prompts again with the top-2 "
+        "logprobs of every output token (plain_margins: how near a tie each greedy choice "
+        "was; `divergence` reads them)",
+    )
     p = sub.add_parser("table")
     p.add_argument("--results", required=True)
     p.add_argument("--json")

@@ -212,15 +212,16 @@ def split_records(export: Path, dest: Path, eval_samples: int) -> tuple:
 
 def run_config(a, kind: str, train_dir: Path, eval_dir, n_train: int, out: Path) -> dict:
     """SpecForge's typed run config (offline, one process): the recipe's optimiser settings;
-    sdpa attention (no torch.compile); a checkpoint and an evaluation on the held-out records
-    every `--save-interval` steps (0: every half epoch), so a run stopped by the budget still
-    has one to serve, and its prediction."""
+    `--attention-backend` (sdpa: no torch.compile; flex_attention: SpecForge's default); a
+    checkpoint and an evaluation on the held-out records every `--save-interval` steps (0:
+    every half epoch), so a run stopped by the budget still has one to serve, and its
+    prediction; with `--profile-at N` SpecForge's own profiler over steps N..N+3."""
     per_epoch = max(1, n_train // a.batch_size)
     tr = dict(
         strategy=kind,
         num_epochs=a.epochs,
         batch_size=a.batch_size,
-        attention_backend="sdpa",
+        attention_backend=a.attention_backend,
         save_interval=a.save_interval or max(1, per_epoch // 2),
         log_interval=a.log_interval,
         seed=0,
@@ -249,7 +250,10 @@ def run_config(a, kind: str, train_dir: Path, eval_dir, n_train: int, out: Path)
     )
     if eval_dir is not None:
         data["eval_hidden_states_path"] = str(eval_dir)
-    return dict(model=model, data=data, training=tr, run_id=kind, output_dir=str(out / "run"))
+    cfg = dict(model=model, data=data, training=tr, run_id=kind, output_dir=str(out / "run"))
+    if getattr(a, "profile_at", 0):
+        cfg["profiling"] = dict(enabled=True, start_step=int(a.profile_at), num_steps=4)
+    return cfg
 
 
 STEP_LINE = re.compile(r"^step (\d+): (\{.*\})\s*$")
@@ -335,19 +339,58 @@ def train(a) -> int:
     # this wrapper waits for that and records what it logged
     stopped = []
     signal.signal(signal.SIGTERM, lambda *_: stopped.append(time.time()))
-    with open(log, "w") as f:
-        rc = subprocess.call(cmd, stdout=f, stderr=subprocess.STDOUT)
+    rc = tee_call(cmd, log, Path(a.log_copy) if a.log_copy else None)
     rows = trainer_metrics(log)
     # SpecForge exits 143 when the budget stops it: the run is over as planned, not failed
     by_budget = bool(stopped) and rc in (143, -signal.SIGTERM)
     res = dict(kind=a.kind, rc=rc, stopped_by_budget=by_budget, samples=n,
                eval_samples=a.eval_samples, config=cfg,
                steps=rows[-1]["step"] if rows else 0, last=rows[-1] if rows else None,
+               eval_curve=eval_curve(rows), step_time=step_time(rows),
                **predicted_accept_length(a.kind, rows))  # fmt: skip
     (out / "train.json").write_text(json.dumps(res, indent=1) + "\n")
     keys = ("kind", "rc", "stopped_by_budget", "steps", "predicted", "source")
     print(json.dumps({k: res[k] for k in keys}))
     return 0 if by_budget else rc
+
+
+PROGRESS = re.compile(r"(it/s|s/it)\]\s*$")
+
+
+def tee_call(cmd, log: Path, copy=None) -> int:
+    """Run `cmd`, its output into `log` and, as it comes, into `copy` without the progress
+    bars' lines (the copy is what the GPU host's poll sends back while the run goes on)."""
+    with open(log, "w") as f, open(copy, "w") if copy else open(os.devnull, "w") as g:
+        p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                             errors="replace", bufsize=1)  # fmt: skip
+        for line in p.stdout:
+            f.write(line)
+            if not PROGRESS.search(line):
+                g.write(line)
+                g.flush()
+        return p.wait()
+
+
+def eval_curve(rows: list) -> list:
+    """SpecForge's evaluations as logged: step, held-out loss and accuracy (and DSpark's tau)."""
+    keep = ("eval/avg_loss", "eval/avg_acc", "eval/tau_probabilistic")
+    return [dict(step=r["step"], **{k.split("/", 1)[1]: r[k] for k in keep if k in r})
+            for r in rows if "eval/avg_acc" in r or "eval/avg_loss" in r]  # fmt: skip
+
+
+def step_time(rows: list, skip: int = 1) -> dict:
+    """SpecForge's own timing of its optimizer steps (the `perf/...` of its logged windows;
+    the first window, with the warm-up and compilation, left out where there are more):
+    seconds a step, of it waiting for data and computing, samples a second."""
+    w = [r for r in rows if "perf/optimizer_step_time_s" in r]
+    w = w[skip:] if len(w) > skip else w
+    if not w:
+        return {}
+    mean = lambda k: round(sum(float(r.get(k, 0.0)) for r in w) / len(w), 4)  # noqa: E731
+    return dict(windows=len(w), from_step=w[0]["step"], step_s=mean("perf/optimizer_step_time_s"),
+                data_wait_s=mean("perf/data_wait_time_s"),
+                compute_s=mean("perf/train_compute_time_s"),
+                samples_per_s=mean("perf/global_samples_per_second"))  # fmt: skip
 
 
 def last_step(run: Path):
@@ -718,6 +761,8 @@ def collate(res: Path) -> dict:
             served_step=pred.get("served_step"),
             cuda_graphs=graphs(r),
             engine_start_s=r.get("engine_start_s"),
+            # where its outputs leave the plain target's, and how near a tie that was there
+            divergence=acc.divergence(r, same_plain or plains.get(True) or plains.get(False) or {}),
         )
         for k in ("batch1", "batched"):
             base = ((same_plain or {}).get(k) or {}).get("tokens_per_s")
@@ -757,6 +802,13 @@ def table(a) -> int:
     w = [max(len(str(r[i])) for r in lines) for i in range(len(head))]
     for r in lines:
         print("  ".join(str(c).ljust(w[i]) for i, c in enumerate(r)))
+    for x in out["rows"]:
+        d = x.get("divergence") or {}
+        if d.get("diverged"):
+            print(f"{x['variant']}: {d['diverged']} of {d['prompts']} outputs leave plain greedy; "
+                  f"at the first differing token the plain target's top-1 minus top-2 logprob is "
+                  f"< {d['near']} on {d['near_ties']} of {d['with_margin']} (median "
+                  f"{d['median_margin']}), the run took the runner-up on {d['took_runner_up']}")  # fmt: skip
     for k, x in out["drafter_minus_control"].items():
         print(f"{k}: drafter - control {x['default_minus_this']:+.3f} accept length (95 % "
               f"bootstrap {x['ci95'][0]:+.3f}..{x['ci95'][1]:+.3f}, {x['prompts']} prompts)")  # fmt: skip
@@ -973,6 +1025,8 @@ def run_all(a) -> int:  # noqa: C901 - one pipeline, read top to bottom
             cmd += ["--limit", str(a.serve_limit)]
         if drafter:
             cmd += ["--drafter", str(drafter), "--algorithm", algorithm]
+        else:  # the plain target: how near a tie each greedy choice was (divergence)
+            cmd.append("--margins")
         if eager or (drafter and a.eager_drafters):
             cmd.append("--eager")
         return cmd
@@ -1055,11 +1109,20 @@ def run_all(a) -> int:  # noqa: C901 - one pipeline, read top to bottom
         cfg = w / "draft" / f"{kind}.json"  # the control is served with the default's ids
         cfg.parent.mkdir(parents=True, exist_ok=True)
         cfg.write_text(json.dumps(draft_config(kind, target, ids), indent=1) + "\n")
+        plan = training_plan(a, kind, probe(a, kind, run, me, target, ex / f"{kind}-default", cfg,
+                                            w / "probe" / kind, P.res, env),
+                             n_records=len(list((ex / f"{kind}-default").glob("rows_*/data_*.ckpt"))))  # fmt: skip
+        P.facts.setdefault("training", {})[kind] = plan
+        with P.lock:  # a backend that fails in the probe is a finding, not a failed run
+            P.failed[:] = [f for f in P.failed if not f.startswith(f"probe-{kind}-")]
+        P.save()
         procs = []
         for name in names:
             cmd = _py(me, "train", "--kind", kind, "--target", target, "--data", ex / name,
                       "--draft-config", cfg, "--out", w / "train" / name,
-                      "--epochs", a.epochs, "--eval-samples", a.eval_samples,
+                      "--epochs", plan["epochs"], "--eval-samples", a.eval_samples,
+                      "--attention-backend", plan["attention_backend"],
+                      "--log-copy", P.res / f"sf-train-{name}.log",
                       "--batch-size", a.batch_size, "--max-length", a.max_length,
                       "--num-workers", a.num_workers, "--log-interval", a.log_interval,
                       "--save-interval", a.save_interval,
@@ -1112,6 +1175,13 @@ def run_all(a) -> int:  # noqa: C901 - one pipeline, read top to bottom
             rows = trainer_metrics(w / "train" / name / "train.log")
             facts = dict(kind=kind, steps=rows[-1]["step"] if rows else 0, served_step=step,
                          **predicted_accept_length(kind, rows, upto=step))  # fmt: skip
+            tj = w / "train" / name / "train.json"
+            t = json.loads(tj.read_text()) if tj.exists() else {}
+            facts.update(eval_curve=eval_curve(rows), step_time=step_time(rows),
+                         attention_backend=(t.get("config") or {}).get("training", {}).get(
+                             "attention_backend"),
+                         epochs=(t.get("config") or {}).get("training", {}).get("num_epochs"),
+                         train_records=t.get("samples"), stopped_by_budget=t.get("stopped_by_budget"))  # fmt: skip
             served = w / "served" / name
             run(f"sf-export-{name}",
                   _py(me, "export", "--kind", kind, "--ckpt", steps[name][step],
@@ -1177,6 +1247,92 @@ def speculators_drafter(ckpt: Path, served: Path, layers, run, env) -> dict:
                 source="1 + speculators' val full_acc, 3 steps" if ok else None)  # fmt: skip
 
 
+def probe(a, kind, run, me, target, records, cfg, dest: Path, res: Path, env) -> dict:
+    """Where SpecForge's step time goes on this machine, before the kind trains: its trainer
+    alone on the drafter's records for --probe-steps steps with each attention backend
+    (sdpa: DFlash's block mask dense; flex_attention: SpecForge's default, compiled), batch and
+    workers as the run's; its own per-step timing (perf/ lines: data wait and compute) and its
+    own profiler over 4 steps near the end, summarised by kernel (trace_summary). Results in
+    res/probe-KIND.json; {} when no probe runs (--probe-steps 0, the CPU's default)."""
+    n = a.probe_steps if a.probe_steps is not None else (0 if a.device == "cpu" else 40)
+    if not n:
+        return {}
+    out = res / f"probe-{kind}.json"
+    if out.exists():
+        return json.loads(out.read_text())
+    got = {}
+    for backend in ("sdpa", "flex_attention"):
+        d = dest / backend
+        cmd = _py(me, "train", "--kind", kind, "--target", target, "--data", records,
+                  "--draft-config", cfg, "--out", d, "--epochs", 1, "--max-steps", n,
+                  "--eval-samples", 0, "--batch-size", a.batch_size, "--max-length", a.max_length,
+                  "--num-workers", a.num_workers, "--log-interval", max(1, n // 8),
+                  "--save-interval", n, "--attention-backend", backend,
+                  "--profile-at", max(1, n - 6), "--log-copy", res / f"probe-{kind}-{backend}.log",
+                  *(["--cpu"] if a.device == "cpu" else []))  # fmt: skip
+        rc = run(f"probe-{kind}-{backend}", cmd, env=env, check=False)
+        t = json.loads((d / "train.json").read_text()) if (d / "train.json").exists() else {}
+        traces = sorted((d / "run").glob("**/*.trace.json*"))
+        got[backend] = dict(rc=rc, steps=t.get("steps"), step_time=t.get("step_time") or {},
+                            profile=trace_summary(traces[-1]) if traces else None)  # fmt: skip
+        shutil.rmtree(d / "run", ignore_errors=True)  # its checkpoint and trace: disk
+    ok = {b: g["step_time"]["step_s"] for b, g in got.items()
+          if g["rc"] == 0 and g["step_time"].get("step_s")}  # fmt: skip
+    r = dict(steps=n, batch_size=a.batch_size, num_workers=a.num_workers, backends=got,
+             faster=min(ok, key=ok.get) if ok else None)  # fmt: skip
+    out.write_text(json.dumps(r, indent=1) + "\n")
+    return r
+
+
+def training_plan(a, kind: str, pr: dict, n_records: int) -> dict:
+    """The backend and epochs the kind trains with: --attention-backend, or the probe's faster
+    (auto; sdpa without a probe); --epochs, or with --epochs-fit as many as fit in
+    --train-budget-s by the probe's step time with drafter and control side by side (each
+    taking the GPU half the time: twice the step of one alone), less a minute for their start
+    and 10 % for evaluations and checkpoints: at least --epochs."""
+    backend = a.attention_backend
+    if backend == "auto":
+        backend = pr.get("faster") or "sdpa"
+    epochs, why = a.epochs, "--epochs"
+    step_s = ((pr.get("backends") or {}).get(backend) or {}).get("step_time", {}).get("step_s")
+    n_train = max(1, n_records - a.eval_samples)
+    per_epoch = max(1, n_train // a.batch_size)
+    if a.epochs_fit and step_s:
+        fit = int(0.9 * (a.train_budget_s - 60) / (per_epoch * 2 * step_s))
+        epochs, why = max(a.epochs, fit), f"--epochs-fit: {fit} fit at {2 * step_s:.3f} s a step"
+    return dict(attention_backend=backend, epochs=int(epochs), epochs_from=why,
+                steps_per_epoch=per_epoch, train_records=n_train, probe_step_s=step_s,
+                planned_steps=per_epoch * int(epochs))  # fmt: skip
+
+
+def trace_summary(path: Path, top: int = 12) -> dict:
+    """A PyTorch profiler trace (chrome JSON, gzipped or not) by GPU kernel: the window's wall
+    time, the GPU's busy time in it, the kernels taking most of it; and the CPU ops taking
+    most (inclusive) time."""
+    import gzip
+
+    raw = gzip.open(path, "rt") if str(path).endswith(".gz") else open(path)
+    with raw as f:
+        ev = [e for e in json.load(f).get("traceEvents", []) if e.get("ph") == "X"]
+    kern = [e for e in ev if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")]
+    span = (max(e["ts"] + e["dur"] for e in ev) - min(e["ts"] for e in ev)) if ev else 0
+
+    def by_name(es):
+        d = {}
+        for e in es:
+            k = e["name"][:120]
+            t, c = d.get(k, (0.0, 0))
+            d[k] = (t + float(e["dur"]), c + 1)
+        return [dict(name=k, ms=round(t / 1000, 2), calls=c)
+                for k, (t, c) in sorted(d.items(), key=lambda x: -x[1][0])[:top]]  # fmt: skip
+
+    busy = sum(float(e["dur"]) for e in kern)
+    cpu = [e for e in ev if e.get("cat") in ("cpu_op", "user_annotation")]  # not the stacks
+    return dict(window_ms=round(span / 1000, 1), gpu_busy_ms=round(busy / 1000, 1),
+                gpu_busy_share=round(busy / span, 3) if span else None,
+                kernels=by_name(kern), cpu_ops=by_name(cpu))  # fmt: skip
+
+
 def trained(out: Path) -> bool:
     """The training in `out` ended as planned: finished, or stopped by the budget."""
     f = out / "train.json"
@@ -1204,7 +1360,7 @@ def main(argv=None) -> int:
     p.add_argument("--out", required=True)
     p.add_argument("--block-size", type=int, default=BLOCK_SIZE)
 
-    def training_flags(p):
+    def training_flags(p, backends=("sdpa", "flex_attention")):
         p.add_argument("--epochs", type=int, default=2)
         p.add_argument("--max-steps", type=int, default=None)
         p.add_argument(
@@ -1228,6 +1384,14 @@ def main(argv=None) -> int:
         p.add_argument("--max-length", type=int, default=1024)
         p.add_argument("--num-workers", type=int, default=4)
         p.add_argument("--cpu", action="store_true", help="SpecForge's DDP (NO_SHARD) on gloo")
+        p.add_argument(
+            "--attention-backend",
+            default=backends[-1] if "auto" in backends else "sdpa",
+            choices=backends,
+            help="SpecForge's training.attention_backend (its default is flex_attention, "
+            "compiled; sdpa runs DFlash's block mask dense); run-all's auto (its default): "
+            "the probe's faster one (--probe-steps), sdpa where no probe ran",
+        )
 
     p = sub.add_parser("train")
     p.add_argument("--kind", choices=KINDS, required=True)
@@ -1236,6 +1400,19 @@ def main(argv=None) -> int:
     p.add_argument("--draft-config", required=True)
     p.add_argument("--out", required=True)
     p.add_argument("--log-interval", type=int, default=20)
+    p.add_argument(
+        "--log-copy",
+        default=None,
+        help="also write SpecForge's log here as it comes, without its progress-bar lines "
+        "(run-all: the results folder, which the host's poll copies back)",
+    )
+    p.add_argument(
+        "--profile-at",
+        type=int,
+        default=0,
+        help="SpecForge's own profiler (profiling.enabled) over 4 optimizer steps from this "
+        "one; its trace goes into the run folder (0: off)",
+    )
     training_flags(p)
     p = sub.add_parser("export")
     p.add_argument("--kind", choices=KINDS, required=True)
@@ -1270,6 +1447,15 @@ def main(argv=None) -> int:
     p = sub.add_parser("table")
     p.add_argument("--results", required=True)
     p.add_argument("--json")
+    p = sub.add_parser("plan", help="the backend and epochs run-all trains with, from a probe")
+    p.add_argument("--kind", choices=KINDS, default="dflash")
+    p.add_argument("--probe", required=True, help="a probe-KIND.json")
+    p.add_argument("--records", type=int, required=True, help="the kind's exported records")
+    p.add_argument("--train-budget-s", type=float, default=100)
+    p.add_argument("--epochs-fit", action="store_true")
+    training_flags(p, backends=("sdpa", "flex_attention", "auto"))
+    p = sub.add_parser("trace", help="a PyTorch profiler trace summarised by kernel")
+    p.add_argument("--file", required=True)
     p = sub.add_parser("run-all")
     p.add_argument("--work", default="/tmp/acck")
     p.add_argument("--data", default=".acc/data")
@@ -1342,7 +1528,22 @@ def main(argv=None) -> int:
         "the first capture, plus that capture's); a plan that does not fit stops there",
     )
     p.add_argument("--device", default="cuda", help="cpu: the toy chain here, no serving")
-    training_flags(p)
+    p.add_argument(
+        "--probe-steps",
+        type=int,
+        default=None,
+        help="before a kind trains: SpecForge's trainer alone on the drafter's records for N "
+        "steps with each attention backend (sdpa, flex_attention), its own per-step timing "
+        "(perf/...) and profiler trace summarised (probe-KIND.json); --attention-backend auto "
+        "takes the faster (default 40 on cuda, 0 on cpu: no probe)",
+    )
+    p.add_argument(
+        "--epochs-fit",
+        action="store_true",
+        help="train for as many epochs as the probe's step time says fit in --train-budget-s "
+        "with drafter and control side by side (at least --epochs)",
+    )
+    training_flags(p, backends=("sdpa", "flex_attention", "auto"))
     a = ap.parse_args(argv)
     if a.cmd == "draft-config":
         ids = export_facts(a.export)["serving_ids"]
@@ -1375,6 +1576,13 @@ def main(argv=None) -> int:
         return 1 if gaps else 0
     if a.cmd == "table":
         return table(a)
+    if a.cmd == "plan":
+        pr = json.loads(Path(a.probe).read_text())
+        print(json.dumps(training_plan(a, a.kind, pr, a.records)))
+        return 0
+    if a.cmd == "trace":
+        print(json.dumps(trace_summary(Path(a.file))))
+        return 0
     if a.cmd == "contract":
         return contract(a)
     return run_all(a)

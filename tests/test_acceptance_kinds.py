@@ -128,6 +128,10 @@ def test_prediction_runs_the_drafter_as_its_trainer_did(tmp_path, monkeypatch, k
          "--save-interval", 4, "--num-workers", 0, "--log-interval", 1, "--cpu")  # fmt: skip
     trained = json.loads((out / "train.json").read_text())
     assert trained["steps"] == 4 and trained["eval"]["step"] == 4, trained
+    # the eval curve and SpecForge's own step timing, from its log (run-all's results)
+    assert trained["eval_curve"][-1]["step"] == 4, trained["eval_curve"]
+    assert trained["eval_curve"][-1]["avg_acc"] == trained["eval"]["eval/avg_acc"]
+    assert trained["step_time"]["step_s"] > 0 and trained["step_time"]["windows"] == 3
     step("export", "--kind", kind, "--ckpt", out / "run", "--draft-config", cfg,
          "--out", served, "--target", target)  # fmt: skip
     step("predict", "--kind", kind, "--train", out, "--drafter", served,
@@ -235,3 +239,88 @@ def test_disk_plan_refuses_a_run_the_hosts_disk_cannot_hold(tmp_path):
     p = plan("--kinds", "dflash,eagle3,dspark", "--reference-batch", "32")
     assert p.returncode == 2, p.stdout
     assert "at eagle3's step" in p.stderr and "--samples" in p.stderr, p.stderr
+
+
+def _kinds(*args, timeout=120):
+    p = subprocess.run([sys.executable, str(ROOT / "bench" / "acceptance_kinds.py"), *map(str, args)],
+                       capture_output=True, text=True, timeout=timeout)  # fmt: skip
+    assert p.returncode == 0, p.stderr
+    return p
+
+
+def test_divergence_from_plain_greedy_names_near_ties(tmp_path):
+    """Where a drafter's greedy outputs leave the plain target's: the first differing token,
+    the plain target's own top-1 minus top-2 logprob there (`serve --margins`), and whether the
+    drafter took the runner-up. Here prompt p0 is equal, p1 flips a near tie (0.02 nats) to the
+    runner-up at position 2, p2 leaves at position 1 where the target was sure (3.0 nats) for a
+    token that was not its runner-up: one numerics-like divergence, one fault-like."""
+    res = tmp_path / "res"
+    res.mkdir()
+    plain = _serve([0] * 3, [10] * 3)
+    plain["outputs"] = {"p0": [5, 6, 7, 8], "p1": [5, 6, 7, 8], "p2": [5, 6, 7, 8]}
+    plain["plain_margins"] = {
+        k: [[1.0, 9], [3.0, 9], [0.02, 70], [1.0, 9]] for k in plain["outputs"]
+    }
+    plain["outputs_batch1"] = {"p0": [5, 6, 7, 8]}
+    drafter = _serve([20] * 3, [10] * 3, "DFLASH")
+    drafter["outputs"] = {"p0": [5, 6, 7, 8], "p1": [5, 6, 70, 1], "p2": [5, 40, 7, 8]}
+    drafter["outputs_batch1"] = {"p0": [5, 6, 7, 9]}
+    for name, r in (("plain", plain), ("dflash-default", drafter)):
+        (res / f"serve-{name}.json").write_text(json.dumps(r))
+    out = tmp_path / "t.json"
+    p = _kinds("table", "--results", res, "--json", out)
+    rows = {r["variant"]: r for r in json.loads(out.read_text())["rows"]}
+    d = rows["dflash-default"]["divergence"]
+    assert (d["equal"], d["diverged"], d["near_ties"], d["took_runner_up"]) == (1, 2, 1, 1), d
+    assert sorted((f["prompt"], f["position"], f["margin"]) for f in d["first"]) == [
+        ("p1", 2, 0.02), ("p2", 1, 3.0)]  # fmt: skip
+    assert d["batch1_equal_to_own_batched"] == "0/1"
+    assert rows["plain"]["divergence"]["batch1_equal_to_own_batched"] == "1/1"
+    assert "2 of 3 outputs leave plain greedy" in p.stdout
+
+
+def test_training_plan_from_the_probe(tmp_path):
+    """run-all's plan for a kind: `auto` takes the probe's faster backend (sdpa where the other
+    failed or none ran), and --epochs-fit as many epochs as the budget holds at twice the
+    probe's step (drafter and control share the GPU), never fewer than --epochs."""
+    probe = {"faster": "flex_attention", "backends": {
+        "sdpa": {"rc": 0, "step_time": {"step_s": 0.5}},
+        "flex_attention": {"rc": 0, "step_time": {"step_s": 0.2}}}}  # fmt: skip
+    f = tmp_path / "probe.json"
+    f.write_text(json.dumps(probe))
+    common = ["plan", "--probe", f, "--records", 2100, "--eval-samples", 100, "--batch-size", 8,
+              "--train-budget-s", 860]  # fmt: skip
+    plan = json.loads(_kinds(*common, "--epochs", 3, "--epochs-fit").stdout)
+    # 2000 records, 250 steps an epoch at 0.4 s a pair-step: 0.9 * 800 / 100 = 7.2 -> 7
+    assert plan["attention_backend"] == "flex_attention" and plan["epochs"] == 7, plan
+    assert plan["steps_per_epoch"] == 250 and plan["planned_steps"] == 1750
+    plan = json.loads(_kinds(*common, "--epochs", 9, "--epochs-fit").stdout)
+    assert plan["epochs"] == 9  # at least --epochs
+    plan = json.loads(_kinds(*common, "--epochs", 3, "--attention-backend", "sdpa").stdout)
+    assert (plan["attention_backend"], plan["epochs"]) == ("sdpa", 3)  # no fit asked
+    probe["faster"] = None
+    f.write_text(json.dumps(probe))
+    assert json.loads(_kinds(*common, "--epochs", 3).stdout)["attention_backend"] == "sdpa"
+
+
+def test_trace_summary_by_kernel(tmp_path):
+    """The probe's profiler trace, summarised: the window, the GPU's busy share in it, the
+    kernels by time (calls counted), CPU ops apart from the Python stack events."""
+    import gzip
+
+    ev = [
+        {"ph": "X", "cat": "cpu_op", "name": "aten::mm", "ts": 0, "dur": 900},
+        {"ph": "X", "cat": "python_function", "name": "threading.py: run", "ts": 0, "dur": 1000},
+        {"ph": "X", "cat": "kernel", "name": "flex_attention_bwd", "ts": 100, "dur": 300},
+        {"ph": "X", "cat": "kernel", "name": "gemm", "ts": 400, "dur": 100},
+        {"ph": "X", "cat": "kernel", "name": "gemm", "ts": 600, "dur": 100},
+        {"ph": "i", "cat": "kernel", "name": "marker", "ts": 5},
+    ]
+    f = tmp_path / "t.trace.json.gz"
+    with gzip.open(f, "wt") as fh:
+        json.dump({"traceEvents": ev}, fh)
+    s = json.loads(_kinds("trace", "--file", f).stdout)
+    assert s["window_ms"] == 1.0 and s["gpu_busy_ms"] == 0.5 and s["gpu_busy_share"] == 0.5
+    assert [(k["name"], k["ms"], k["calls"]) for k in s["kernels"]] == [
+        ("flex_attention_bwd", 0.3, 1), ("gemm", 0.2, 2)]  # fmt: skip
+    assert [k["name"] for k in s["cpu_ops"]] == ["aten::mm"]
