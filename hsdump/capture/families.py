@@ -349,26 +349,106 @@ def kind_rule(architecture: str, kind: str, sglang_version: Optional[str]) -> Op
     return KIND_RULES.get(rel, {}).get(architecture, {}).get(kind)
 
 
+CHECKED, NO_SETTER, UNCHECKED = "checked", "no setter", "not checked"
+KIND_NAMES = {"eagle3": "EAGLE-3", "dflash": "DFlash", "dspark": "DSpark"}
+
+
+def _rel(sglang_version: Optional[str]) -> str:
+    """The release whose rules apply (sglang_version None, as for engine=dry: the newest)."""
+    return release(sglang_version) if sglang_version else max(KIND_RULES)
+
+
+def kind_support(architecture: str, kind: str, sglang_version: Optional[str]) -> str:
+    """What hsdump knows of serving a `kind` drafter of `architecture` on this SGLang release:
+    CHECKED (a rule in KIND_RULES: the manifest records its serving ids); NO_SETTER (the
+    release's class has no setter for the kind, so SGLang cannot serve it on this class at all:
+    a class in KIND_RULES without the kind, or one of LAYER_FLAG_CAPTURE on 0.5.17, which has
+    no setter of any kind); UNCHECKED (hsdump never read or ran the class's setter)."""
+    rel = _rel(sglang_version)
+    rules = KIND_RULES.get(rel, {})
+    if kind in rules.get(architecture, {}):
+        return CHECKED
+    if architecture in rules or (rel == V17 and architecture in LAYER_FLAG_CAPTURE):
+        return NO_SETTER
+    return UNCHECKED
+
+
+def kind_advice(architecture: str, kind: str, sglang_version: Optional[str]) -> str:
+    """Why a `kind` drafter of `architecture` has no serving ids on this SGLang release, and
+    what to do instead: the one text of extract's refusal (`check_kinds`), `hsdump export`'s
+    advice and its closing line. "" where the kind is CHECKED."""
+    support = kind_support(architecture, kind, sglang_version)
+    if support == CHECKED:
+        return ""
+    rel = _rel(sglang_version)
+    name = KIND_NAMES.get(kind, kind)
+    known = sorted(a for a, r in KIND_RULES.get(rel, {}).items() if kind in r)
+    checked = f"Checked for {kind}: {', '.join(known) or 'none'} (SGLang {rel})."
+    if support == NO_SETTER:
+        return (
+            f"SGLang {rel} cannot serve a {name} drafter of {architecture}: its model class has "
+            f"no {kind} layer setter, so SGLang refuses --speculative-algorithm "
+            f"{kind.upper()} on it. {checked} Train an EAGLE-3 drafter instead "
+            "(capture.kinds=[eagle3], the default; `hsdump export --kind eagle3`), or serve "
+            f"{name} from a class that has it; capture.allow_unverified=true captures the "
+            f"{kind} layers anyway, for a server other than SGLang {rel}"
+        )
+    return (
+        f"hsdump has not checked which layers SGLang {rel} serves a {name} drafter of "
+        f"{architecture} from (each class's setter maps a drafter's layer ids its own way; a "
+        f"wrong one serves the drafter one layer off, silently). {checked} Train an EAGLE-3 "
+        "drafter (capture.kinds=[eagle3], the default), or set capture.allow_unverified=true "
+        f"to capture {kind} anyway (the manifest then records no serving ids for it: read "
+        'them from SGLang\'s class before serving, docs/layers.md, "Drafter kinds")'
+    )
+
+
 def check_kinds(
     architecture: str, kinds, allow_unverified: bool, sglang_version: Optional[str] = _INSTALLED
 ) -> None:
     """ValueError, before any engine starts, for a DFlash or DSpark capture of a class whose
     ids rule for that kind hsdump never checked on this SGLang release (its drafter would be
-    served one layer off, silently), unless capture.allow_unverified=true."""
+    served one layer off, silently), or whose class on that release cannot serve the kind at
+    all, unless capture.allow_unverified=true (`kind_advice` says which, and what instead)."""
     if sglang_version == _INSTALLED:
         sglang_version = installed_sglang()
     for kind in kinds:
-        if kind == "eagle3" or kind_rule(architecture, kind, sglang_version) is not None:
+        if kind == "eagle3" or kind_support(architecture, kind, sglang_version) == CHECKED:
             continue
         if allow_unverified:
             continue
-        rel = release(sglang_version) if sglang_version else max(KIND_RULES)
-        known = sorted(a for a, r in KIND_RULES.get(rel, {}).items() if kind in r)
         raise Refusal(
-            f"capture.kinds holds {kind}, but hsdump has not checked which layers SGLang "
-            f"{sglang_version or V23} serves a {kind} drafter of {architecture} from (each class's "
-            f"setter maps a drafter's layer ids its own way; a wrong one serves the drafter "
-            f"one layer off, silently). Checked for {kind}: {', '.join(known)}. Drop {kind} "
-            "from capture.kinds, or set capture.allow_unverified=true to capture anyway (the "
-            "manifest then records no serving ids for it)"
+            f"capture.kinds holds {kind} (capture=all_kinds holds dflash and dspark): "
+            + kind_advice(architecture, kind, sglang_version)
         )
+
+
+KINDS_TABLE = ("<!-- kinds table: begin -->", "<!-- kinds table: end -->")
+"""The markers around docs/layers.md's table of classes by kind (`kinds_table`)."""
+
+_SHIFT = {"plus1": "id + 1", "none": "id", "first_id_1": "id + 1 if the first is 1"}
+
+
+def _cell(architecture: str, kind: str, rel: str) -> str:
+    family = family_of(architecture)
+    if family is None or family.verified_on(rel) is None:
+        return "class not verified"
+    support = kind_support(architecture, kind, rel)
+    if support == CHECKED:
+        return _SHIFT[KIND_RULES[rel][architecture][kind].shift]
+    return "**no setter**" if support == NO_SETTER else "not checked"
+
+
+def kinds_table() -> str:
+    """docs/layers.md's table: per verified class and SGLang release, whether SGLang serves
+    each drafter kind from hsdump's capture and how the serving ids name the layers, from
+    FAMILIES and KIND_RULES (tests/test_kind_support.py keeps the doc equal to it)."""
+    rels = sorted(KIND_RULES, key=lambda v: tuple(int(x) for x in v.split(".")), reverse=True)
+    kinds = list(KIND_NAMES)
+    head = ["class"] + [f"{KIND_NAMES[k]}, {r}" for r in rels for k in kinds]
+    lines = ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
+    for fam in FAMILIES:
+        for arch in fam.architectures:
+            cells = [_cell(arch, k, r) for r in rels for k in kinds]
+            lines.append(f"| {arch} ({fam.name}) | " + " | ".join(cells) + " |")
+    return "\n".join(lines)

@@ -434,12 +434,18 @@ def pick_kind(ds, manifest: dict, kind: str) -> dict:
         ids = serving_ids(kind_rule(arch, base, version), want) if arch else None
     missing = [k for k in want if k not in ds.layers]
     if missing:
+        from hsdump.capture.families import CHECKED, kind_advice, kind_support
+
         kinds = list((manifest.get("kinds") or {"eagle3": None}).keys())
         again = ",".join(dict.fromkeys(kinds + [base]))
+        version = None if sglang in (None, "absent") else sglang
+        have = f"{ds.path} holds layers {ds.layers}, not {missing} of {base}'s {want}"
+        if base != "eagle3" and arch and kind_support(arch, base, version) != CHECKED:
+            # what extract would refuse: say so, and what to do instead (one text with it)
+            raise ExportError(f"{have}. {kind_advice(arch, base, version)}")
         raise ExportError(
-            f"{ds.path} holds layers {ds.layers}, not {missing} of {base}'s {want}: extract "
-            f"again with capture.kinds=[{again}] (the union of their layers), or with "
-            f"capture.kind_layers.{base}=[...] naming layers it captured"
+            f"{have}: extract again with capture.kinds=[{again}] (the union of their layers), "
+            f"or with capture.kind_layers.{base}=[...] naming layers it captured"
         )
     return {
         "layers": want,
@@ -530,6 +536,32 @@ def _write_arrow_and_freq(ds, dest: Path) -> None:
 
 
 # ---------------------------------------------------------------------- CLI
+def no_ids_reason(out: str, kind: str) -> str:
+    """Why an export of `kind` from dataset `out` has no SGLang serving ids: SGLang cannot serve
+    the kind on the class, or hsdump has no checked rule (hsdump.capture.families.kind_advice,
+    the text extract refuses with), or the rule gives none for these layers."""
+    from hsdump.capture.families import CHECKED, kind_advice, kind_support
+    from hsdump.capture.kinds import LAYERS_OF
+    from hsdump.store.commits import read_manifest
+
+    m = read_manifest(Path(out))
+    arch = (m.get("model") or {}).get("architecture")
+    sglang = m.get("sglang_version")
+    version = None if sglang in (None, "absent") else sglang
+    base = LAYERS_OF.get(kind, kind)
+    if arch and kind_support(arch, base, version) != CHECKED:
+        if base != "eagle3":
+            return kind_advice(arch, base, version)
+        return (
+            "hsdump has no checked EAGLE-3 rule for this class: read the ids from SGLang's "
+            'class before serving (docs/layers.md, "Drafter kinds")'
+        )
+    return (
+        'its setter\'s rule gives none for these layers (docs/layers.md, "Drafter kinds": '
+        "an EAGLE-3 capture starting at layer 1 of a DeepSeek-V2-style class)"
+    )
+
+
 def main(argv=None) -> int:
     from hsdump.command import prog
 
@@ -611,8 +643,7 @@ def main(argv=None) -> int:
             + (
                 f"{ids}: put them in the drafter's config.json as {state['serving_ids_key']}"
                 if ids is not None
-                else f"unknown for {state.get('serving_class')} (hsdump has no checked rule "
-                'for this class and kind: docs/layers.md, "Drafter kinds")'
+                else f"unknown for {state.get('serving_class')}: " + no_ids_reason(a.out, a.kind)
             )
         )
     return 0
