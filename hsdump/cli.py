@@ -81,6 +81,11 @@ def extract_job(cfg) -> None:
         log.error("%s", e)
         sys.exit(2)
     try:
+        if cfg.online.folder:  # train while capturing: hsdump.online.producer
+            from hsdump.online.producer import run as run_online
+
+            print(json.dumps(run_online(to_config(cfg), resolved_config=resolved)))
+            return
         summary = run(to_config(cfg), resolved_config=resolved)
     except Interrupted as e:
         log.error("%s", e)

@@ -387,6 +387,46 @@ class CheckConfig:
 
 
 @dataclass
+class OnlineConfig:
+    """Train while capturing (hsdump.online, docs/trainers.md "Train while you capture"): each
+    committed sample is published to SpecForge's online consumer through `folder`, with the
+    disk held under `cap_bytes`. Off while `folder` is null."""
+
+    folder: Optional[str] = None
+    """The shared folder (refs, ledger, the per-epoch datasets); null: an ordinary capture."""
+    cap_bytes: int = 0
+    """The most bytes of samples on disk at once (published and not yet acknowledged, plus
+    those being captured and written); capture waits when the next sample would pass it.
+    0: no cap."""
+    epochs: int = 1
+    """Each epoch captures every sample again, with new ids and in a new order."""
+    seed: int = 0
+    """Epoch e's order: torch.randperm(n, seed + e) over the samples in the order SpecForge's
+    offline reader lists `hsdump export --to specforge` files (its offline sampler's order)."""
+    kind: str = "dflash"
+    """The drafter kind the trainer trains: dflash, dspark, domino or eagle3."""
+    batch_size: int = 1
+    """The trainer's training.batch_size (with accumulation_steps and dp_size: its quantum)."""
+    accumulation_steps: int = 1
+    dp_size: int = 1
+    """The trainer's data-parallel ranks (torchrun's nproc_per_node x nnodes)."""
+    max_length: Optional[int] = None
+    """The trainer's data.max_length (null: dataset.max_seq_len)."""
+    peer_timeout_s: Optional[float] = None
+    """Stop when the trainer has not published its quantum, or not finished, in this long
+    (null: wait as long as it takes)."""
+
+    def __post_init__(self) -> None:
+        for name in ("epochs", "batch_size", "accumulation_steps", "dp_size"):
+            if getattr(self, name) < 1:
+                raise Refusal(f"online.{name}={getattr(self, name)}: use 1 or more")
+        if self.cap_bytes < 0:
+            raise Refusal(f"online.cap_bytes={self.cap_bytes}: use 0 (no cap) or more")
+        if self.kind not in ("dflash", "dspark", "domino", "eagle3"):
+            raise Refusal(f"online.kind={self.kind!r}: use dflash, dspark, domino or eagle3")
+
+
+@dataclass
 class Config:
     model: ModelConfig = field(default_factory=ModelConfig)
     dataset: DatasetConfig = field(default_factory=DatasetConfig)
@@ -396,6 +436,7 @@ class Config:
     output: OutputConfig = field(default_factory=OutputConfig)
     dist: DistConfig = field(default_factory=DistConfig)
     check: CheckConfig = field(default_factory=CheckConfig)
+    online: OnlineConfig = field(default_factory=OnlineConfig)
     progress: bool = True
     """Show a progress bar."""
 
@@ -461,6 +502,7 @@ def register_configs() -> None:
     cs.store(group="regenerate", name="regenerate_schema", node=RegenerateConfig)
     cs.store(group="engine", name="engine_schema", node=EngineConfig)
     cs.store(group="output", name="output_schema", node=OutputConfig)
+    cs.store(group="online", name="online_schema", node=OnlineConfig)
 
 
 def to_config(cfg: Any) -> Config:

@@ -316,7 +316,10 @@ class Job:
     t0: float
 
 
-def run(cfg: Config, resolved_config: Optional[dict] = None) -> Summary:
+def run(cfg: Config, resolved_config: Optional[dict] = None, hooks=None) -> Summary:
+    """`hooks` (hsdump.online.producer's): `plan(job, corpus)` orders or skips the job's
+    samples once the dataset is open; `gate(engine)` is the Gate its engine awaits before
+    each request (None: none)."""
     t0 = time.time()
     check_output_dir(cfg.output.dir)
     model = check_model(cfg)
@@ -341,10 +344,15 @@ def run(cfg: Config, resolved_config: Optional[dict] = None) -> Summary:
     corpus = tokenize(cfg, model)
     manifest = dataset_keys(cfg, model, corpus, resolved_config)
     job = open_dataset(cfg, model, corpus, manifest, t0)
+    if hooks is not None:
+        hooks.plan(job, corpus)
+        if not job.todo:
+            job.writer.close()  # a second close does nothing
     if not job.todo:
         return job.summary
     engine = start_engine(cfg, model, job)
-    return finish(cfg, model, corpus, job, *capture(cfg, model, corpus, job, engine))
+    gate = hooks.gate(engine) if hooks is not None else None
+    return finish(cfg, model, corpus, job, *capture(cfg, model, corpus, job, engine, gate))
 
 
 def node_layout(cfg: Config) -> NodeLayout:
@@ -671,8 +679,9 @@ def start_engine(cfg: Config, model: Model, job: Job) -> Engine:
     return engine
 
 
-def capture(cfg: Config, model: Model, corpus: Corpus, job: Job, engine: Engine):
-    """Every sample left to do through the engine into the writer, with a progress bar.
+def capture(cfg: Config, model: Model, corpus: Corpus, job: Job, engine: Engine, gate=None):
+    """Every sample left to do through the engine into the writer, with a progress bar; the
+    engine awaits `gate` (hsdump.capture.base.Gate) before each request.
     Returns (completed, stop signal name or None, EngineDied or None)."""
     from tqdm import tqdm
 
@@ -736,7 +745,8 @@ def capture(cfg: Config, model: Model, corpus: Corpus, job: Job, engine: Engine)
     try:
         if not cfg.regenerate.enabled:
             samples = (Request(data.ids[i], data.input_ids[i], data.loss_mask[i]) for i in job.todo)
-            ok = engine.run(samples, sink, on_signal, refused=refused)
+            gated = {} if gate is None else {"gate": gate}  # engines without gates still run
+            ok = engine.run(samples, sink, on_signal, refused=refused, **gated)
         else:
             ok = regenerate_and_capture(cfg, corpus, job, engine, sink, on_signal, bar, refused)
         if ok and first:  # before the engine closes: SGLang's own logprobs of those samples

@@ -119,6 +119,17 @@ class CapturedSample:
 # sink(sample): each captured sample, in the order the engine finishes them
 Sink = Callable[[CapturedSample], None]
 
+
+class Gate(Protocol):
+    """What may hold the next request back (hsdump.online's disk cap): the engine awaits
+    `wait(request)` before it submits each request, in its own request loop (CaptureEngine:
+    a task on SGLang's event loop, beside the requests in flight, whose results it keeps
+    handing to the sink meanwhile; DryEngine: asyncio.run). `wait` returns when the request
+    may go, and raises to stop the run (the engine stops as on an error)."""
+
+    async def wait(self, request: "Request") -> None: ...
+
+
 # on_stop_signal(name): SIGINT or SIGTERM arrived while the engine ran
 OnSignal = Optional[Callable[[str], None]]
 
@@ -162,9 +173,11 @@ class Engine(Protocol):
         sink: Sink,
         on_stop_signal: OnSignal = None,
         refused: Optional[Callable[[int, str], None]] = None,
+        gate: Optional[Gate] = None,
     ) -> bool:
         """Capture every Request and hand each to `sink` as a CapturedSample. A sample the engine refuses goes to
         `refused(sample_id, message)` and the others go on (without it: Refused is raised).
+        `gate`: awaited before each request is submitted (Gate).
         False if `request_stop()` ended it early; KeyboardInterrupt after `abort()`;
         EngineDied if the engine died."""
         ...

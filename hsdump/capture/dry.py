@@ -19,6 +19,7 @@ the engine refuses runs too.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import signal
@@ -121,12 +122,17 @@ class DryEngine:
         sink: Sink,
         on_stop_signal: OnSignal = None,
         refused=None,
+        gate=None,
     ) -> bool:
         old = self._signals(on_stop_signal)
         try:
             for req in samples:
                 if self._stop:
                     break
+                if gate is not None:  # no event loop here: the gate's await on one of its own
+                    asyncio.run(gate.wait(req))
+                    if self._stop:
+                        break
                 if req.sid in self._refuse:
                     e = Refused(req.sid, f"refused by {REFUSE_ENV} (engine=dry)")
                     if refused is None:

@@ -409,15 +409,17 @@ class CaptureEngine:
         sink: Sink,
         on_stop_signal: Optional[Callable[[str], None]] = None,
         refused: Optional[Callable[[int, str], None]] = None,
+        gate=None,
     ) -> bool:
         """Capture every Request and call `sink(CapturedSample)` in completion order (its
         nonfinite indices found on the device, in the spec's order).
         `on_stop_signal(name)` is called on SIGINT / SIGTERM while it runs; `refused(sample_id,
         message)` for a sample SGLang refuses as a bad request (without it, run raises Refused).
         Returns False if `request_stop()` ended it early; raises KeyboardInterrupt after
-        `abort()`, EngineDied if SGLang died."""
+        `abort()`, EngineDied if SGLang died. `gate.wait(request)` (hsdump.capture.base.Gate)
+        is awaited before each request is submitted, as a task beside those in flight."""
         self._tag = uuid.uuid4().hex[:8]  # request ids unique per run: a sample id may recur
-        return self._run_on_loop(self._drive(iter(samples), sink, refused), on_stop_signal)
+        return self._run_on_loop(self._drive(iter(samples), sink, refused, gate), on_stop_signal)
 
     def generate(
         self,
@@ -544,11 +546,12 @@ class CaptureEngine:
             req, [rows[s] for s in self._slot], [j for j, s in enumerate(self._slot) if s in bad]
         )
 
-    async def _drive(self, samples, sink: Sink, refused=None) -> bool:
+    async def _drive(self, samples, sink: Sink, refused=None, gate=None) -> bool:
         budget = self.cfg.inflight_tokens
         inflight: Dict[asyncio.Future, int] = {}
         used = 0
         nxt = next(samples, None)
+        gated: Optional[asyncio.Future] = None  # gate.wait(nxt), awaited beside the requests
         self._wake = asyncio.get_running_loop().create_future()
         try:
             while True:
@@ -558,16 +561,22 @@ class CaptureEngine:
                 if nxt is None and not inflight:
                     return not self._stop_requested
                 while nxt is not None and (not inflight or used + len(nxt.input_ids) <= budget):
+                    if gate is not None:
+                        if gated is None:
+                            gated = asyncio.ensure_future(gate.wait(nxt))
+                        if not gated.done():
+                            break
+                        gated, ready = None, gated
+                        ready.result()  # the gate's stop: raised here
                     inflight[asyncio.ensure_future(self._one(nxt))] = len(nxt.input_ids)
                     used += len(nxt.input_ids)
                     nxt = next(samples, None)
                 if self._wake.done():
                     self._wake = asyncio.get_running_loop().create_future()
-                done, _ = await asyncio.wait(
-                    list(inflight) + [self._wake], return_when=asyncio.FIRST_COMPLETED
-                )
+                waiting = list(inflight) + [self._wake] + ([gated] if gated is not None else [])
+                done, _ = await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
                 for task in done:
-                    if task is self._wake:
+                    if task is self._wake or task is gated:
                         continue
                     used -= inflight.pop(task)
                     try:
@@ -583,6 +592,8 @@ class CaptureEngine:
                 # at 32K x 8B, measured with bench/mem_bench.py --caller-only)
                 done = task = result = None
         finally:
+            if gated is not None:
+                inflight[gated] = 0
             for task in inflight:
                 task.cancel()
             if inflight:

@@ -376,6 +376,18 @@ class DatasetWriter:
         and those being written; at most (writer_threads + 2) x max(shard_bytes, one sample)."""
         return self._pending_bytes + self._shard_bytes_held
 
+    @property
+    def pending_ids(self) -> List[int]:
+        """The samples of the shard filling now (not yet handed to the writer threads)."""
+        return list(self._pending_ids)
+
+    def flush(self) -> None:
+        """Hand the shard filling now to the writer threads, however small (hsdump.online: a
+        capture held back by its disk cap commits what it holds, so the trainer can go on).
+        From the thread that calls add()."""
+        self._raise_if_failed()
+        self._flush()
+
     def _flush(self) -> None:
         if not self._pending_ids:
             return

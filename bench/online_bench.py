@@ -1,0 +1,320 @@
+"""Train while capturing, measured (issue 52): hsdump's capture feeds SpecForge 0.2.0's own
+online DFlash trainer through one folder, with and without a disk cap, beside an offline run of
+SpecForge's trainer on `hsdump export --to specforge --kind dflash` of the same samples.
+
+    python bench/online_bench.py --out bench/results/online-cpu.json          # CPU, ~3 min
+
+One run, three trainings of the same DFlash drafter (SpecForge's trainer, CPU, gloo, batch
+--batch, --epochs epochs, seed 0) on the same samples (the dry engine's rows of the tiny Llama's
+shapes: the folder protocol is what is measured here, not SGLang):
+
+1. offline: a capture into a dataset, `hsdump export --to specforge --kind dflash`, SpecForge's
+   offline trainer (`specforge train`, data.hidden_states_path) on the export;
+2. online, no cap: `python extract.py online=specforge online.folder=F ...` beside
+   `python -m hsdump.online.consumer F -c run.json`;
+3. online, capped: the same with online.cap_bytes=--cap (bytes).
+
+The capture is paced (engine.dry_tokens_per_s) below the trainer's pace, so the trainer keeps
+up, and the capture throughput with and without the cap is compared at that pace. A thread
+samples the bytes of every shard file (temporaries included) under F/store every 5 ms: the
+peak is `peak_bytes`. Per-step losses are SpecForge's own log lines; `loss_equal_to_offline`
+compares each online run's with the offline run's, step by step (exact equality).
+`samples_consumed` counts SpecForge's ledger's optimizer-durable acknowledgements (its SQLite
+`acked` table); SpecForge drops a tail shorter than one optimizer window (none when the samples
+of all epochs fill whole windows).
+
+SpecForge 0.2.0 and accelerate 1.15.0 are not installable beside SGLang: pass their unpacked
+wheels' roots (--specforge, --accelerate; default the test suite's cache,
+~/.cache/hsdump/peers/specforge-0.2.0 and accelerate-1.15.0, which `make test` fills).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sqlite3
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+sys.path.insert(0, str(HERE))
+
+KIND = "dflash"
+CACHE = Path(os.environ.get("HSDUMP_CACHE", Path.home() / ".cache" / "hsdump")) / "peers"
+
+
+def dir_bytes(path: Path) -> int:
+    """Bytes of the shard files (and their temporaries) under `path`."""
+    total = 0
+    for root, _, names in os.walk(path):
+        for n in names:
+            if ".safetensors" in n:
+                try:
+                    total += os.stat(os.path.join(root, n)).st_size
+                except FileNotFoundError:
+                    pass
+    return total
+
+
+class Sampler(threading.Thread):
+    """The peak of dir_bytes(path), sampled every `every_s`."""
+
+    def __init__(self, path: Path, every_s: float = 0.005):
+        super().__init__(daemon=True)
+        self.path, self.every_s, self.peak, self.samples = path, every_s, 0, 0
+        self.halt = threading.Event()
+
+    def run(self):
+        while not self.halt.is_set():
+            self.peak = max(self.peak, dir_bytes(self.path))
+            self.samples += 1
+            self.halt.wait(self.every_s)
+
+    def stop(self) -> int:
+        self.halt.set()
+        self.join()
+        self.peak = max(self.peak, dir_bytes(self.path))
+        return self.peak
+
+
+def peer_env(specforge: str, accelerate: str) -> dict:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([specforge, accelerate, str(ROOT)])
+    env.pop("HSDUMP_FORBID_ENGINE", None)
+    return env
+
+
+def capture_args(samples: int, max_len: int, pace: float) -> list:
+    return [
+        "engine=dry",
+        f"engine.dry_tokens_per_s={pace}",
+        f"dataset.max_samples={samples}",
+        f"dataset.max_seq_len={max_len}",
+        f"capture.kinds=[{KIND}]",
+        "progress=false",
+    ]
+
+
+def draft_files(work: Path, target: str, serving_ids) -> Path:
+    """The DFlash drafter's config (bench/acceptance_kinds.py's recipe on the target)."""
+    import acceptance_kinds as ak
+
+    path = work / "draft.json"
+    path.write_text(json.dumps(ak.draft_config(KIND, target, serving_ids), indent=1))
+    return path
+
+
+def run_config(work: Path, target: str, draft: Path, data: str, a) -> Path:
+    """SpecForge's run config (one process, CPU: NO_SHARD is DDP on gloo; sdpa attention)."""
+    import acceptance_kinds as ak
+
+    cfg = dict(
+        run_id=KIND,
+        output_dir=str(work / "run"),
+        model=dict(
+            target_model_path=ak.trainer_target(target, work / "target"),
+            draft_model_config=str(draft),
+            torch_dtype="bfloat16",
+        ),
+        data=dict(
+            hidden_states_path=data,
+            max_length=a.max_len,
+            dataloader_num_workers=0,
+            cache_dir=str(work / "cache"),
+        ),  # fmt: skip
+        training=dict(
+            strategy=KIND,
+            num_epochs=a.epochs,
+            batch_size=a.batch,
+            attention_backend="sdpa",
+            save_interval=a.save_interval,
+            log_interval=1,
+            seed=0,
+            fsdp_sharding="NO_SHARD",
+            **ak.TRAINING[KIND],
+        ),  # fmt: skip
+    )
+    path = work / "run.json"
+    path.write_text(json.dumps(cfg, indent=1))
+    return path
+
+
+def losses(log: Path) -> list:
+    import acceptance_kinds as ak
+
+    return [[r["step"], r["loss"]] for r in ak.trainer_metrics(log) if "loss" in r]
+
+
+def acked(folder: Path) -> int:
+    with sqlite3.connect(folder / "control" / "consumer.sqlite") as db:
+        return db.execute("SELECT count(*) FROM acked").fetchone()[0]
+
+
+def offline(work: Path, a, env) -> dict:
+    """Capture, export, SpecForge's offline trainer: its losses and the drafter's ids."""
+    ds, ex = work / "ds", work / "ex"
+    args = capture_args(a.samples, a.max_len, 0)
+    run([sys.executable, "extract.py", *args, f"output.dir={ds}"], env)
+    run([sys.executable, "-m", "hsdump", "export", ds, ex, "--to", "specforge", "--kind", KIND,
+         "--allow-dry", "--no-progress"], env)  # fmt: skip
+    ids = json.loads((ex / "hsdump_export.json").read_text())["serving_ids"]
+    from hsdump.tiny import resolve_model_path
+
+    target = resolve_model_path("tiny:llama")
+    draft = draft_files(work, target, ids)
+    cfg = run_config(work / "train", target, draft, str(ex), a)
+    log = work / "train.log"
+    t = time.time()
+    run([sys.executable, "-m", "specforge.cli", "train", "--config", cfg], env, log=log)
+    return dict(losses=losses(log), train_s=round(time.time() - t, 2), target=target, draft=draft,
+                records=len(list(ex.glob("rows_*/*.ckpt"))))  # fmt: skip
+
+
+def online(work: Path, a, env, off: dict, cap: int) -> dict:
+    """Producer and SpecForge's consumer side by side on one folder."""
+    folder = work / "folder"
+    shutil.rmtree(work, ignore_errors=True)
+    work.mkdir(parents=True)
+    cfg = run_config(work / "train", off["target"], off["draft"], "unused", a)
+    sampler = Sampler(folder / "store")
+    sampler.start()
+    prod = [sys.executable, "extract.py", *capture_args(a.samples, a.max_len, a.pace),
+            "online=specforge", f"online.folder={folder}", f"online.cap_bytes={cap}",
+            f"online.kind={KIND}", f"online.epochs={a.epochs}", f"online.batch_size={a.batch}",
+            "online.peer_timeout_s=120"]  # fmt: skip
+    t = time.time()
+    p = subprocess.Popen(prod, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         text=True)  # fmt: skip
+    while not (folder / "online.json").exists() and p.poll() is None:
+        time.sleep(0.05)
+    log = work / "consumer.log"
+    cons = [sys.executable, "-m", "hsdump.online.consumer", folder, "-c", cfg]
+    c = run(cons, env, log=log, wait=False)
+    out, err = p.communicate(timeout=a.timeout)
+    wall = time.time() - t
+    rc_c = c.wait(timeout=a.timeout)
+    peak = sampler.stop()
+    if p.returncode or rc_c:
+        raise SystemExit(f"producer rc {p.returncode}: {err[-3000:]}\nconsumer rc {rc_c}: "
+                         f"{log.read_text()[-3000:]}")  # fmt: skip
+    summary = json.loads(out.strip().splitlines()[-1])
+    capture_s = sum(e["wall_s"] for e in summary["epochs"])
+    plan = json.loads((folder / "online.json").read_text())
+    return dict(
+        cap_bytes=cap,
+        peak_bytes=peak,
+        peak_accounted_bytes=summary["peak_accounted_bytes"],
+        peak_sampled_times=sampler.samples,
+        samples_published=summary["samples_published"],
+        samples_consumed=acked(folder),
+        dropped_at_end=summary["dropped_at_end"],
+        samples_per_epoch=plan["samples_per_epoch"],
+        sample_bytes_max=plan["sample_bytes_max"],
+        capture_s=round(capture_s, 2),
+        capture_samples_per_s=round(summary["samples_published"] / capture_s, 3),
+        gate_wait_s=summary["gate_wait_s"],
+        wall_s=round(wall, 2),
+        store_left_bytes=dir_bytes(folder / "store"),
+        losses=losses(log),
+    )
+
+
+def run(cmd, env, log: Path = None, wait=True):
+    cmd = [str(c) for c in cmd]
+    out = open(log, "w") if log else subprocess.PIPE
+    p = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, text=True)
+    if not wait:
+        return p
+    text, _ = p.communicate(timeout=1800)
+    if p.returncode:
+        raise SystemExit(f"{' '.join(cmd)}: rc {p.returncode}\n"
+                         f"{(log.read_text() if log else text)[-3000:]}")  # fmt: skip
+    return p
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", default=str(ROOT / "bench/results/online-cpu.json"))
+    ap.add_argument("--work", default="/tmp/hsdump-online-bench")
+    ap.add_argument("--samples", type=int, default=24, help="samples per epoch")
+    ap.add_argument("--epochs", type=int, default=2)
+    ap.add_argument("--batch", type=int, default=2)
+    ap.add_argument("--max-len", type=int, default=256)
+    ap.add_argument("--cap", type=int, default=0, help="bytes (0: 4 windows of the longest sample)")
+    ap.add_argument("--pace", type=float, default=400.0, help="capture tokens/s (dry engine)")
+    ap.add_argument("--save-interval", type=int, default=0)
+    ap.add_argument("--timeout", type=float, default=1200)
+    ap.add_argument(
+        "--specforge",
+        default=os.environ.get("HSDUMP_SPECFORGE_SRC", str(CACHE / "specforge-0.2.0")),
+    )
+    ap.add_argument(
+        "--accelerate",
+        default=os.environ.get("HSDUMP_ACCELERATE_SRC", str(CACHE / "accelerate-1.15.0")),
+    )
+    a = ap.parse_args(argv)  # fmt: skip
+    for root in (a.specforge, a.accelerate):
+        if not Path(root).is_dir():
+            raise SystemExit(f"{root}: not found; `make test` fetches it, or pass its root")
+    env = peer_env(a.specforge, a.accelerate)
+    sys.path[:0] = [a.specforge, a.accelerate]  # the drafter's config: SpecForge's mask token
+    work = Path(a.work)
+    shutil.rmtree(work, ignore_errors=True)
+    work.mkdir(parents=True)
+    off = offline(work / "offline", a, env)
+    runs = {}
+    for name, cap in (("uncapped", 0), ("capped", a.cap)):
+        if name == "capped" and not cap:
+            plan = json.loads((work / "uncapped" / "folder" / "online.json").read_text())
+            cap = (4 * plan["quantum"] + 1) * plan["sample_bytes_max"]
+            cap += max(1, cap // 4)  # hsdump's own floor: (quantum + 1) samples and a shard
+        runs[name] = online(work / name, a, env, off, cap)
+    c, u = runs["capped"], runs["uncapped"]
+    result = {
+        "consumer": "specforge",
+        "specforge_version": "0.2.0",
+        "kind": KIND,
+        "engine": "dry (tiny:llama shapes)",
+        "cap_bytes": c["cap_bytes"],
+        "peak_bytes": c["peak_bytes"],
+        "epochs": a.epochs,
+        "samples_published": c["samples_published"],
+        "samples_consumed": c["samples_consumed"],
+        "loss_equal_to_offline": c["losses"] == off["losses"] and u["losses"] == off["losses"],
+        "capture_samples_per_s_capped": c["capture_samples_per_s"],
+        "capture_samples_per_s_uncapped": u["capture_samples_per_s"],
+        "capped_over_uncapped": round(c["capture_samples_per_s"] / u["capture_samples_per_s"], 3),
+        "uncapped_peak_bytes": u["peak_bytes"],
+        "steps": len(off["losses"]),
+        "offline": dict(losses=off["losses"], train_s=off["train_s"], records=off["records"]),
+        "runs": runs,
+        "settings": dict(
+            samples=a.samples,
+            batch=a.batch,
+            max_len=a.max_len,
+            pace=a.pace,
+            command=" ".join(["python", "bench/online_bench.py", *(argv or sys.argv[1:])]),
+        ),  # fmt: skip
+        "host": os.uname().nodename,
+        "cpus": os.cpu_count(),
+    }
+    Path(a.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(a.out).write_text(json.dumps(result, indent=1) + "\n")
+    print(f"{'run':10s} {'cap':>10s} {'peak':>10s} {'published':>9s} {'consumed':>8s} "
+          f"{'samples/s':>9s} {'loss = offline':>14s}")  # fmt: skip
+    for name, r in runs.items():
+        print(f"{name:10s} {r['cap_bytes']:>10,} {r['peak_bytes']:>10,} "
+              f"{r['samples_published']:>9} {r['samples_consumed']:>8} "
+              f"{r['capture_samples_per_s']:>9.3f} {str(r['losses'] == off['losses']):>14s}")  # fmt: skip
+    print(f"offline: {len(off['losses'])} steps; wrote {a.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
