@@ -391,7 +391,7 @@ def margins_of(out) -> list:
     the top-2 token] (how near a tie the target's choice was at each position)."""
     rows = []
     for top in out["meta_info"].get("output_top_logprobs") or []:
-        top = sorted(top, key=lambda x: -x[0])
+        top = sorted(top or [], key=lambda x: -x[0])
         if len(top) < 2:
             rows.append([None, None])
             continue

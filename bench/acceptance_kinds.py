@@ -1109,8 +1109,8 @@ def run_all(a) -> int:  # noqa: C901 - one pipeline, read top to bottom
         cfg = w / "draft" / f"{kind}.json"  # the control is served with the default's ids
         cfg.parent.mkdir(parents=True, exist_ok=True)
         cfg.write_text(json.dumps(draft_config(kind, target, ids), indent=1) + "\n")
-        plan = training_plan(a, kind, probe(a, kind, run, me, target, ex / f"{kind}-default", cfg,
-                                            w / "probe" / kind, P.res, env),
+        plan = training_plan(a, kind, probe(a, kind, P, me, target, ex / f"{kind}-default", cfg,
+                                            w / "probe" / kind, env),
                              n_records=len(list((ex / f"{kind}-default").glob("rows_*/data_*.ckpt"))))  # fmt: skip
         P.facts.setdefault("training", {})[kind] = plan
         with P.lock:  # a backend that fails in the probe is a finding, not a failed run
@@ -1247,13 +1247,15 @@ def speculators_drafter(ckpt: Path, served: Path, layers, run, env) -> dict:
                 source="1 + speculators' val full_acc, 3 steps" if ok else None)  # fmt: skip
 
 
-def probe(a, kind, run, me, target, records, cfg, dest: Path, res: Path, env) -> dict:
+def probe(a, kind, P, me, target, records, cfg, dest: Path, env) -> dict:
     """Where SpecForge's step time goes on this machine, before the kind trains: its trainer
     alone on the drafter's records for --probe-steps steps with each attention backend
     (sdpa: DFlash's block mask dense; flex_attention: SpecForge's default, compiled), batch and
     workers as the run's; its own per-step timing (perf/ lines: data wait and compute) and its
-    own profiler over 4 steps near the end, summarised by kernel (trace_summary). Results in
-    res/probe-KIND.json; {} when no probe runs (--probe-steps 0, the CPU's default)."""
+    own profiler over 4 steps near the end, summarised by kernel (trace_summary). Each run is
+    stopped after --probe-timeout-s (a compile that hangs costs no more). Results in the
+    results' probe-KIND.json; {} when no probe runs (--probe-steps 0, the CPU's default)."""
+    res = P.res
     n = a.probe_steps if a.probe_steps is not None else (0 if a.device == "cpu" else 40)
     if not n:
         return {}
@@ -1270,7 +1272,14 @@ def probe(a, kind, run, me, target, records, cfg, dest: Path, res: Path, env) ->
                   "--save-interval", n, "--attention-backend", backend,
                   "--profile-at", max(1, n - 6), "--log-copy", res / f"probe-{kind}-{backend}.log",
                   *(["--cpu"] if a.device == "cpu" else []))  # fmt: skip
-        rc = run(f"probe-{kind}-{backend}", cmd, env=env, check=False)
+        name = f"probe-{kind}-{backend}"
+        t, _ = acc._thread(P.run, name, [str(c) for c in cmd], env, None, False)
+        t.join(a.probe_timeout_s)
+        if t.is_alive():
+            print(f"probe {backend}: stopped after {a.probe_timeout_s:.0f} s", flush=True)
+            P.stop(name)
+            t.join()
+        rc = next((s["rc"] for s in reversed(P.steps) if s["name"] == name), None)
         t = json.loads((d / "train.json").read_text()) if (d / "train.json").exists() else {}
         traces = sorted((d / "run").glob("**/*.trace.json*"))
         got[backend] = dict(rc=rc, steps=t.get("steps"), step_time=t.get("step_time") or {},
@@ -1543,6 +1552,7 @@ def main(argv=None) -> int:
         help="train for as many epochs as the probe's step time says fit in --train-budget-s "
         "with drafter and control side by side (at least --epochs)",
     )
+    p.add_argument("--probe-timeout-s", type=float, default=180, help="each probe run's limit")
     training_flags(p, backends=("sdpa", "flex_attention", "auto"))
     a = ap.parse_args(argv)
     if a.cmd == "draft-config":
