@@ -12,16 +12,18 @@ every stored tensor of layer k (hf_hidden_states_index) with transformers' float
 `output_hidden_states=True` `hidden_states[k]` of the same input_ids (the checkpoint's own
 transformers class: a vision-language wrapper is run text-only). The verdict:
 hsdump.testing.probe, by hsdump.check's per-sample rule: err <= 3 * bf16_err + 0.002 per sample and layer,
-where bf16_err is transformers' own bf16-vs-float32 error on the same input. Errors against
-hidden_states[k-1] and [k+1] are reported too, and for a failing layer the index the rows
-match best.
+where bf16_err is transformers' own bf16-vs-float32 error on the same input, and `hsdump check`'s
+neighbour verdict (hsdump.check.neighbours: the rows closest to index k, and the model's own
+states at k and k +- 1 more than twice the rows' error apart). Errors against hidden_states[k-1]
+and [k+1] are reported too, and for a failing layer the index the rows match best.
 
     .venv/bin/python bench/families_probe.py                      # all, CPU engine
     .venv/bin/python bench/families_probe.py llama gemma3 --timeout 300
     python3 bench/families_probe.py --device gpu --out results-gpu.json   # on a GPU machine
 
 Status per family: ok; wrong-layer (the rows equal another index: the capture is shifted);
-wrong (the rows match no index within tolerance); failed: <first error line> (the run did
+wrong (the rows match no index within tolerance); too-close (the neighbour verdict fails);
+failed: <first error line> (the run did
 not produce a dataset: the error is the root one found in the run's log, which is kept in the
 work dir and its tail in the JSON).
 """

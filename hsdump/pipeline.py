@@ -209,20 +209,27 @@ def rows_in_flight(
     written; see writer.py), each of up to max(shard_bytes, one sample) bytes (a sample larger
     than a shard is a shard of its own), the rows in flight, and one more sample of
     max_seq_len rows: a sample prefilled in several chunks is stitched into one copy per slot
-    before its chunks are freed (rows.Receiver.take). Raises when that leaves less than one
-    sample."""
+    before its chunks are freed (rows.Receiver.take). The rows in flight are at most
+    max(engine.inflight_tokens, one sample): the engine always admits one request, however
+    long (hsdump.capture.engine), so an inflight_tokens below dataset.max_seq_len (engine=cpu
+    and engine=dry: 8192, a 32K-context model) runs its longest samples one at a time. Raises,
+    naming output.max_host_bytes and the bytes that hold one sample, when the budget holds less
+    than one sample in flight."""
     sample = max_seq_len * row_bytes
     held = out.held_bytes(sample) + sample
-    inflight = min(inflight_tokens, max(0, out.max_host_bytes - held) // row_bytes)
-    if inflight < max_seq_len:
+    room = max(0, out.max_host_bytes - held) // row_bytes
+    if room < max_seq_len:
+        need = held + sample
         raise Refusal(
             f"output.max_host_bytes={out.max_host_bytes} holds {out.writer_threads + 2} shards "
-            f"of {max(out.shard_bytes, sample)} bytes, one stitched sample and only {inflight} "
-            f"tokens of rows in flight ({row_bytes} bytes per token), less than one sample of "
-            f"dataset.max_seq_len={max_seq_len}; raise output.max_host_bytes, or lower "
-            "output.shard_bytes or output.writer_threads"
+            f"of {max(out.shard_bytes, sample)} bytes and one stitched sample, and leaves room "
+            f"for only {room} tokens of rows in flight ({row_bytes} bytes per token), less "
+            f"than one sample of dataset.max_seq_len={max_seq_len}: set output.max_host_bytes="
+            f"{need} ({need / 2**30:.1f} GiB) or more, or lower output.shard_bytes or "
+            "output.writer_threads (engine.inflight_tokens does not help: the engine admits "
+            "one sample whatever it is)"
         )
-    return inflight
+    return min(inflight_tokens, room)
 
 
 # --------------------------------------------------------------------------- SGLang's output

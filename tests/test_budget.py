@@ -37,6 +37,47 @@ def test_shards_count_as_whole_samples_when_a_sample_exceeds_the_shard_size():
 
 def test_a_budget_without_room_for_one_sample_is_refused_with_the_fix():
     out = OutputConfig(dir="x", max_host_bytes=3 << 30, shard_bytes=256 << 20, writer_threads=6)
-    with pytest.raises(ValueError, match=r"max_seq_len=32768; raise output.max_host_bytes"):
+    with pytest.raises(ValueError, match=r"max_seq_len=32768: set output.max_host_bytes=") as e:
         rows_in_flight(out, 131072, 32768, ROW)
     assert rows_in_flight(out, 131072, 8192, ROW) >= 8192
+    # the value it names is enough, and one byte less is not
+    need = int(str(e.value).split("output.max_host_bytes=")[2].split(" ")[0])
+    assert rows_in_flight(OutputConfig(dir="x", max_host_bytes=need), 131072, 32768, ROW) == 32768
+    with pytest.raises(ValueError, match="max_host_bytes"):
+        rows_in_flight(OutputConfig(dir="x", max_host_bytes=need - 1), 131072, 32768, ROW)
+
+
+def test_an_inflight_limit_below_one_sample_is_not_a_memory_refusal():
+    """engine=cpu and engine=dry keep engine.inflight_tokens=8192; a 32K-context model's
+    samples are then admitted one at a time (the engine always admits one request), which the
+    budget holds: accepted, at 32 GiB and at the default 8 GiB alike (issue 51: refused, naming
+    output.max_host_bytes)."""
+    for host in (8 << 30, 32 << 30):
+        out = OutputConfig(dir="x", max_host_bytes=host)
+        assert rows_in_flight(out, 8192, 32768, 5 * 896 * 2) == 8192
+
+
+def test_a_dry_run_of_a_32k_context_model_is_accepted(tmp_path):
+    """The issue's case end to end: a Qwen2-class checkpoint with a 32K context
+    (max_position_embeddings 32768, as Qwen2.5-0.5B's) on engine=dry, dataset.max_seq_len the
+    longest SGLang takes (the context less 7)."""
+    import json
+
+    from harness import DRY, extract
+
+    from hsdump.testing import close_layers
+
+    ckpt = close_layers.build(tmp_path / "qwen2-32k")
+    assert json.loads((ckpt / "config.json").read_text())["max_position_embeddings"] == 32768
+    rc, log = extract(
+        DRY,
+        f"model.path={ckpt}",
+        "model.default_layers=[2,4,6]",
+        "dataset.max_samples=3",
+        "dataset.max_seq_len=32761",
+        out=tmp_path / "ds",
+        timeout=300,
+    )
+    assert rc == 0, log[-3000:]
+    assert "max_host_bytes" not in log, log[-3000:]
+    assert json.loads((tmp_path / "ds" / "manifest.json").read_text())["max_seq_len"] == 32761

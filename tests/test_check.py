@@ -226,12 +226,13 @@ def _moe_case(noise, spread, shift=0, seq=7, hidden=64):
 
 def test_moe_neighbour_verdict_is_judged_against_rule_2():
     """What an H200 saw on a DeepSeek-V3 model (a 7-token prompt: 0.14 against float32, HF
-    bf16 0.10, 0.5-0.7 against the neighbours) passes: rule 1's 5 x own-error margin failed it;
-    rows one layer off fail; neighbours within what rule 2 accepts are 'too close'."""
+    bf16 0.10, 0.5-0.7 against the neighbours) passes (the old margin, neighbours above 5 x the
+    own error + 0.01, failed it); rows one layer off fail; neighbours within what rule 2
+    accepts are 'too close'."""
     right = _moe_case(noise=0.1, spread=0.5)
     assert 0.1 < right.err[0] < 0.2 and min(right.prev[0], right.next[0]) > 0.4, right.to_dict()
     assert right.ok and right.neighbour == "right", right.failures
-    assert not c.neighbour_far(min(right.prev[0], right.next[0]), right.err[0])  # rule 1's margin
+    assert min(right.prev[0], right.next[0]) <= 5.0 * right.err[0] + 0.01  # the old margin
     shifted = _moe_case(noise=0.1, spread=0.5, shift=1)
     assert not shifted.ok and shifted.neighbour == "matches 4", shifted.to_dict()
     close = _moe_case(noise=0.1, spread=0.2)

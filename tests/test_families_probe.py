@@ -44,6 +44,22 @@ def test_a_shifted_layer_is_named():
     assert any("rows match hf[0]" in d for d in out["detail"]), out["detail"]
 
 
+def test_rows_whose_index_is_too_close_to_its_neighbour_are_named():
+    """hsdump check's neighbour verdict (hsdump.check.neighbours): index 2 of this model is 0.01
+    from index 1, the rows 0.008 from index 2 (within rule 1 against bf16's 0.005): too close
+    to tell an off-by-one; 0.003 from it passes."""
+    ref = reference(3)
+    g = torch.Generator().manual_seed(5)
+    ref[2] = ref[1] + 0.01 * ref[1].norm() / T**0.5 / H**0.5 * torch.randn(T, H, generator=g)
+    for eps, status in ((0.008, "too-close"), (0.003, "ok")):
+        rows = noisy(ref, eps)[2]
+        rec = {0: {"input_ids": torch.arange(T), "hidden_states": [rows]}}
+        cmp = fp.compare(rec, [2], {0: ref}, {0: noisy(ref, 0.005)})
+        assert cmp["status"] == status, (eps, cmp["detail"])
+        if status != "ok":
+            assert "not more than 2.0 x the rows' error" in cmp["detail"][0], cmp["detail"]
+
+
 def test_stream_rows_are_wrong_with_the_shape_problem_not_a_crash():
     ref = reference(2, streams=4)  # [T, 4, H] per layer, as transformers' GLM-5-next
     rec = records(ref)  # one row of H per token, as SGLang captures

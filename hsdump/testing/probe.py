@@ -3,7 +3,9 @@ transformers' hidden_states, by hsdump.check's rules (rule 1 per sample; rule 2,
 reported beside it), with the index the rows match best. tests/test_families_probe.py checks it.
 
 Status: ok; wrong-layer (the rows equal another index: the capture is shifted); wrong (the rows
-match no index within tolerance, or have another shape than transformers').
+match no index within tolerance, or have another shape than transformers'); too-close (the rows
+pass rule 1 but fail `hsdump check`'s neighbour verdict, hsdump.check.neighbours: closest to
+another index, or the model's own states at k and k +- 1 not apart by twice the rows' error).
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from hsdump.check import (
     PER_SAMPLE_EPS,
     PER_SAMPLE_FACTOR,
     moe_layer_failures,
+    neighbours,
     rel_err,
 )
 
@@ -23,7 +26,10 @@ def layers_for(num_layers: int):
 
 
 def compare(records, layers, ref32, ref16) -> dict:
-    per = {str(k): {"err": [], "bf16": [], "prev": [], "next": [], "best": []} for k in layers}
+    per = {
+        str(k): {"err": [], "bf16": [], "prev": [], "next": [], "best": [], "neighbour": []}
+        for k in layers
+    }
     problems = []
     for sid, rec in records.items():
         r32, r16 = ref32[sid], ref16[sid]
@@ -42,6 +48,8 @@ def compare(records, layers, ref32, ref16) -> dict:
             errs = [rel_err(h, r) for r in r32]
             best = min(range(len(errs)), key=errs.__getitem__)
             d["best"].append([best, errs[best]])
+            # hsdump check's neighbour verdict (on the tokens after the first)
+            d["neighbour"] += neighbours(h, r32, k).failures(f"sample {sid} layer {k}")
             if not h.float().isfinite().all():
                 problems.append(f"sample {sid} layer {k}: non-finite values")
     status, detail = "ok", []
@@ -59,6 +67,9 @@ def compare(records, layers, ref32, ref16) -> dict:
                         f"{s:.4f} + {PER_SAMPLE_EPS}; best index hf[{b}] {be:.4f}"
                     )
                 break
+        if d["neighbour"] and status == "ok":
+            status = "too-close"
+            detail += d["neighbour"][:2]
     if problems:
         status = "wrong"
     # hsdump.check's MoE rule (rule 2): per layer, mean err <= 2 x mean
@@ -82,6 +93,7 @@ def compare(records, layers, ref32, ref16) -> dict:
                 "prev_min": min(d["prev"]),
                 "next_min": min(nxt) if nxt else None,
                 "best_index": sorted({b for b, _ in d["best"]}),
+                "neighbour_ok": not d["neighbour"],
                 "err": d["err"],
                 "bf16": d["bf16"],
             }
