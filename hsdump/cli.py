@@ -81,7 +81,7 @@ def extract_job(cfg) -> None:
         log.error("%s", e)
         sys.exit(2)
     try:
-        if cfg.online.folder:  # train while capturing: hsdump.online.producer
+        if (cfg.get("online") or {}).get("folder"):  # train while capturing: hsdump.online
             from hsdump.online.producer import run as run_online
 
             print(json.dumps(run_online(to_config(cfg), resolved_config=resolved)))
