@@ -155,6 +155,8 @@ def test_case5_tools_a_template_ignores_are_refused_before_the_engine(tmp_path, 
     assert rc == 2, log[-3000:]
     assert "dataset row 1: template_drops_tools" in log, log[-3000:]
     assert "no template shipped with hsdump renders it" in log and "model.chat_template" in log
+    # the template that dropped them is the model's own: not advised as the fix (issue 51)
+    assert "this is the model's own template" in log and "e.g. the model's own" not in log
     assert not (tmp_path / "o" / "manifest.json").exists()
     cfg = DatasetConfig(path=str(data), cache=False, on_bad_row="skip")
     t = tokenize_dataset(load_rows(cfg), tok, cfg, progress=False)

@@ -132,14 +132,24 @@ def check_fields(tok, template: str, messages: List[Dict[str, Any]], tools, text
 
 
 def _keep_hint(tok, field: str, what: str) -> str:
+    """The fix for a template that leaves out `field`: a shipped template that renders it; else
+    a template that does, which under the model's own template (model.chat_template unset,
+    `hsdump_chat_template` None on the tokenizer load_tokenizer gives) is not the model's own."""
     names = keeping_templates(tok, field)
-    use = (
-        "a template shipped with hsdump that renders it and fits this tokenizer: "
-        + ", ".join(f"model.chat_template={n}" for n in names)
-        if names
-        else "no template shipped with hsdump renders it: use one that does "
-        "(model.chat_template=FILE.jinja, e.g. the model's own)"
-    )
+    if names:
+        use = "a template shipped with hsdump that renders it and fits this tokenizer: " + (
+            ", ".join(f"model.chat_template={n}" for n in names)
+        )
+    elif getattr(tok, "hsdump_chat_template", None):
+        use = (
+            "no template shipped with hsdump renders it: use one that does "
+            "(model.chat_template=FILE.jinja, e.g. the model's own: unset model.chat_template)"
+        )
+    else:
+        use = (
+            "this is the model's own template, and no template shipped with hsdump renders it "
+            "for this tokenizer: write one that does (model.chat_template=FILE.jinja)"
+        )
     return f"the chat template leaves out {what} (`{field}`); {use}; or drop the field"
 
 

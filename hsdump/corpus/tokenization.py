@@ -38,8 +38,9 @@ from hsdump.errors import Refusal
 
 log = logging.getLogger(__name__)
 
-MASK_VERSION = "3"  # 2: renderings that drop content or tool calls are bad rows; 3: system
-# and tools fields, reasoning spellings and JSON-text turns read, dropped tools/reasoning bad rows
+MASK_VERSION = "4"  # 2: renderings that drop content or tool calls are bad rows; 3: system
+# and tools fields, reasoning spellings and JSON-text turns read, dropped tools/reasoning bad rows;
+# 4: a dropped field's advice says whether the template is the model's own
 """Part of the tokenization cache key: bump when the mask or the rendering logic changes."""
 LENGTH_REASONS = {
     "too_long",
@@ -137,6 +138,8 @@ def tokenize_fingerprint(ds, tok, cfg: DatasetConfig, fmt: str, column: str) -> 
         MASK_VERSION,
         tokenizer_sha256(tok),
         template_sha256(tok),
+        # the bad rows' advice differs for the model's own template and a named one
+        getattr(tok, "hsdump_chat_template", None),
         fmt,
         column,
         cfg.max_seq_len,

@@ -39,7 +39,9 @@ def load_tokenizer(model: ModelConfig, model_path: str):
         check_tokenizer_source(model, model_path)
         files = None if model.trust_remote_code else hub_tiktoken_files(source, key)
     if files is not None:
-        return load_tiktoken_tokenizer(files, template, source, key)
+        tok = load_tiktoken_tokenizer(files, template, source, key)
+        tok.hsdump_chat_template = model.chat_template
+        return tok
     try:
         tok = AutoTokenizer.from_pretrained(source, trust_remote_code=model.trust_remote_code)
     except (OSError, ValueError, ImportError, KeyError) as e:
@@ -50,6 +52,8 @@ def load_tokenizer(model: ModelConfig, model_path: str):
         ) from e
     if template is not None:
         tok.chat_template = template
+    # which template is in use: a name (model.chat_template), or None for the model's own
+    tok.hsdump_chat_template = model.chat_template
     return tok
 
 
