@@ -147,6 +147,10 @@ class Summary:
     generated_tokens: int = 0
     generate_s: float = 0.0
     engine: str = "sglang"
+    truncated: int = 0
+    """The dataset's samples cut at dataset.max_seq_len when tokenized (manifest's
+    tokenized.truncated; every job's)."""
+    max_seq_len: int = 0
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -170,6 +174,17 @@ class Summary:
                 f"samples written: {self.written}, already committed before this run: "
                 f"{self.already_done}",
                 f"samples skipped: {sum(self.skipped.values())} ({skipped})",
+            ]
+            + (
+                [
+                    f"samples truncated: {self.truncated} cut at dataset.max_seq_len="
+                    f"{self.max_seq_len} (their rows end there; dataset.truncation=skip leaves "
+                    "them out)"
+                ]
+                if self.truncated
+                else []
+            )
+            + [
                 f"tokens: {self.tokens} ({rate:,.0f} tokens/s over the run)",
                 f"bytes written: {self.bytes:,} ({self.bytes / max(self.written, 1):,.0f} per sample)",
                 f"wall time: {self.wall_s:.1f} s (engine start {self.engine_start_s:.1f} s)",
@@ -625,6 +640,8 @@ def open_dataset(cfg: Config, model: Model, corpus: Corpus, manifest: Manifest, 
         skipped=dict(data.skipped),
         already_done=len(mine) - len(todo),
         engine=cfg.engine.kind,
+        truncated=data.truncated,
+        max_seq_len=cfg.dataset.max_seq_len,
     )
     job = Job(writer, todo, sum(data.lengths[i] for i in todo), inflight, summary, t0)
     need = job.todo_tokens * (slots * (info.hidden_size * STORAGE_BYTES[cfg.output.dtype] + 4) + 16)

@@ -45,3 +45,24 @@ def test_a_dropped_field_is_never_fixed_by_the_template_that_dropped_it(tmp_path
     )
     named = load_tokenizer(ModelConfig(path=path, chat_template=str(mine)), path)
     assert "e.g. the model's own: unset model.chat_template" in _advice(named)
+
+
+def test_truncated_samples_are_said_in_the_summary_and_by_inspect(tmp_path, capsys):
+    """A sample cut at dataset.max_seq_len shows in the end summary and in `hsdump inspect`
+    (the manifest's tokenized.truncated), not only in the tokenize log line."""
+    import json
+
+    from harness import DRY, extract
+
+    from hsdump.tools import inspect
+
+    out = tmp_path / "ds"
+    rc, log = extract(DRY, "dataset.max_samples=4", "dataset.max_seq_len=48", out=out)
+    assert rc == 0, log[-3000:]
+    n = json.loads((out / "manifest.json").read_text())["tokenized"]["truncated"]
+    assert n >= 1, n
+    assert f"samples truncated: {n} cut at dataset.max_seq_len=48" in log, log[-3000:]
+    capsys.readouterr()
+    assert inspect.main([str(out)]) == 0
+    assert f"(truncation: truncate; {n} samples cut at it)" in capsys.readouterr().out
+    assert inspect.gather(str(out))[0]["truncated"] == n

@@ -163,8 +163,10 @@ def test_an_interrupted_run_is_said_partial_and_export_refuses_it(tmp_path, caps
     assert r.ok and r.partial and r.progress["planned"] == planned
     assert r.lines()[-1] == f"PARTIAL: {want}same command"
     assert verify.main([str(out)]) == 0  # valid: a clean partial dataset is not a failure
-    assert verify.main([str(out), "--complete"]) == 1
     capsys.readouterr()
+    assert verify.main([str(out), "--complete"]) == 1
+    text = capsys.readouterr().out  # its verdict says so: no "OK:" before exit 1 (issue 51)
+    assert "\nFAILED (--complete: the dataset is partial): " in text and "OK:" not in text, text
     assert inspect.main([str(out)]) == 0
     text = capsys.readouterr().out
     assert f"samples          {n} of {planned} planned (partial)" in text

@@ -92,6 +92,7 @@ def gather(path: str, progress: bool = False) -> Tuple[dict, List[int], List[flo
         "source": {k: data.get(k) for k in ("path", "name", "split", "rows") if k in data},
         "max_seq_len": m.get("max_seq_len"),
         "truncation": m.get("truncation"),
+        "truncated": _obj(m.get("tokenized")).get("truncated"),
         "skipped_rows": _counts(data.get("skipped_rows")),
         "skipped_samples": dict(refused),
         "no_loss_samples": sum(1 for k in masked if k == 0),
@@ -157,7 +158,17 @@ def format_facts(f: dict) -> str:
             f"({_size(f['bytes_per_sample'])}/sample, {f['bytes_per_token']:,.0f} B/token)",
         ),
         ("source", ", ".join(f"{k}={v}" for k, v in f["source"].items()) or "?"),
-        ("max_seq_len", f"{_q(f['max_seq_len'])} (truncation: {_q(f['truncation'])})"),
+        (
+            "max_seq_len",
+            f"{_q(f['max_seq_len'])} (truncation: {_q(f['truncation'])}"
+            + (
+                f"; {f['truncated']} samples cut at it)"
+                if f.get("truncated")
+                else "; none cut at it)"
+                if f.get("truncated") == 0
+                else ")"
+            ),
+        ),
         (
             "skipped rows",
             f"{skipped_rows}"

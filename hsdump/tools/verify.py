@@ -118,10 +118,17 @@ class Report:
     """How far the run that writes it is (hsdump.store.manifest.Progress.to_dict): committed,
     refused and planned samples, complete (None when the manifest does not say)."""
     partial_line: str = ""
+    complete: bool = False
+    """--complete: a partial dataset fails too."""
 
     @property
     def ok(self) -> bool:
         return not self.problems
+
+    @property
+    def passed(self) -> bool:
+        """The verdict (exit 0): no problem, and not partial where --complete asks for all."""
+        return self.ok and not (self.complete and self.partial)
 
     def problem(self, where: str, what: str) -> None:
         if len(self.problems) < LISTED:
@@ -133,7 +140,9 @@ class Report:
         self.info.append(Problem(where, what))
 
     def summary(self) -> str:
-        verdict = "OK" if self.ok else "FAILED"
+        verdict = "OK" if self.passed else "FAILED"
+        if self.ok and not self.passed:
+            verdict = "FAILED (--complete: the dataset is partial)"
         extra = []
         if self.quick:
             extra.append("sha256 not checked: --quick")
@@ -165,6 +174,7 @@ class Report:
     def to_dict(self) -> dict:
         d = asdict(self)
         d["ok"] = self.ok
+        d["passed"] = self.passed
         d["summary"] = self.summary()
         return d
 
@@ -710,10 +720,11 @@ def _check_records(d: Path, m: dict, c: "commits.Commits", r: Report) -> None:
 
 
 # --------------------------------------------------------------------------- entry points
-def verify(path, retokenize: bool = False, quick: bool = False) -> Report:
-    """Check the dataset at `path`; the Report lists every problem found (none: valid)."""
+def verify(path, retokenize: bool = False, quick: bool = False, complete: bool = False) -> Report:
+    """Check the dataset at `path`; the Report lists every problem found (none: valid), and
+    with `complete` its verdict (`passed`) fails a partial dataset too."""
     d = Path(path)
-    r = Report(path=str(path), quick=quick, retokenize=retokenize)
+    r = Report(path=str(path), quick=quick, retokenize=retokenize, complete=complete)
     if not d.is_dir():
         r.problem(str(path), "is not a directory")
         return r
@@ -868,12 +879,12 @@ def main(argv=None) -> int:
     if not os.path.isdir(args.out):
         print(f"{prog('verify')}: {args.out}: no such directory", file=sys.stderr)
         return 2
-    report = verify(args.out, retokenize=args.retokenize, quick=args.quick)
+    report = verify(args.out, retokenize=args.retokenize, quick=args.quick, complete=args.complete)
     if args.json:
         print(json.dumps(report.to_dict(), indent=1))
     else:
         print("\n".join(report.lines()))
-    return 0 if report.ok and not (args.complete and report.partial) else 1
+    return 0 if report.passed else 1
 
 
 if __name__ == "__main__":
