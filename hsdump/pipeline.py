@@ -721,7 +721,9 @@ def capture(cfg: Config, model: Model, corpus: Corpus, job: Job, engine: Engine,
     if took is not None and took < cfg.dataset.max_seq_len:  # its KV pool came out smaller
         log.warning(
             "the engine takes prompts of at most %d tokens (its own figure), fewer than the "
-            "length limit %d: longer samples are bad rows (%s)",
+            "length limit %d: longer samples are bad rows (%s); a larger KV pool takes them "
+            "(engine.max_total_tokens, or a higher engine.mem_fraction_static), or lower "
+            "dataset.max_seq_len",
             took,
             cfg.dataset.max_seq_len,
             REFUSED,

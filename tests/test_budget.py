@@ -81,3 +81,29 @@ def test_a_dry_run_of_a_32k_context_model_is_accepted(tmp_path):
     assert rc == 0, log[-3000:]
     assert "max_host_bytes" not in log, log[-3000:]
     assert json.loads((tmp_path / "ds" / "manifest.json").read_text())["max_seq_len"] == 32761
+
+
+def test_a_length_limit_the_kv_pool_sets_names_the_pool_that_holds_it():
+    """engine=cpu's KV pool (max_total_tokens=8192) under a 32K context: the refusal of a
+    longer dataset.max_seq_len names the engine.max_total_tokens that takes it (and that value
+    works), beside the shorter max_seq_len; where the context is the limit, no pool is named."""
+    from hsdump.capture.layers import ModelInfo, check_length_limit
+    from hsdump.config import Config, DatasetConfig, EngineConfig
+
+    info = ModelInfo("Qwen2ForCausalLM", 896, 24, 32768, vocab_size=151936, context_length=32768)
+
+    def cfg(n, pool):
+        return Config(
+            model={"path": "/m"},
+            dataset=DatasetConfig(path="/d.jsonl", max_seq_len=n),
+            engine=EngineConfig(max_total_tokens=pool),
+        )
+
+    with pytest.raises(ValueError) as e:
+        check_length_limit(cfg(32761, 8192), info)
+    msg = str(e.value)
+    assert "dataset.max_seq_len=8185 or less" in msg and "engine.max_total_tokens=32768" in msg
+    check_length_limit(cfg(32761, 32768), info)
+    with pytest.raises(ValueError) as e:
+        check_length_limit(cfg(32762, 32768), info)
+    assert "max_total_tokens" not in str(e.value).split("takes:", 1)[1].split("tokens.")[1]

@@ -216,8 +216,16 @@ def check_length_limit(cfg: Config, info: ModelInfo) -> None:
     lim = engine_limit(cfg, info)
     if n is None or n <= lim.tokens:
         return
+    pool, ctx = kv_pool_tokens(cfg), engine_context(cfg, info) or 2048
+    grow = ""
+    need = n + (pool - lim.tokens) if pool is not None else None  # the pool that holds n
+    if pool is not None and pool < ctx and need <= ctx:  # the KV pool's size is the limit
+        grow = (
+            f", or give the engine a KV pool that holds it: engine.max_total_tokens={need} "
+            "(engine=cpu sets 8192; on a GPU leaving it null sizes the pool from free memory)"
+        )
     raise Refusal(
         f"dataset.max_seq_len={n} is longer than the engine takes: {lim.why}, "
         f"{lim.tokens} tokens. Set dataset.max_seq_len={lim.tokens} or less (or leave it "
-        f"unset for {lim.tokens})"
+        f"unset for {lim.tokens}){grow}"
     )

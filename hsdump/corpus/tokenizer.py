@@ -39,9 +39,7 @@ def load_tokenizer(model: ModelConfig, model_path: str):
         check_tokenizer_source(model, model_path)
         files = None if model.trust_remote_code else hub_tiktoken_files(source, key)
     if files is not None:
-        tok = load_tiktoken_tokenizer(files, template, source, key)
-        tok.hsdump_chat_template = model.chat_template
-        return tok
+        return _mark(load_tiktoken_tokenizer(files, template, source, key), model)
     try:
         tok = AutoTokenizer.from_pretrained(source, trust_remote_code=model.trust_remote_code)
     except (OSError, ValueError, ImportError, KeyError) as e:
@@ -52,8 +50,16 @@ def load_tokenizer(model: ModelConfig, model_path: str):
         ) from e
     if template is not None:
         tok.chat_template = template
-    # which template is in use: a name (model.chat_template), or None for the model's own
-    tok.hsdump_chat_template = model.chat_template
+    return _mark(tok, model)
+
+
+def _mark(tok, model: ModelConfig):
+    """`tok` marked with the template in use: `hsdump_chat_template`, model.chat_template's name
+    or None for the model's own (hsdump.corpus.masks says which in a dropped field's advice)."""
+    try:
+        tok.hsdump_chat_template = model.chat_template
+    except AttributeError:  # an object that takes no attributes: the advice assumes its own
+        pass
     return tok
 
 
