@@ -46,6 +46,12 @@ def test_classes_sglang_cannot_serve_a_kind_on_are_told_so_and_what_instead():
     F.check_kinds("Qwen2ForCausalLM", ["eagle3"], False, "0.5.23")  # what it advises is taken
 
 
+def test_allow_unverified_captures_and_says_what_sglang_cannot(caplog):
+    with caplog.at_level("WARNING", logger="hsdump.capture.families"):
+        F.check_kinds("Qwen2ForCausalLM", ["eagle3", "dflash"], True, "0.5.23")
+    assert "capturing dflash anyway; SGLang 0.5.23 cannot serve a DFlash drafter" in caplog.text
+
+
 class _DS:
     def __init__(self, layers):
         self.layers, self.path = list(layers), "DS"

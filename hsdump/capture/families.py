@@ -19,12 +19,15 @@ without importing SGLang).
 
 from __future__ import annotations
 
+import logging
 import re
 from dataclasses import dataclass
 from importlib import metadata
 from typing import Dict, Optional, Tuple
 
 from hsdump.errors import Refusal
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -415,7 +418,12 @@ def check_kinds(
     for kind in kinds:
         if kind == "eagle3" or kind_support(architecture, kind, sglang_version) == CHECKED:
             continue
-        if allow_unverified:
+        if allow_unverified:  # captured, and said: its serving ids stay null
+            log.warning(
+                "capture.allow_unverified=true: capturing %s anyway; %s",
+                kind,
+                kind_advice(architecture, kind, sglang_version),
+            )
             continue
         raise Refusal(
             f"capture.kinds holds {kind} (capture=all_kinds holds dflash and dspark): "
