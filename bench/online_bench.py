@@ -127,7 +127,7 @@ def run_config(work: Path, target: str, draft: Path, data: str, a) -> Path:
             max_length=a.max_len,
             dataloader_num_workers=0,
             cache_dir=str(work / "cache"),
-        ),  # fmt: skip
+        ),
         training=dict(
             strategy=KIND,
             num_epochs=a.epochs,
@@ -137,8 +137,8 @@ def run_config(work: Path, target: str, draft: Path, data: str, a) -> Path:
             log_interval=1,
             seed=0,
             fsdp_sharding="NO_SHARD",
-            **ak.TRAINING[KIND],
-        ),  # fmt: skip
+            **{**ak.TRAINING[KIND], "num_anchors": a.anchors},
+        ),
     )
     path = work / "run.json"
     path.write_text(json.dumps(cfg, indent=1))
@@ -249,6 +249,7 @@ def main(argv=None) -> int:
     ap.add_argument("--cap", type=int, default=0, help="bytes (0: 4 windows of the longest sample)")
     ap.add_argument("--pace", type=float, default=400.0, help="capture tokens/s (dry engine)")
     ap.add_argument("--save-interval", type=int, default=0)
+    ap.add_argument("--anchors", type=int, default=64, help="DFlash's num_anchors (recipe: 512)")
     ap.add_argument("--timeout", type=float, default=1200)
     ap.add_argument(
         "--specforge",

@@ -150,9 +150,16 @@ class Producer:
                 log.warning("online: %s", e)
                 return dict(stopped=str(e), samples_published=self.stats["samples_published"])
             raise
-        except BaseException as e:
-            if not isinstance(e, (Interrupted, KeyboardInterrupt)):  # a stop resumes later
-                F.write_side(self.folder, F.FAILED, f"hsdump producer: {type(e).__name__}: {e}")
+        except Refusal:  # bad input, nothing run: the trainer waits for the corrected command
+            raise
+        except BaseException as e:  # stopped or failed: SpecForge's consumer stops on it
+            why = "stopped" if isinstance(e, (Interrupted, KeyboardInterrupt)) else "failed"
+            F.write_side(
+                self.folder,
+                F.FAILED,
+                f"hsdump producer {why}: {type(e).__name__}: {e} (run the same capture "
+                "command to resume it, and the trainer with training.resume_from)",
+            )
             raise
         finally:
             self._stop.set()

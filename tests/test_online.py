@@ -1,0 +1,305 @@
+"""Train while capturing (issue 52): hsdump's producer against SpecForge 0.2.0's own online
+classes, its wheel fetched as the other peer tests do (tests/test_export.py's _peer_root).
+
+The fast tier runs the producer on the dry engine (the protocol is hsdump's: which sample goes
+when, what is deleted when) beside a consumer made of SpecForge's own pieces: its
+StreamingRefChannel reads refs.jsonl (each line parsed by its ref_from_dict into its SampleRef),
+hsdump's store (SpecForge's FeatureStore interface) serves the tensors, and the consumer
+acknowledges one optimizer window at a time as SpecForge's DPAckController does (store.abort of
+each id, then the channel's consumed count). The slow tier (tests/test_online_train.py) runs
+SpecForge's trainer itself.
+"""
+
+import json
+import os
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from factories import compose_config
+from harness import extract
+from test_export import _peer_root
+
+from hsdump.online import folder as F
+
+KIND = "dflash"
+BATCH = 2
+
+
+@pytest.fixture
+def specforge(monkeypatch):
+    """SpecForge 0.2.0's wheel on sys.path for this test; its modules dropped afterwards."""
+    import sys
+
+    monkeypatch.syspath_prepend(_peer_root("HSDUMP_SPECFORGE_SRC"))
+    yield
+    for name in list(sys.modules):
+        if name.split(".")[0] == "specforge" or name == "hsdump.online.store":
+            del sys.modules[name]
+
+
+def shard_bytes(folder: Path) -> int:
+    total = 0
+    for root, _, names in os.walk(folder / F.STORE):
+        for n in names:
+            if ".safetensors" in n:
+                try:
+                    total += os.stat(os.path.join(root, n)).st_size
+                except FileNotFoundError:
+                    pass
+    return total
+
+
+class Consumer(threading.Thread):
+    """SpecForge's channel and hsdump's store, acknowledging whole windows of BATCH refs (a
+    restarted one skips what was acknowledged, as SpecForge's ledger does); `fail_after`
+    windows: SpecForge's consumer-failure file instead; `hold`: reads, never acknowledges;
+    `silent`: never beats."""
+
+    def __init__(self, folder: Path, fail_after=None, silent=False, hold=False):
+        super().__init__(daemon=True)
+        self.folder, self.fail_after, self.silent, self.hold = folder, fail_after, silent, hold
+        self.consumed, self.peak, self.windows, self.error = [], 0, 0, None
+        self.halt = threading.Event()
+
+    def run(self):
+        try:
+            self._run()
+        except BaseException as e:  # noqa: BLE001 - the test reads it
+            self.error = e
+
+    def _run(self):
+        from specforge.runtime.data_plane.ref_serialization import ref_to_dict
+        from specforge.runtime.data_plane.streaming_ref_channel import StreamingRefChannel
+
+        from hsdump.online.store import HsdumpFeatureStore
+
+        while not (self.folder / F.PLAN).exists():
+            if self.halt.wait(0.02):
+                return
+        ch = StreamingRefChannel(str(self.folder / F.REFS))
+        ch.publish_consumer_quantum(BATCH, allow_existing=True)
+        store, window, lines = HsdumpFeatureStore(self.folder), [], 0
+        store.book.read_acks()
+        acked = set(store.book.acked)
+        while not self.halt.is_set():
+            if not self.silent:
+                F.beat(self.folder / F.CONSUMER_ALIVE)
+            self.peak = max(self.peak, shard_bytes(self.folder))
+            closed = ch.is_closed()  # before the poll: a close after it leaves refs to read
+            refs = ch.poll()
+            raw, _ = F.read_lines(self.folder / F.REFS)
+            for ref in refs:  # every line is SpecForge's SampleRef, and its own JSON again
+                assert ref_to_dict(ref) == json.loads(raw[lines])
+                lines += 1
+                if ref.sample_id in acked:
+                    continue
+                tensors, handle = store.get(ref)
+                assert set(tensors) == set(F.KEYS[KIND])
+                assert tensors["hidden_states"].shape[:2] == tensors["input_ids"].shape
+                store.release(handle)
+                window.append(ref.sample_id)
+            while len(window) >= BATCH and not self.hold:
+                if self.fail_after is not None and self.windows >= self.fail_after:
+                    ch.mark_consumer_failed("RuntimeError: the trainer broke")
+                    return
+                done, window = window[:BATCH], window[BATCH:]
+                for sid in done:
+                    store.abort(sid, reason="optimizer-boundary-durable-ack")
+                ch.mark_consumed(len(done))
+                self.consumed += done
+                self.windows += 1
+            if closed and not refs:
+                for sid in window:  # SpecForge's dropped tail: aborted, never trained
+                    store.abort(sid, reason="end-of-stream tail")
+                ch.mark_consumer_done()
+                return
+            time.sleep(0.01)
+
+
+def producer_cfg(folder: Path, *over):
+    from hsdump.cli import register_resolvers
+    from hsdump.config import register_configs, to_config
+
+    register_configs()
+    register_resolvers()
+    base = ["engine=dry", "dataset.max_samples=12", "dataset.max_seq_len=256",
+            f"capture.kinds=[{KIND}]", "online=specforge", f"online.folder={folder}",
+            f"online.kind={KIND}", "online.epochs=2", f"online.batch_size={BATCH}",
+            "online.peer_timeout_s=30", "progress=false"]  # fmt: skip
+    return to_config(compose_config(*base, *over))
+
+
+def least_cap(tmp_path) -> int:
+    """The cap hsdump asks for at least (its refusal names it), measured on a cap of 1."""
+    from hsdump.errors import Refusal
+    from hsdump.online.producer import run
+
+    with pytest.raises(Refusal, match=r"online.cap_bytes >= (\d+)") as e:
+        run(producer_cfg(tmp_path / "probe", "online.cap_bytes=1"))
+    return int(str(e.value).rsplit(">= ", 1)[1].split(",")[0])
+
+
+def test_capped_capture_is_consumed_once_an_epoch_and_leaves_nothing(tmp_path, specforge):
+    from hsdump.online.producer import run
+
+    need = least_cap(tmp_path)
+    cap = 2 * need  # the shard size follows the cap (cap // 4): 2x the floor holds both
+    folder = tmp_path / "f"
+    c = Consumer(folder)
+    c.start()
+    summary = run(producer_cfg(folder, f"online.cap_bytes={cap}"))
+    c.join(60)
+    assert c.error is None and not c.is_alive()
+    plan = json.loads((folder / F.PLAN).read_text())
+    n = plan["samples_per_epoch"]
+    assert plan["quantum"] == BATCH and n >= 8
+    assert 0 < c.peak <= cap, (c.peak, cap)  # sampled while it ran
+    assert summary["peak_accounted_bytes"] <= cap
+    # every sample once an epoch, each epoch with new ids, in SpecForge's offline order
+    pub = F.published_ids(folder)
+    assert len(pub) == len(set(pub)) == 2 * n == summary["samples_published"]
+    assert c.consumed + [i for i in pub if i not in c.consumed] == pub
+    assert len(c.consumed) == 2 * n - (2 * n) % BATCH
+    epochs = [
+        [F.parse_sample_id(s)[1] for s in pub if F.parse_sample_id(s)[0] == e] for e in (0, 1)
+    ]
+    assert sorted(epochs[0]) == sorted(epochs[1]) and epochs[0] != epochs[1]
+    from hsdump.online.producer import epoch_order
+
+    assert epochs == [epoch_order(epochs[0], e, 0) for e in (0, 1)]
+    # the store is empty, SpecForge's schedule is the run's, the stream closed
+    assert shard_bytes(folder) == 0
+    sched = json.loads(F.side(folder, F.SCHEDULE))
+    assert sched["total_steps"] == 2 * n // BATCH and sched["prompt_epochs"] == 2
+    assert F.side(folder, F.CLOSED) is not None and F.side(folder, F.FAILED) is None
+
+
+def test_the_cap_is_awaited_in_the_request_loop_and_the_trainer_frees_it(tmp_path, specforge):
+    """A consumer that stops acknowledging holds the capture at the cap (it waits, it does not
+    fail); acknowledging again lets it finish."""
+    from hsdump.online.producer import run
+
+    cap = 2 * least_cap(tmp_path)
+    folder = tmp_path / "f"
+    c = Consumer(folder, hold=True)
+    c.start()
+    out = {}
+
+    def watch():  # the producer runs in the main thread (its engine installs signal handlers)
+        while not (folder / F.PLAN).exists():
+            time.sleep(0.02)
+        time.sleep(2.0)
+        out["held"] = (len(F.published_ids(folder)), shard_bytes(folder))
+        c.halt.set()
+        c.join()
+        out["r"] = Consumer(folder)  # acknowledges from the first ref on
+        out["r"].start()
+
+    w = threading.Thread(target=watch, daemon=True)
+    w.start()
+    s = run(producer_cfg(folder, f"online.cap_bytes={cap}"))
+    w.join(30)
+    out["r"].join(60)
+    plan = json.loads((folder / F.PLAN).read_text())
+    published, held = out["held"]
+    assert 0 < held <= cap and published < 2 * plan["samples_per_epoch"]
+    assert s["gate_wait_s"] > 1.0  # it waited at the cap
+    assert s["samples_published"] == 2 * plan["samples_per_epoch"]
+    assert shard_bytes(folder) == 0
+
+
+def test_a_failed_trainer_stops_the_capture(tmp_path, specforge):
+    from hsdump.online.producer import Stop, run
+
+    cap = 2 * least_cap(tmp_path)
+    folder = tmp_path / "f"
+    c = Consumer(folder, fail_after=1)
+    c.start()
+    with pytest.raises(Stop, match="the trainer failed: RuntimeError: the trainer broke"):
+        run(producer_cfg(folder, f"online.cap_bytes={cap}"))
+    c.join(10)
+    # what was committed and not acknowledged is still there, for a resumed trainer
+    book = F.ShardBook(folder)
+    book.refresh()
+    book.read_acks()
+    unacked = [s for s in F.published_ids(folder) if s not in book.acked]
+    assert unacked and all(book.shard_of[s][0].exists() for s in unacked)
+    assert F.side(folder, F.FAILED) is None  # the trainer's failure is not the producer's
+
+
+def test_a_silent_trainer_stops_the_capture(tmp_path, specforge):
+    from hsdump.online.producer import Stop, run
+
+    folder = tmp_path / "f"
+    c = Consumer(folder, silent=True, hold=True)
+    c.start()
+    cfg = producer_cfg(folder, "online.peer_timeout_s=1", "engine.dry_tokens_per_s=400")
+    with pytest.raises(Stop, match="has not been heard from"):
+        run(cfg)
+    c.halt.set()
+
+
+def test_a_stopped_capture_stops_specforges_consumer(tmp_path, specforge):
+    """A producer that stops (or fails) says so in SpecForge's producer-failure file, which
+    SpecForge's own queue (what its consumer reads through) raises on; a refused command
+    (bad input, nothing run) leaves the folder as it was."""
+    from specforge.runtime.data_plane.streaming_ref_channel import (
+        StreamingRefChannel,
+        StreamingRefQueue,
+    )
+
+    folder = tmp_path / "f"
+    bad = tmp_path / "no-such-model"
+    rc, out = extract(f"online.folder={folder}", "online=specforge", f"model.path={bad}",
+                      "engine=dry", f"capture.kinds=[{KIND}]", timeout=120)  # fmt: skip
+    assert rc == 2  # refused before anything is published: the folder is left untouched
+    assert F.side(folder, F.FAILED) is None
+    # stopped while running (SIGTERM: it commits what it holds and stops)
+    rc, out = extract(f"online.folder={folder}", "online=specforge", "engine=dry",
+                      "dataset.max_samples=8", f"capture.kinds=[{KIND}]", fault="sample@3:TERM",
+                      timeout=120)  # fmt: skip
+    assert rc == 3, out
+    failure = F.side(folder, F.FAILED)
+    assert failure and failure.startswith("hsdump producer stopped: ")
+    q = StreamingRefQueue(StreamingRefChannel(str(folder / F.REFS)), poll_s=0.01)
+    with pytest.raises(RuntimeError, match="producer failed: hsdump producer stopped"):
+        q.get(BATCH)
+
+
+def test_killed_capture_resumes_and_publishes_each_sample_once(tmp_path, specforge):
+    folder = tmp_path / "f"
+    c = Consumer(folder)
+    c.start()
+    args = ["online=specforge", f"online.folder={folder}", "engine=dry",
+            "dataset.max_samples=12", "dataset.max_seq_len=256", f"capture.kinds=[{KIND}]",
+            "online.epochs=2", f"online.batch_size={BATCH}", "online.peer_timeout_s=30"]  # fmt: skip
+    rc, out = extract(*args, fault="sample@15", timeout=120)  # SIGKILL in epoch 1
+    assert rc == -9, out
+    first = F.published_ids(folder)
+    assert 0 < len(first)
+    rc, out = extract(*args, timeout=120)
+    assert rc == 0, out
+    c.join(60)
+    assert c.error is None and not c.is_alive()
+    pub = F.published_ids(folder)
+    n = json.loads((folder / F.PLAN).read_text())["samples_per_epoch"]
+    assert pub[: len(first)] == first and len(pub) == len(set(pub)) == 2 * n
+    assert sorted(c.consumed) == sorted(pub[: len(c.consumed)]) and len(c.consumed) == 2 * n
+    assert shard_bytes(folder) == 0
+
+
+def test_refusals_name_the_fix(tmp_path):
+    from hsdump.errors import Refusal
+    from hsdump.online.producer import run
+
+    with pytest.raises(Refusal, match=r"capture.kinds=\[dspark\]"):
+        run(producer_cfg(tmp_path / "a", "online.kind=dspark"))
+    with pytest.raises(Refusal, match="dist.num_jobs=1"):
+        run(producer_cfg(tmp_path / "b", "dist.num_jobs=2"))
+    folder = tmp_path / "c"
+    (folder / "control").mkdir(parents=True)
+    F.write_side(folder, F.DONE, "")
+    with pytest.raises(Refusal, match="use a new online.folder"):
+        run(producer_cfg(folder))
