@@ -107,3 +107,53 @@ def test_readme_names_the_classes_without_a_dflash_setter():
     }
     assert set(said.split(", ")) == want, (said, want)
     assert "classes by kind" in readme and "capture=all_kinds" in readme
+
+
+def test_the_issue_path_end_to_end_on_the_dry_engine(tmp_path):
+    """The issue's dead end, as a user meets it: an EAGLE-3 capture of a Qwen2-class model,
+    then `hsdump export --kind dflash`: the export says SGLang cannot serve DFlash there and
+    offers EAGLE-3, and what it offers extract takes; captured anyway with
+    capture.allow_unverified=true, the export's closing line says the same, not "unknown"."""
+    from harness import DRY, extract, hsdump
+
+    from hsdump.testing import close_layers
+
+    ckpt = close_layers.build(tmp_path / "qwen2")
+    common = [DRY, f"model.path={ckpt}", "dataset.max_samples=2"]
+    rc, log = extract(*common, "model.default_layers=[2,4,6]", out=tmp_path / "e3")
+    assert rc == 0, log[-3000:]
+    rc, out, err = hsdump(
+        "export",
+        tmp_path / "e3",
+        tmp_path / "x",
+        "--to",
+        "specforge",
+        "--kind",
+        "dflash",
+        "--allow-dry",
+        split=True,
+    )
+    assert rc == 2 and "SGLang 0.5.23 cannot serve a DFlash drafter of Qwen2ForCausalLM" in err
+    assert "capture.kinds=[eagle3," not in err and "EAGLE-3 drafter instead" in err, err
+    rc, log = extract(*common, "capture.kinds=[eagle3,dflash]", out=tmp_path / "no")
+    assert rc == 2 and "cannot serve a DFlash drafter" in log, log[-3000:]
+    rc, log = extract(
+        *common,
+        "capture.kinds=[eagle3,dflash]",
+        "capture.allow_unverified=true",
+        out=tmp_path / "both",
+    )
+    assert rc == 0, log[-3000:]
+    rc, out, err = hsdump(
+        "export",
+        tmp_path / "both",
+        tmp_path / "y",
+        "--to",
+        "specforge",
+        "--kind",
+        "dflash",
+        "--allow-dry",
+        split=True,
+    )
+    assert rc == 0, err
+    assert "serving ids unknown for Qwen2ForCausalLM: SGLang 0.5.23 cannot serve" in out, out
