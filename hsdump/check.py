@@ -21,12 +21,13 @@ against float32), so no rule is a single fixed number:
    from index k and d the distance from k to k + 1, the triangle inequality puts the rows at
    least d - e > e from k + 1, so they are closest to k; and rows one layer off (index k + 1's
    with the same error e) are at least d - e > e from k, so they are closest to k + 1 and fail
-   as `matches k + 1`. Nothing is assumed of how the error is spread. Taken on the tokens after
-   the first (`_after_sink`). The rule it replaces (the rows' error against k +- 1 above 5 x
-   their own error + 0.01) failed right rows of a real 0.5B instruct model (Qwen2 class, 24
-   layers, hidden 896) on every short chat: own error 0.0174-0.022 after the sink,
-   neighbours 0.060-0.113; there d (about sqrt(0.060^2 - 0.022^2) = 0.056 at the worst pair)
-   is above 2 x 0.022 + 0.002 = 0.046.
+   as `matches k + 1`. Nothing is assumed of how the error is spread (distances are relative
+   to index k's norm; rows one layer off are taken to carry an error like these rows').
+   Taken on the tokens after the first (`_after_sink`). The rule it replaces (the rows' error
+   against k +- 1 above 5 x their own error + 0.01) failed right rows of a real 0.5B instruct
+   model (Qwen2 class, 24 layers, hidden 896) on every short chat: own error 0.0174-0.022
+   after the sink, neighbours 0.060-0.113 (d not recorded: about sqrt(0.060^2 - 0.022^2) =
+   0.056 at the worst pairing, above 2 x 0.022 + 0.002 = 0.046; tests/test_neighbour_rule.py).
 
 2. Mixture-of-experts models, per layer against transformers' own bf16 errors on the same
    prompts, TOL_EPS being absolute slack:
