@@ -399,15 +399,9 @@ def margins_of(out) -> list:
     return rows
 
 
-def divergence(run: dict, plain: dict, near: float = 0.1) -> dict:
-    """Where a run's greedy outputs leave the plain target's: per prompt whose output differs,
-    the first position that differs, the plain target's own top-1 minus top-2 logprob there
-    (`plain_margins`, from `serve --margins`) and whether the run took the plain target's
-    second choice. A run that only flips near-ties (margin < `near` nats) and takes the
-    runner-up there diverges by numerics (verify's extend kernels against decode's); a wide
-    margin, or a token that was not the runner-up, points to a fault."""
-    ref, outs = plain.get("outputs") or {}, run.get("outputs") or {}
-    mg = plain.get("plain_margins") or {}
+def _first_differences(outs: dict, ref: dict, mg: dict) -> list:
+    """Per prompt whose output differs from `ref`'s: the first differing position, the
+    reference run's own top-1 minus top-2 logprob there, whether `outs` took its runner-up."""
     firsts = []
     for k, v in outs.items():
         if k not in ref or ref[k] == v:
@@ -419,19 +413,44 @@ def divergence(run: dict, plain: dict, near: float = 0.1) -> dict:
         m = (mg.get(k) or [])[i] if i < len(mg.get(k) or []) else [None, None]
         firsts.append(dict(prompt=k, position=i, margin=m[0],
                            runner_up=None if m[1] is None else int(v[i]) == m[1]))  # fmt: skip
+    return firsts
+
+
+def _summary(firsts: list, near: float) -> dict:
     ms = sorted(f["margin"] for f in firsts if f["margin"] is not None)
+    pos = sorted(f["position"] for f in firsts)
+    return dict(diverged=len(firsts), with_margin=len(ms),
+                median_margin=ms[len(ms) // 2] if ms else None,
+                max_margin=ms[-1] if ms else None,
+                near_ties=sum(1 for x in ms if x <= near), near=near,
+                took_runner_up=sum(1 for f in firsts if f["runner_up"]),
+                median_first_position=pos[len(pos) // 2] if pos else None)  # fmt: skip
+
+
+def divergence(run: dict, plain: dict, near: float = 0.25) -> dict:
+    """Where a run's greedy outputs leave the plain target's: per prompt whose output differs,
+    the first position that differs, the plain target's own top-1 minus top-2 logprob there
+    (`plain_margins`, from `serve --margins`) and whether the run took the plain target's
+    second choice. The logits are bf16: at the magnitudes of an LM head's top logits (16-64)
+    neighbouring values lie 0.125-0.25 apart, so a margin <= `near` is a tie within one or two
+    steps of bf16, which any change of kernel or batch shape can flip (at a margin of 0 the
+    top-2 order among equal values is arbitrary, so `took_runner_up` undercounts ties). A
+    run whose every first difference is such a tie diverges by numerics; a wide margin points
+    to a fault. The same for the run's batch-1 outputs against the plain target's batched ones
+    (`batch1`): the plain engine's own batch-1 outputs measure the numerics of batch shape
+    alone, with no drafter."""
+    ref, outs = plain.get("outputs") or {}, run.get("outputs") or {}
+    mg = plain.get("plain_margins") or {}
+    firsts = _first_differences(outs, ref, mg)
     out = dict(prompts=len(outs), equal=sum(1 for k, v in outs.items() if ref.get(k) == v),
-               diverged=len(firsts), with_margin=len(ms),
-               median_margin=ms[len(ms) // 2] if ms else None,
-               near_ties=sum(1 for x in ms if x < near), near=near,
-               took_runner_up=sum(1 for f in firsts if f["runner_up"]),
-               median_first_position=sorted(f["position"] for f in firsts)[len(firsts) // 2]
-               if firsts else None, first=firsts[:64])  # fmt: skip
+               **_summary(firsts, near), first=firsts[:64])  # fmt: skip
     b1 = run.get("outputs_batch1") or {}
-    if b1:  # the same engine at batch 1 against its own batched outputs
-        out["batch1_equal_to_own_batched"] = (
-            f"{sum(1 for k, v in b1.items() if outs.get(k) == v)}/{len(b1)}"
-        )
+    if b1:  # the same engine at batch 1 against its own batched outputs, and against plain's
+        same = sum(1 for k, v in b1.items() if outs.get(k) == v)
+        out["batch1_equal_to_own_batched"] = f"{same}/{len(b1)}"
+        f1 = _first_differences(b1, ref, mg)
+        out["batch1"] = dict(prompts=len(b1), equal=len(b1) - len(f1), **_summary(f1, near),
+                             first=f1[:16])  # fmt: skip
     return out
 
 

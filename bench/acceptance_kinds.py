@@ -804,11 +804,13 @@ def table(a) -> int:
         print("  ".join(str(c).ljust(w[i]) for i, c in enumerate(r)))
     for x in out["rows"]:
         d = x.get("divergence") or {}
-        if d.get("diverged"):
-            print(f"{x['variant']}: {d['diverged']} of {d['prompts']} outputs leave plain greedy; "
-                  f"at the first differing token the plain target's top-1 minus top-2 logprob is "
-                  f"< {d['near']} on {d['near_ties']} of {d['with_margin']} (median "
-                  f"{d['median_margin']}), the run took the runner-up on {d['took_runner_up']}")  # fmt: skip
+        for what, e in (("outputs", d), ("batch-1 outputs", d.get("batch1") or {})):
+            if e.get("diverged"):
+                print(f"{x['variant']}: {e['diverged']} of {e['prompts']} {what} leave plain "
+                      f"greedy (batched); at the first differing token the plain target's top-1 "
+                      f"minus top-2 logprob is <= {e['near']} on {e['near_ties']} of "
+                      f"{e['with_margin']} (median {e['median_margin']}, largest "
+                      f"{e['max_margin']}); the run took the runner-up on {e['took_runner_up']}")  # fmt: skip
     for k, x in out["drafter_minus_control"].items():
         print(f"{k}: drafter - control {x['default_minus_this']:+.3f} accept length (95 % "
               f"bootstrap {x['ci95'][0]:+.3f}..{x['ci95'][1]:+.3f}, {x['prompts']} prompts)")  # fmt: skip
@@ -1296,21 +1298,30 @@ def probe(a, kind, P, me, target, records, cfg, dest: Path, env) -> dict:
 def training_plan(a, kind: str, pr: dict, n_records: int) -> dict:
     """The backend and epochs the kind trains with: --attention-backend, or the probe's faster
     (auto; sdpa without a probe); --epochs, or with --epochs-fit as many as fit in
-    --train-budget-s by the probe's step time with drafter and control side by side (each
-    taking the GPU half the time: twice the step of one alone), less a minute for their start
-    and 10 % for evaluations and checkpoints: at least --epochs."""
+    --train-budget-s (less a minute for the trainers' start and 10 % for evaluations and
+    checkpoints) at the step time of drafter and control side by side: each needs the GPU for
+    its busy time a step (the probe's profile), so a pair step takes the longer of one step
+    alone and twice that busy time (twice the step alone without a profile). On the H200
+    (2026-12-04, SmolLM2's DFlash drafter, batch 8, flex_attention) one step alone took 0.393 s
+    with the GPU busy 0.131 s of it, and the pair ran at 0.327 s a step each: the two trainers
+    fill each other's idle GPU time. At least --epochs."""
     backend = a.attention_backend
     if backend == "auto":
         backend = pr.get("faster") or "sdpa"
     epochs, why = a.epochs, "--epochs"
-    step_s = ((pr.get("backends") or {}).get(backend) or {}).get("step_time", {}).get("step_s")
+    got = (pr.get("backends") or {}).get(backend) or {}
+    step_s = got.get("step_time", {}).get("step_s")
+    prof = got.get("profile") or {}
+    busy_s = prof["gpu_busy_ms"] / 4000 if prof.get("gpu_busy_ms") else None  # 4 steps profiled
+    pair_s = max(step_s, 2 * busy_s) if step_s and busy_s else 2 * step_s if step_s else None
     n_train = max(1, n_records - a.eval_samples)
     per_epoch = max(1, n_train // a.batch_size)
-    if a.epochs_fit and step_s:
-        fit = int(0.9 * (a.train_budget_s - 60) / (per_epoch * 2 * step_s))
-        epochs, why = max(a.epochs, fit), f"--epochs-fit: {fit} fit at {2 * step_s:.3f} s a step"
+    if a.epochs_fit and pair_s:
+        fit = int(0.9 * (a.train_budget_s - 60) / (per_epoch * pair_s))
+        epochs, why = max(a.epochs, fit), f"--epochs-fit: {fit} fit at {pair_s:.3f} s a step"
     return dict(attention_backend=backend, epochs=int(epochs), epochs_from=why,
                 steps_per_epoch=per_epoch, train_records=n_train, probe_step_s=step_s,
+                probe_gpu_busy_s=busy_s, pair_step_s=pair_s,
                 planned_steps=per_epoch * int(epochs))  # fmt: skip
 
 

@@ -274,8 +274,11 @@ def test_divergence_from_plain_greedy_names_near_ties(tmp_path):
     assert (d["equal"], d["diverged"], d["near_ties"], d["took_runner_up"]) == (1, 2, 1, 1), d
     assert sorted((f["prompt"], f["position"], f["margin"]) for f in d["first"]) == [
         ("p1", 2, 0.02), ("p2", 1, 3.0)]  # fmt: skip
+    assert d["max_margin"] == 3.0 and d["near"] == 0.25
     assert d["batch1_equal_to_own_batched"] == "0/1"
+    assert d["batch1"]["diverged"] == 1 and d["batch1"]["first"][0]["margin"] == 1.0
     assert rows["plain"]["divergence"]["batch1_equal_to_own_batched"] == "1/1"
+    assert rows["plain"]["divergence"]["batch1"]["diverged"] == 0
     assert "2 of 3 outputs leave plain greedy" in p.stdout
 
 
@@ -296,6 +299,16 @@ def test_training_plan_from_the_probe(tmp_path):
     assert plan["steps_per_epoch"] == 250 and plan["planned_steps"] == 1750
     plan = json.loads(_kinds(*common, "--epochs", 9, "--epochs-fit").stdout)
     assert plan["epochs"] == 9  # at least --epochs
+    # with the probe's profile: a pair step is the longer of one step alone (0.2 s) and twice
+    # the GPU's busy time a step (4 steps, 0.6 s busy: 0.3 s): 0.9 * 800 / (250 * 0.3) = 9.6
+    probe["backends"]["flex_attention"]["profile"] = {"gpu_busy_ms": 600.0}
+    f.write_text(json.dumps(probe))
+    plan = json.loads(_kinds(*common, "--epochs", 3, "--epochs-fit").stdout)
+    assert (plan["pair_step_s"], plan["epochs"]) == (0.3, 9), plan
+    probe["backends"]["flex_attention"]["profile"] = {"gpu_busy_ms": 200.0}  # 0.1 s busy
+    f.write_text(json.dumps(probe))
+    plan = json.loads(_kinds(*common, "--epochs", 3, "--epochs-fit").stdout)
+    assert (plan["pair_step_s"], plan["epochs"]) == (0.2, 14), plan  # the step alone bounds it
     plan = json.loads(_kinds(*common, "--epochs", 3, "--attention-backend", "sdpa").stdout)
     assert (plan["attention_backend"], plan["epochs"]) == ("sdpa", 3)  # no fit asked
     probe["faster"] = None
