@@ -110,7 +110,7 @@ def draft_files(work: Path, target: str, serving_ids) -> Path:
     return path
 
 
-def run_config(work: Path, target: str, draft: Path, data: str, a) -> Path:
+def run_config(work: Path, target: str, draft: Path, data: str, a, kill_at: int = 0) -> Path:
     """SpecForge's run config (one process, CPU: NO_SHARD is DDP on gloo; sdpa attention)."""
     import acceptance_kinds as ak
 
@@ -133,7 +133,7 @@ def run_config(work: Path, target: str, draft: Path, data: str, a) -> Path:
             num_epochs=a.epochs,
             batch_size=a.batch,
             attention_backend="sdpa",
-            save_interval=a.save_interval,
+            save_interval=1 if kill_at else a.save_interval,
             log_interval=1,
             seed=0,
             fsdp_sharding="NO_SHARD",
@@ -176,12 +176,36 @@ def offline(work: Path, a, env) -> dict:
                 records=len(list(ex.glob("rows_*/*.ckpt"))))  # fmt: skip
 
 
-def online(work: Path, a, env, off: dict, cap: int) -> dict:
-    """Producer and SpecForge's consumer side by side on one folder."""
+def cap_for(ds: Path, a) -> int:
+    """Twice the least cap hsdump takes for these samples and this trainer (hsdump.online's
+    floor: one optimizer window and one sample more of dataset.max_seq_len tokens, and a
+    shard), from the offline capture's manifest (the same model, layers and storage)."""
+    from hsdump.online.producer import least_cap, sample_bytes
+
+    m = json.loads((ds / "manifest.json").read_text())
+    slots = len(m["layers"]) + len(m["final"])
+    one = sample_bytes(a.max_len, m["model"]["hidden_size"], slots, m["storage_dtype"])
+    return 2 * least_cap(a.batch, one)
+
+
+def durable_step(folder: Path):
+    """The optimizer step SpecForge's ledger last made durable (None: none yet)."""
+    try:
+        with sqlite3.connect(folder / "control" / "consumer.sqlite", timeout=0.1) as db:
+            row = db.execute("SELECT v FROM marker WHERE k='global_step'").fetchone()
+        return int(row[0]) if row and row[0] not in (None, "None") else None
+    except (sqlite3.Error, ValueError):
+        return None
+
+
+def online(work: Path, a, env, off: dict, cap: int, kill_at: int = 0) -> dict:
+    """Producer and SpecForge's consumer side by side on one folder; `kill_at`: SIGKILL the
+    trainer once it has acknowledged step `kill_at` and checkpointed it, and restart it with
+    training.resume_from=that checkpoint."""
     folder = work / "folder"
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
-    cfg = run_config(work / "train", off["target"], off["draft"], "unused", a)
+    cfg = run_config(work / "train", off["target"], off["draft"], "unused", a, kill_at)
     sampler = Sampler(folder / "store")
     sampler.start()
     prod = [sys.executable, "extract.py", *capture_args(a.samples, a.max_len, a.pace),
@@ -189,20 +213,38 @@ def online(work: Path, a, env, off: dict, cap: int) -> dict:
             f"online.kind={KIND}", f"online.epochs={a.epochs}", f"online.batch_size={a.batch}",
             "online.peer_timeout_s=120"]  # fmt: skip
     t = time.time()
-    p = subprocess.Popen(prod, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                         text=True)  # fmt: skip
+    plog = work / "producer.log"
+    p = run(prod, env, log=plog, wait=False)
     while not (folder / "online.json").exists() and p.poll() is None:
         time.sleep(0.05)
-    log = work / "consumer.log"
+    logs = [work / "consumer.log"]
     cons = [sys.executable, "-m", "hsdump.online.consumer", folder, "-c", cfg]
-    c = run(cons, env, log=log, wait=False)
-    out, err = p.communicate(timeout=a.timeout)
+    c = run(cons, env, log=logs[0], wait=False)
+    killed = None
+    while p.poll() is None and time.time() - t < a.timeout:
+        if kill_at and killed is None:
+            step = durable_step(folder)
+            ckpt = work / "train" / "run" / f"{KIND}-latest"
+            if (
+                step
+                and step >= kill_at
+                and ckpt.exists()
+                and ckpt.resolve().name.endswith(f"-step{step}")
+            ):  # its newest checkpoint is its acknowledged step: SIGKILL, then resume from it
+                c.kill()
+                c.wait()
+                killed = dict(at_step=step, resumed_from=ckpt.resolve().name)
+                logs.append(work / "consumer-resumed.log")
+                resume = f"training.resume_from={ckpt.resolve()}"
+                c = run([*cons, resume], env, log=logs[1], wait=False)
+        time.sleep(0.05)
     wall = time.time() - t
     rc_c = c.wait(timeout=a.timeout)
     peak = sampler.stop()
     if p.returncode or rc_c:
-        raise SystemExit(f"producer rc {p.returncode}: {err[-3000:]}\nconsumer rc {rc_c}: "
-                         f"{log.read_text()[-3000:]}")  # fmt: skip
+        raise SystemExit(f"producer rc {p.returncode}: {plog.read_text()[-3000:]}\nconsumer rc "
+                         f"{rc_c}: {logs[-1].read_text()[-3000:]}")  # fmt: skip
+    out = plog.read_text()
     summary = json.loads(out.strip().splitlines()[-1])
     capture_s = sum(e["wall_s"] for e in summary["epochs"])
     plan = json.loads((folder / "online.json").read_text())
@@ -221,7 +263,9 @@ def online(work: Path, a, env, off: dict, cap: int) -> dict:
         gate_wait_s=summary["gate_wait_s"],
         wall_s=round(wall, 2),
         store_left_bytes=dir_bytes(folder / "store"),
-        losses=losses(log),
+        losses=[r for r in losses(logs[0]) if not killed or r[0] <= killed["at_step"]]
+        + [r for log in logs[1:] for r in losses(log)],
+        trainer_killed=killed,
     )
 
 
@@ -249,6 +293,9 @@ def main(argv=None) -> int:
     ap.add_argument("--cap", type=int, default=0, help="bytes (0: 4 windows of the longest sample)")
     ap.add_argument("--pace", type=float, default=400.0, help="capture tokens/s (dry engine)")
     ap.add_argument("--save-interval", type=int, default=0)
+    ap.add_argument("--runs", default="uncapped,capped")
+    ap.add_argument("--kill-trainer-at", type=int, default=0,
+                    help="capped run: SIGKILL the trainer after this step, resume it")  # fmt: skip
     ap.add_argument("--anchors", type=int, default=64, help="DFlash's num_anchors (recipe: 512)")
     ap.add_argument("--timeout", type=float, default=1200)
     ap.add_argument(
@@ -270,28 +317,30 @@ def main(argv=None) -> int:
     work.mkdir(parents=True)
     off = offline(work / "offline", a, env)
     runs = {}
-    for name, cap in (("uncapped", 0), ("capped", a.cap)):
-        if name == "capped" and not cap:
-            plan = json.loads((work / "uncapped" / "folder" / "online.json").read_text())
-            cap = (4 * plan["quantum"] + 1) * plan["sample_bytes_max"]
-            cap += max(1, cap // 4)  # hsdump's own floor: (quantum + 1) samples and a shard
-        runs[name] = online(work / name, a, env, off, cap)
-    c, u = runs["capped"], runs["uncapped"]
+    for name in a.runs.split(","):
+        cap = 0
+        if name == "capped":
+            cap = a.cap or cap_for(work / "offline" / "ds", a)
+        runs[name] = online(work / name, a, env, off, cap, a.kill_trainer_at if cap else 0)
+    c, u = runs.get("capped"), runs.get("uncapped")
+    main_run = c or u
     result = {
         "consumer": "specforge",
         "specforge_version": "0.2.0",
         "kind": KIND,
         "engine": "dry (tiny:llama shapes)",
-        "cap_bytes": c["cap_bytes"],
-        "peak_bytes": c["peak_bytes"],
+        "cap_bytes": main_run["cap_bytes"],
+        "peak_bytes": main_run["peak_bytes"],
         "epochs": a.epochs,
-        "samples_published": c["samples_published"],
-        "samples_consumed": c["samples_consumed"],
-        "loss_equal_to_offline": c["losses"] == off["losses"] and u["losses"] == off["losses"],
-        "capture_samples_per_s_capped": c["capture_samples_per_s"],
-        "capture_samples_per_s_uncapped": u["capture_samples_per_s"],
-        "capped_over_uncapped": round(c["capture_samples_per_s"] / u["capture_samples_per_s"], 3),
-        "uncapped_peak_bytes": u["peak_bytes"],
+        "samples_published": main_run["samples_published"],
+        "samples_consumed": main_run["samples_consumed"],
+        "loss_equal_to_offline": all(r["losses"] == off["losses"] for r in runs.values()),
+        "capture_samples_per_s_capped": c and c["capture_samples_per_s"],
+        "capture_samples_per_s_uncapped": u and u["capture_samples_per_s"],
+        "capped_over_uncapped": (
+            round(c["capture_samples_per_s"] / u["capture_samples_per_s"], 3) if c and u else None
+        ),
+        "uncapped_peak_bytes": u and u["peak_bytes"],
         "steps": len(off["losses"]),
         "offline": dict(losses=off["losses"], train_s=off["train_s"], records=off["records"]),
         "runs": runs,

@@ -108,7 +108,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     ap.add_argument("--producer-timeout", type=float, default=300.0,
                     help="stop when the producer has been silent this long (s; 0: never)")  # fmt: skip
     ap.add_argument("overrides", nargs="*", help="SpecForge's dotted overrides")
-    a = ap.parse_args(argv)
+    a = ap.parse_intermixed_args(argv)  # FOLDER -c run.yaml key=value ...
     folder = Path(a.folder).resolve()
     plan_path = folder / F.PLAN
     if not plan_path.exists():

@@ -44,6 +44,25 @@ class Stop(Interrupted):
         self.clean = clean  # the trainer finished: not an error
 
 
+def sample_bytes(tokens: int, hidden: int, slots: int, dtype: str) -> int:
+    """An upper bound of the bytes a sample of `tokens` tokens takes in a shard: its ids and
+    mask, `slots` [tokens, hidden] states in storage `dtype` (fp8: with their scales), and a
+    header share."""
+    from hsdump.store.fp8 import is_fp8
+    from hsdump.store.layout import STORAGE_BYTES
+
+    fp8 = is_fp8(dtype)
+    row = hidden * STORAGE_BYTES[dtype] + (4 if fp8 else 0)
+    tensors = 2 + slots * (2 if fp8 else 1)
+    return tokens * (16 + slots * row) + HEADER_PER_TENSOR * tensors + HEADER_PER_SHARD
+
+
+def least_cap(quantum: int, sample_max: int, cap: int = 1) -> int:
+    """The least online.cap_bytes a cap of `cap` passes: the trainer's first window
+    (`quantum` samples) and one sample more of `sample_max` bytes, and a shard (cap // 4)."""
+    return (quantum + 1) * sample_max + max(1, cap // 4)
+
+
 def epoch_order(ids: List[int], epoch: int, seed: int) -> List[int]:
     """Epoch `epoch`'s order of the sample ids `ids`: the order SpecForge 0.2.0's offline
     trainer reads an `hsdump export --to specforge` of them in that epoch (its reader sorts the
@@ -229,7 +248,7 @@ class Producer:
             cap_bytes=o.cap_bytes,
             sample_bytes_max=self.estimate(int(max_len)),
         )
-        need = (quantum + 1) * plan["sample_bytes_max"] + self._epoch_cfg(0).output.shard_bytes
+        need = least_cap(quantum, plan["sample_bytes_max"], o.cap_bytes)
         if o.cap_bytes and o.cap_bytes < need:
             raise Refusal(
                 f"online.cap_bytes={o.cap_bytes} holds less than the trainer's first window: "
@@ -270,15 +289,8 @@ class Producer:
 
     def estimate(self, tokens: int) -> int:
         """An upper bound of a sample's bytes in a shard (tensors plus header)."""
-        from hsdump.store.fp8 import is_fp8
-        from hsdump.store.layout import STORAGE_BYTES
-
-        c = self.cfg
-        slots = len(self.writer.layers) + len(self.writer.final)
-        fp8 = is_fp8(c.output.dtype)
-        row = self.writer.hidden * STORAGE_BYTES[c.output.dtype] + (4 if fp8 else 0)
-        tensors = 2 + slots * (2 if fp8 else 1)
-        return tokens * (16 + slots * row) + HEADER_PER_TENSOR * tensors + HEADER_PER_SHARD
+        w = self.writer
+        return sample_bytes(tokens, w.hidden, len(w.layers) + len(w.final), self.cfg.output.dtype)
 
     # ------------------------------------------------------------------ accounting
     def on_disk(self) -> int:

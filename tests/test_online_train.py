@@ -1,0 +1,47 @@
+"""SpecForge 0.2.0's own DFlash trainer through an hsdump online folder (issue 52), on the CPU:
+`bench/online_bench.py` (run as a script: tests import nothing of bench/) captures a few
+samples of the tiny Llama's shapes (dry engine), exports them with `hsdump export --to
+specforge --kind dflash` and trains SpecForge's offline trainer on the export; then the capture
+runs again with `online=specforge` and a disk cap of twice hsdump's floor, beside
+`python -m hsdump.online.consumer` (SpecForge's own online consumer: its RefDistributor, SQLite
+ledger, acknowledgements per optimizer step, hsdump's store), which is SIGKILLed after its
+second acknowledged and checkpointed step and restarted with training.resume_from.
+"""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+from factories import ROOT
+from test_export import _peer_root
+
+
+# the slow tier, as SpecForge's other trainer runs (tests/test_acceptance_kinds.py)
+@pytest.mark.engine
+def test_dflash_through_the_folder_trains_as_offline_across_a_trainer_kill(tmp_path):
+    sf, ac = _peer_root("HSDUMP_SPECFORGE_SRC"), _peer_root("HSDUMP_ACCELERATE_SRC")
+    env = dict(os.environ, HSDUMP_SPECFORGE_SRC=sf, HSDUMP_ACCELERATE_SRC=ac)
+    env.pop("HSDUMP_FORBID_ENGINE", None)  # no SGLang here: SpecForge's trainer, the dry engine
+    out = tmp_path / "online.json"
+    p = subprocess.run(
+        [sys.executable, "bench/online_bench.py", "--out", out, "--work", tmp_path / "w",
+         "--samples", "6", "--epochs", "2", "--batch", "2", "--max-len", "256",
+         "--anchors", "8", "--pace", "0", "--runs", "capped", "--kill-trainer-at", "2"],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=900,
+    )  # fmt: skip
+    assert p.returncode == 0, (p.stdout[-2000:], p.stderr[-3000:])
+    r = json.loads(out.read_text())
+    run = r["runs"]["capped"]
+    assert r["consumer"] == "specforge" and r["epochs"] == 2
+    # the trainer saw the offline run's batches: SpecForge's losses equal, step by step,
+    # across its kill and resume
+    assert run["trainer_killed"] == {"at_step": 2, "resumed_from": "dflash-step2"}
+    assert r["loss_equal_to_offline"] and len(r["offline"]["losses"]) == 6
+    assert [s for s, _ in run["losses"]] == list(range(1, 7))
+    # disk under the cap throughout (sampled every 5 ms), every sample acknowledged once
+    # (its ledger's acked table), nothing left
+    assert 0 < run["peak_bytes"] <= run["cap_bytes"]
+    assert run["samples_published"] == run["samples_consumed"] == 12
+    assert run["store_left_bytes"] == 0 and run["dropped_at_end"] == 0
