@@ -303,3 +303,42 @@ def test_refusals_name_the_fix(tmp_path):
     F.write_side(folder, F.DONE, "")
     with pytest.raises(Refusal, match="use a new online.folder"):
         run(producer_cfg(folder))
+
+
+def test_capture_engine_awaits_the_gate_beside_its_requests_in_flight():
+    """CaptureEngine's request loop (hsdump's, on SGLang's event loop): while the gate holds
+    the next request, the requests in flight still finish and reach the sink; the gate's
+    error stops the run. `_one` (the request to SGLang) stands in: the order is hsdump's."""
+    import asyncio
+    from types import SimpleNamespace
+
+    from hsdump.capture.base import Request
+    from hsdump.capture.engine import CaptureEngine
+
+    eng = CaptureEngine.__new__(CaptureEngine)
+    eng.cfg = SimpleNamespace(inflight_tokens=10**6)
+    eng._stop_requested, eng._died, eng._aborted = False, None, False
+    events = []
+
+    async def one(req):
+        await asyncio.sleep(0.05 if req.sid == 0 else 0.0)
+        events.append(("done", req.sid))
+        return req.sid
+
+    eng._one = one
+
+    class Gate:
+        async def wait(self, req):
+            if req.sid == 1:  # held until sample 0, in flight, has reached the sink
+                while ("sink", 0) not in events:
+                    await asyncio.sleep(0.005)
+            if req.sid == 3:
+                raise RuntimeError("the trainer failed")
+            events.append(("admit", req.sid))
+
+    reqs = iter([Request(i, [1, 2, 3]) for i in range(5)])
+    with pytest.raises(RuntimeError, match="the trainer failed"):
+        drive = eng._drive(reqs, lambda s: events.append(("sink", s)), gate=Gate())
+        asyncio.run(asyncio.wait_for(drive, 10))  # a gate awaited in line would hang here
+    assert events.index(("sink", 0)) < events.index(("admit", 1))
+    assert ("sink", 2) in events and ("admit", 3) not in events and ("admit", 4) not in events
