@@ -267,7 +267,8 @@ class EngineConfig:
     max_prefill_tokens: int = 16384
     """Batch size in tokens of one prefill forward."""
     inflight_tokens: int = 65536
-    """Tokens hsdump keeps submitted to the engine at once (bounds host staging memory)."""
+    """Tokens hsdump keeps submitted to the engine at once (bounds host staging memory); a
+    sample longer than it is submitted alone (pipeline.rows_in_flight)."""
     log_level: str = "warning"
     nnodes: Optional[int] = None
     """Nodes one engine spans (SGLang's nnodes). null: 1, or the SLURM step's node count when
