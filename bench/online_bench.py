@@ -282,6 +282,18 @@ def run(cmd, env, log: Path = None, wait=True):
     return p
 
 
+def command_args(argv) -> list:
+    """The command line without --work (a scratch folder of this machine)."""
+    args, out = list(argv if argv is not None else sys.argv[1:]), []
+    while args:
+        x = args.pop(0)
+        if x == "--work":
+            args.pop(0)
+        elif not x.startswith("--work="):
+            out.append(x)
+    return out
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", default=str(ROOT / "bench/results/online-cpu.json"))
@@ -349,7 +361,7 @@ def main(argv=None) -> int:
             batch=a.batch,
             max_len=a.max_len,
             pace=a.pace,
-            command=" ".join(["python", "bench/online_bench.py", *(argv or sys.argv[1:])]),
+            command=" ".join(["python", "bench/online_bench.py", *command_args(argv)]),
         ),  # fmt: skip
         "host": os.uname().nodename,
         "cpus": os.cpu_count(),
