@@ -269,13 +269,14 @@ def test_a_stopped_capture_stops_specforges_consumer(tmp_path, specforge):
 
 
 def test_killed_capture_resumes_and_publishes_each_sample_once(tmp_path, specforge):
+    """(On fp8 shards: the store dequantizes them as hsdump's reader does.)"""
     folder = tmp_path / "f"
     c = Consumer(folder)
     c.start()
     args = ["online=specforge", f"online.folder={folder}", "engine=dry",
             "dataset.max_samples=12", "dataset.max_seq_len=256", f"capture.kinds=[{KIND}]",
             "online.epochs=2", f"online.batch_size={BATCH}", "online.peer_timeout_s=30",
-            "output.dtype=fp8"]  # fmt: skip (fp8 shards: the store dequantizes them)
+            "output.dtype=fp8"]  # fmt: skip
     rc, out = extract(*args, fault="sample@15", timeout=120)  # SIGKILL in epoch 1
     assert rc == -9, out
     first = F.published_ids(folder)
