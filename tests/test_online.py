@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 from factories import compose_config
 from harness import extract
 from test_export import _peer_root
@@ -344,3 +345,40 @@ def test_capture_engine_awaits_the_gate_beside_its_requests_in_flight():
         asyncio.run(asyncio.wait_for(drive, 10))  # a gate awaited in line would hang here
     assert events.index(("sink", 0)) < events.index(("admit", 1))
     assert ("sink", 2) in events and ("admit", 3) not in events and ("admit", 4) not in events
+
+
+@pytest.mark.parametrize("kind", ["eagle3", "dflash", "domino", "dspark"])
+def test_the_store_serves_each_kind_what_specforge_reads_offline_from_its_export(
+    kind, tmp_path, specforge, monkeypatch
+):
+    """Every kind SpecForge trains online: hsdump's store hands its consumer, for each sample,
+    exactly the tensors SpecForge's own offline loader reads from `hsdump export --to
+    specforge --kind K` of the same dataset (its reader, normalizer and collator, batch 1)."""
+    from test_export import KLENS, kinds_dataset, specforge_loader
+
+    import hsdump.tools.export as ex
+    from hsdump.online.producer import kind_plan
+    from hsdump.store.commits import read_manifest
+
+    monkeypatch.setenv("SPECFORGE_VALIDATE_OFFLINE_FEATURES", "1")
+    from specforge.runtime.data_plane.ref_serialization import ref_from_dict
+
+    from hsdump.online.store import HsdumpFeatureStore
+
+    folder = tmp_path / "f"
+    ds = kinds_dataset(F.epoch_dir(folder, 0))
+    dest = tmp_path / "ex"
+    assert ex.export(str(ds), str(dest), "specforge", kind=kind, progress=False)["written"] == 5
+    offline = {sorted(KLENS)[i]: t for i, t in specforge_loader(dest, kind, max_len=64)}
+    plan = dict(kind=kind, max_length=64, **kind_plan(read_manifest(ds), kind))
+    (folder / F.PLAN).write_text(json.dumps(plan))
+    store = HsdumpFeatureStore(folder)
+    store.book.refresh()
+    for sid, n in KLENS.items():
+        name = F.sample_id(0, sid)
+        shard = store.book.shard_of[name][0].relative_to(ds).as_posix()
+        ref = ref_from_dict(F.ref_dict(kind, 0, sid, shard, n, 0))
+        got, _ = store.get(ref)
+        assert set(got) == set(F.KEYS[kind])
+        for key, t in got.items():
+            assert torch.equal(t, offline[sid][key]), (sid, key)

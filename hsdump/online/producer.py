@@ -63,6 +63,23 @@ def least_cap(quantum: int, sample_max: int, cap: int = 1) -> int:
     return (quantum + 1) * sample_max + max(1, cap // 4)
 
 
+def kind_plan(manifest: dict, kind: str) -> dict:
+    """What the store needs to serve drafter `kind` from a dataset of this manifest: its
+    layers' positions among the captured ones (`pick`, as `hsdump export --kind` picks them)
+    and the final state its SpecForge records carry (`final`: post-norm for EAGLE-3 and DSpark,
+    none for DFlash and Domino)."""
+    from hsdump.tools.export import pick_kind
+
+    ds = SimpleNamespace(layers=list(manifest["layers"]), path="the capture")
+    chosen = pick_kind(ds, manifest, kind)
+    return dict(
+        layers=chosen["layers"],
+        pick=chosen["pick"],
+        serving_ids=chosen["serving_ids"],
+        final="post_norm" if kind in ("eagle3", "dspark") else None,
+    )
+
+
 def epoch_order(ids: List[int], epoch: int, seed: int) -> List[int]:
     """Epoch `epoch`'s order of the sample ids `ids`: the order SpecForge 0.2.0's offline
     trainer reads an `hsdump export --to specforge` of them in that epoch (its reader sorts the
@@ -222,13 +239,11 @@ class Producer:
 
     # ------------------------------------------------------------------ the plan
     def _write_plan(self, manifest, n: int, data) -> None:
-        from hsdump.tools.export import pick_kind
-
         o = self.o
         layers = list(manifest.layers)
         doc = json.loads(json.dumps(dataclasses.asdict(manifest), default=str))
-        chosen = pick_kind(SimpleNamespace(layers=layers, path=self.folder), doc, o.kind)
-        final = "post_norm" if o.kind in ("eagle3", "dspark") else None
+        chosen = kind_plan(doc, o.kind)
+        final = chosen["final"]
         quantum = o.dp_size * o.batch_size * o.accumulation_steps
         max_len = o.max_length or self.cfg.dataset.max_seq_len or max(data.lengths)
         plan = dict(
