@@ -177,8 +177,8 @@ def test_stack_install_and_env(tmp_path, stack):
 
 def test_bg_run_copies_the_checkout_and_poll_brings_it_back(tmp_path):
     """`bg` runs a step list from its own copy of the checkout (a later call's sync cannot
-    change it) in its own session; `poll` waits for it and copies what it wrote into $OUT/bg,
-    with a state line saying whether it is still running."""
+    change it) in its own session; `poll` waits for it and packs what it wrote into
+    $OUT/bg.tgz, with a state line ($OUT/state.txt) saying whether it is still running."""
     ht = tmp_path / "host"
     repo = checkout(tmp_path, "0517")
     p = host(repo, ht, "stash", "00", "stash", "01", "install")
@@ -187,8 +187,12 @@ def test_bg_run_copies_the_checkout_and_poll_brings_it_back(tmp_path):
     assert p.returncode == 0, p.stdout + p.stderr
     assert (ht / "gpu-bg-repo" / "tools" / "offline_host" / "run-0517.sh").exists()
     assert not (ht / "gpu-bg-repo" / ".gpu517").exists()  # the parts stay behind
-    state = (ht / "out" / "bg" / "state.txt").read_text()
+    state = (ht / "out" / "state.txt").read_text()
     assert state.startswith("done after"), state
-    bg_steps = (ht / "out" / "bg" / "steps.jsonl").read_text()
+    # one file back (a call returns a limited number of files, none in deep folders)
+    with tarfile.open(ht / "out" / "bg.tgz") as tf:
+        got = {m.name: m for m in tf.getmembers()}
+        bg_steps = tf.extractfile(got["bg/steps.jsonl"]).read().decode()
+        assert "STACK=0517" in tf.extractfile(got["bg/bg-run.log"]).read().decode()
     assert '"step": "env"' in bg_steps and '"rc": 0' in bg_steps
-    assert "STACK=0517" in (ht / "out" / "bg" / "bg-run.log").read_text()
+    assert not (ht / "out" / "bg").exists()

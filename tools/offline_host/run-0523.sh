@@ -61,9 +61,9 @@
 #                adds run-all flags)
 #   collect      $OUT/bg.tgz: what the bg run has written so far (its steps, logs, JSON), and
 #                whether it is still running (bg-state.txt)
-#   poll [S]     wait up to S seconds (default 540) while the bg run goes on, copying what it has
-#                written into $OUT/bg/ every POLL_EVERY_S (20) seconds, so a call cut short (or a
-#                host taken back) still returns the newest; $OUT/bg/state.txt says where it is
+#   poll [S]     wait up to S seconds (default 540) while the bg run goes on, packing what it has
+#                written into $OUT/bg.tgz every POLL_EVERY_S (20) seconds, so a call cut short (or
+#                a host taken back) still returns the newest; $OUT/state.txt says where it is
 #   stop         end the bg run (every process it started, by session), then as poll 0
 #   env          print the stack's settings (site folders, PYTHONPATH, cuDNN): what the
 #                steps run with
@@ -297,10 +297,12 @@ bg_state() {  # one line: none | running after Ns | done after Ns, then the newe
   echo "$st (at $(date -u +%H:%M:%S) UTC)"
 }
 
-sync_bg() {  # what the bg run has written so far -> $OUT/bg (small files: logs, JSON)
-  mkdir -p "$OUT/bg"
-  [ -d "$BG/out" ] && cp -a "$BG/out/." "$OUT/bg/" 2>/dev/null
-  cp "$BG/run.log" "$OUT/bg/bg-run.log" 2>/dev/null
+sync_bg() {  # what the bg run has written so far -> $OUT/bg.tgz (one file: a call brings back
+  # a limited number of files, and none in deep folders), its state line -> $OUT/state.txt
+  local tmp=$HT/gpu-bg-sync
+  rm -rf "$tmp" && mkdir -p "$tmp/bg"
+  [ -d "$BG/out" ] && cp -a "$BG/out/." "$tmp/bg/" 2>/dev/null
+  cp "$BG/run.log" "$tmp/bg/bg-run.log" 2>/dev/null
   {
     bg_state
     echo "== the bg run's steps (steps.jsonl)"; tail -n 5 "$BG/out/steps.jsonl" 2>/dev/null
@@ -308,7 +310,9 @@ sync_bg() {  # what the bg run has written so far -> $OUT/bg (small files: logs,
     ls -t "$BG/out/acck/logs" 2>/dev/null | head -n 6
     nvidia-smi --query-gpu=memory.used,utilization.gpu --format=csv,noheader 2>/dev/null
     df -h /tmp 2>/dev/null | tail -n 1
-  } > "$OUT/bg/state.txt"
+  } > "$tmp/bg/state.txt"
+  tar -C "$tmp" -czf "$OUT/bg.tgz.tmp" bg && mv "$OUT/bg.tgz.tmp" "$OUT/bg.tgz"
+  cp "$tmp/bg/state.txt" "$OUT/state.txt"
   true
 }
 
@@ -321,7 +325,7 @@ poll_bg() {  # wait up to $1 s while the bg run goes on, syncing every POLL_EVER
     sync_bg
   done
   sync_bg
-  head -n 1 "$OUT/bg/state.txt"
+  head -n 1 "$OUT/state.txt"
 }
 
 while [ $# -gt 0 ]; do
@@ -498,7 +502,7 @@ speculators.train.trainer, speculators.train.data; print('speculators imports')"
       if [ $# -gt 0 ] && [[ $1 =~ ^[0-9]+$ ]]; then secs=$1; shift; fi
       l=$(left); [ "$secs" -gt "$l" ] && secs=$l
       poll_bg "$secs"
-      record poll 0 0 "bg: $(cat "$OUT/bg/state.txt" 2>/dev/null | head -n 1)" ;;
+      record poll 0 0 "bg: $(head -n 1 "$OUT/state.txt" 2>/dev/null)" ;;
     stop)
       if [ -f "$BG/pid" ] && kill -0 "$(cat "$BG/pid")" 2>/dev/null; then
         # the bg run and every descendant, by parent id (run-all starts each step in a
@@ -510,7 +514,7 @@ speculators.train.trainer, speculators.train.data; print('speculators imports')"
         for p in $pids; do kill -KILL "$p" 2>/dev/null; done
       fi
       poll_bg 0
-      record stop 0 0 "bg: $(cat "$OUT/bg/state.txt" 2>/dev/null | head -n 1)" ;;
+      record stop 0 0 "bg: $(head -n 1 "$OUT/state.txt" 2>/dev/null)" ;;
     env)
       env523
       echo "STACK=$STACK SITE=$SITE PARTS=$PARTS BUNDLE=$BUNDLE"
