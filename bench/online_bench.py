@@ -43,7 +43,6 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
-sys.path.insert(0, str(HERE))
 
 KIND = "dflash"
 CACHE = Path(os.environ.get("HSDUMP_CACHE", Path.home() / ".cache" / "hsdump")) / "peers"
@@ -101,12 +100,12 @@ def capture_args(samples: int, max_len: int, pace: float) -> list:
     ]
 
 
-def draft_files(work: Path, target: str, serving_ids) -> Path:
-    """The DFlash drafter's config (bench/acceptance_kinds.py's recipe on the target)."""
-    import acceptance_kinds as ak
-
+def draft_files(work: Path, target: str, export: Path, env) -> Path:
+    """The DFlash drafter's config: `acceptance_kinds.py draft-config` (its recipe on the
+    target, the export's serving ids, SpecForge's mask token)."""
     path = work / "draft.json"
-    path.write_text(json.dumps(ak.draft_config(KIND, target, serving_ids), indent=1))
+    run([sys.executable, HERE / "acceptance_kinds.py", "draft-config", "--kind", KIND,
+         "--target", target, "--export", export, "--out", path], env)  # fmt: skip
     return path
 
 
@@ -163,11 +162,10 @@ def offline(work: Path, a, env) -> dict:
     run([sys.executable, "extract.py", *args, f"output.dir={ds}"], env)
     run([sys.executable, "-m", "hsdump", "export", ds, ex, "--to", "specforge", "--kind", KIND,
          "--allow-dry", "--no-progress"], env)  # fmt: skip
-    ids = json.loads((ex / "hsdump_export.json").read_text())["serving_ids"]
     from hsdump.tiny import resolve_model_path
 
     target = resolve_model_path("tiny:llama")
-    draft = draft_files(work, target, ids)
+    draft = draft_files(work, target, ex, env)
     cfg = run_config(work / "train", target, draft, str(ex), a)
     log = work / "train.log"
     t = time.time()
@@ -323,7 +321,6 @@ def main(argv=None) -> int:
         if not Path(root).is_dir():
             raise SystemExit(f"{root}: not found; `make test` fetches it, or pass its root")
     env = peer_env(a.specforge, a.accelerate)
-    sys.path[:0] = [a.specforge, a.accelerate]  # the drafter's config: SpecForge's mask token
     work = Path(a.work)
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)

@@ -18,7 +18,7 @@ LAYERS = [
     {"hsdump.config", "hsdump.locate", "hsdump.tiny"},
     {"hsdump.corpus", "hsdump.capture", "hsdump.check", "hsdump.check_final"},
     {"hsdump.tools"},
-    {"hsdump.pipeline"},
+    {"hsdump.pipeline", "hsdump.online"},  # online: the pipeline per epoch, and its peers
     {"hsdump.cli", "hsdump.launch", "hsdump.__main__"},
     {"hsdump.testing"},  # the tests' and benchmarks' checkpoints: not in the wheel
 ]
