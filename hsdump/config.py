@@ -413,9 +413,9 @@ class OnlineConfig:
     """The trainer's data-parallel ranks (torchrun's nproc_per_node x nnodes)."""
     max_length: Optional[int] = None
     """The trainer's data.max_length (null: dataset.max_seq_len)."""
-    peer_timeout_s: Optional[float] = None
-    """Stop when the trainer has not published its quantum, or not finished, in this long
-    (null: wait as long as it takes)."""
+    peer_timeout_s: Optional[float] = 600.0
+    """Stop when the trainer's heartbeat (its consumer command beats once a second) has been
+    silent this long, or never beat this long after the start (null: wait for it forever)."""
 
     def __post_init__(self) -> None:
         for name in ("epochs", "batch_size", "accumulation_steps", "dp_size"):

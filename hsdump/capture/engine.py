@@ -568,6 +568,9 @@ class CaptureEngine:
                             break
                         gated, ready = None, gated
                         ready.result()  # the gate's stop: raised here
+                        if self._stop_requested:  # a stop while it waited: nothing more goes
+                            nxt = None
+                            break
                     inflight[asyncio.ensure_future(self._one(nxt))] = len(nxt.input_ids)
                     used += len(nxt.input_ids)
                     nxt = next(samples, None)

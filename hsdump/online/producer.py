@@ -182,9 +182,13 @@ class Producer:
                 peak_accounted_bytes=self.stats["peak_accounted"],
             )
         except Stop as e:
-            if e.clean:
+            if e.clean:  # the trainer reached its steps first: what it did not train goes
                 log.warning("online: %s", e)
-                return dict(stopped=str(e), samples_published=self.stats["samples_published"])
+                return dict(
+                    stopped=str(e),
+                    samples_published=self.stats["samples_published"],
+                    dropped_at_end=self._cleanup(),
+                )
             raise
         except Refusal:  # bad input, nothing run: the trainer waits for the corrected command
             raise
