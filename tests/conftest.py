@@ -50,6 +50,7 @@ FIRST = (
     "test_family_gate.py",
     "test_preview.py",
     "test_regenerate.py",
+    "test_online.py",  # 26-47 s on a worker (2026-12-04)
     "test_idle.py",
     "test_tiers.py",  # its nested two-worker pytest: ~18 s on one worker
 )
