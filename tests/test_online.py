@@ -382,3 +382,46 @@ def test_the_store_serves_each_kind_what_specforge_reads_offline_from_its_export
         assert set(got) == set(F.KEYS[kind])
         for key, t in got.items():
             assert torch.equal(t, offline[sid][key]), (sid, key)
+
+
+def test_a_killed_capture_stops_specforges_consumer(tmp_path, specforge):
+    """The consumer command's watchdog: a producer heartbeat silent past --producer-timeout
+    (a SIGKILLed capture beats no more) becomes SpecForge's producer-failure file, which its
+    queue raises on; a closed stream is left alone."""
+    import threading
+
+    from specforge.runtime.data_plane.streaming_ref_channel import (
+        StreamingRefChannel,
+        StreamingRefQueue,
+    )
+
+    from hsdump.online.consumer import heartbeats
+
+    folder = tmp_path / "f"
+    F.beat(folder / F.PRODUCER_ALIVE)
+    old = time.time() - 5
+    os.utime(folder / F.PRODUCER_ALIVE, (old, old))
+    stop = threading.Event()
+    t = threading.Thread(target=heartbeats, args=(folder, 2.0, stop), daemon=True)
+    t.start()
+    t0 = time.time()
+    while F.side(folder, F.FAILED) is None and time.time() - t0 < 10:
+        time.sleep(0.05)
+    stop.set()
+    t.join()
+    assert "hsdump producer silent for" in (F.side(folder, F.FAILED) or "")
+    assert F.silent_for(folder / F.CONSUMER_ALIVE) < 5  # it beat meanwhile
+    q = StreamingRefQueue(StreamingRefChannel(str(folder / F.REFS)), poll_s=0.01)
+    with pytest.raises(RuntimeError, match="producer failed: hsdump producer silent"):
+        q.get(BATCH)
+    done = tmp_path / "g"  # the capture finished: its silence is not a failure
+    F.beat(done / F.PRODUCER_ALIVE)
+    os.utime(done / F.PRODUCER_ALIVE, (old, old))
+    F.write_side(done, F.CLOSED, "")
+    stop = threading.Event()
+    t = threading.Thread(target=heartbeats, args=(done, 2.0, stop), daemon=True)
+    t.start()
+    time.sleep(1.5)
+    stop.set()
+    t.join()
+    assert F.side(done, F.FAILED) is None
