@@ -121,9 +121,17 @@ def main(argv: Optional[List[str]] = None) -> int:
         return 2
     import json
 
-    from specforge.application import bind_run, resolve_run
-    from specforge.cli import _train, _worker_signal_unwind, _WorkerTermination
-    from specforge.config import load_config
+    try:
+        from specforge.application import bind_run, resolve_run
+        from specforge.cli import _train, _worker_signal_unwind, _WorkerTermination
+        from specforge.config import load_config
+    except ImportError as e:
+        print(
+            f"SpecForge 0.2.0 cannot be imported here ({e}): run this in the trainer's "
+            "environment (pip install specforge==0.2.0, and hsdump with --no-deps)",
+            file=sys.stderr,
+        )
+        return 2
 
     plan = json.loads(plan_path.read_text())
     cfg = consumer_config(load_config(a.config, a.overrides), folder, plan)
