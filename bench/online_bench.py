@@ -2,7 +2,7 @@
 online DFlash trainer through one folder, with and without a disk cap, beside an offline run of
 SpecForge's trainer on `hsdump export --to specforge --kind dflash` of the same samples.
 
-    python bench/online_bench.py --out bench/results/online-cpu.json          # CPU, ~3 min
+    python bench/online_bench.py --out bench/results/online-cpu.json     # CPU: results/online-cpu.json
 
 One run, three trainings of the same DFlash drafter (SpecForge's trainer, CPU, gloo, batch
 --batch, --epochs epochs, seed 0) on the same samples (the dry engine's rows of the tiny Llama's
@@ -12,7 +12,9 @@ shapes: the folder protocol is what is measured here, not SGLang):
    offline trainer (`specforge train`, data.hidden_states_path) on the export;
 2. online, no cap: `python extract.py online=specforge online.folder=F ...` beside
    `python -m hsdump.online.consumer F -c run.json`;
-3. online, capped: the same with online.cap_bytes=--cap (bytes).
+3. online, capped: the same with online.cap_bytes=--cap (0: twice hsdump's floor for these
+   samples and this trainer), its trainer SIGKILLed after step --kill-trainer-at (when that step
+   is acknowledged and checkpointed) and resumed with training.resume_from (0: no kill).
 
 The capture is paced (engine.dry_tokens_per_s) below the trainer's pace, so the trainer keeps
 up, and the capture throughput with and without the cap is compared at that pace. A thread
@@ -301,12 +303,12 @@ def main(argv=None) -> int:
     ap.add_argument("--batch", type=int, default=2)
     ap.add_argument("--max-len", type=int, default=256)
     ap.add_argument("--cap", type=int, default=0, help="bytes (0: 4 windows of the longest sample)")
-    ap.add_argument("--pace", type=float, default=400.0, help="capture tokens/s (dry engine)")
+    ap.add_argument("--pace", type=float, default=150.0, help="capture tokens/s (dry engine)")
     ap.add_argument("--save-interval", type=int, default=0)
     ap.add_argument("--runs", default="uncapped,capped")
-    ap.add_argument("--kill-trainer-at", type=int, default=0,
+    ap.add_argument("--kill-trainer-at", type=int, default=5,
                     help="capped run: SIGKILL the trainer after this step, resume it")  # fmt: skip
-    ap.add_argument("--anchors", type=int, default=64, help="DFlash's num_anchors (recipe: 512)")
+    ap.add_argument("--anchors", type=int, default=16, help="DFlash's num_anchors (recipe: 512)")
     ap.add_argument("--timeout", type=float, default=1200)
     ap.add_argument(
         "--specforge",
