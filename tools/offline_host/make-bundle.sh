@@ -129,12 +129,19 @@ RAW=()
 # SGLang 0.5.14's own pins (sglang-kernel, flashinfer, apache-tvm-ffi, transformers, xgrammar,
 # openai), with the common set; flashinfer's cubin package (447 MB) is left out: flashinfer
 # builds its kernels on first use, as on the other stacks.
+# tokenizers 0.22.2: transformers 5.8.1 requires tokenizers <= 0.23.0 and refuses the image's
+# 0.23.2 at import (H200 host, 2026-12-04; there is no 0.23.0 final on PyPI). cuda-tile 1.7.0
+# (`cuda.tile`, a namespace package beside the image's cuda-bindings): flashinfer 0.6.12's
+# comm/all_gather_matmul imports it without a guard, and SpecForge's capture module reaches it
+# through SGLang's batching code (`import514` failed there on the same image).
 WHEELS=(
   sglang==0.5.14
   sglang-kernel==0.4.4
   flashinfer-python==0.6.12
   apache-tvm-ffi==0.1.9
   transformers==5.8.1
+  tokenizers==0.22.2
+  cuda-tile==1.7.0
   xgrammar==0.2.1
   openai==2.6.1
   "${COMMON[@]}"

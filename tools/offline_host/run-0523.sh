@@ -352,10 +352,14 @@ while [ $# -gt 0 ]; do
       [ $rc -eq 0 ] || { echo "[run-0523] install514 failed: stopping"; break; } ;;
     import514)
       ( env514
-        run_step import514 240 python3 -c "import torch, sglang, sgl_kernel, transformers, specforge
-import specforge.data.utils, specforge.offline_capture.sglang_backend as b
+        # SpecForge loads its capture modules lazily (module __getattr__): import them by name,
+        # or a missing package on their path (cuda.tile, 2026-12-04) shows only in sfspeed
+        run_step import514 240 python3 -c "import torch, sglang, sgl_kernel, transformers, tokenizers, specforge
+import specforge.data.utils, specforge.offline_capture.sglang
+import specforge.offline_capture.sglang_backend.capture as b
+import specforge.offline_capture.sglang_backend.model_runner
 print('torch', torch.__version__, 'sglang', sglang.__version__, 'transformers', transformers.__version__,
-      'cuda', torch.cuda.is_available(), 'backend', b.__name__)" ) ;;
+      'tokenizers', tokenizers.__version__, 'cuda', torch.cuda.is_available(), 'backend', b.__name__)" ) ;;
     smollm2)
       t=$(date +%s); mkdir -p "$PARTS/smollm2"
       if [ -d ".smollm2/p$1" ]; then
