@@ -569,14 +569,18 @@ from safetensors.torch import load_file
 from sglang.srt.distributed import init_distributed_environment, initialize_model_parallel
 from sglang.srt.model_loader.weight_utils import default_weight_loader
 from sglang.srt.models.registry import ModelRegistry
-from sglang.srt.runtime_context import SpawnRanks, publish
 from sglang.srt.server_args import ServerArgs
 from transformers import AutoConfig
 
 target, folders = sys.argv[1], sys.argv[2:]
 sa = ServerArgs(model_path=target, device="cpu", attention_backend="torch_native",
                 disable_cuda_graph=True, skip_tokenizer_init=True)
-publish(sa, role="scheduler", ranks=SpawnRanks(world_rank=0, dp_rank=None, gpu_id=0))
+try:  # SGLang 0.5.23's runtime context
+    from sglang.srt.runtime_context import SpawnRanks, publish
+    publish(sa, role="scheduler", ranks=SpawnRanks(world_rank=0, dp_rank=None, gpu_id=0))
+except ImportError:  # 0.5.17's
+    from sglang.srt.runtime_context import get_context
+    get_context().set_server_args(sa)
 init_distributed_environment(world_size=1, rank=0, local_rank=0, backend="gloo",
                              distributed_init_method="file://" + tempfile.mktemp())
 initialize_model_parallel()
@@ -659,8 +663,9 @@ def contract(a) -> int:
     (`training_state.pt`: the trainer's layout, embeddings left out as its checkpoints leave
     them) and SpecForge's own export of that, then SGLang's class for the folder's
     architecture loading it (`sglang_load`). Also a DSpark folder whose Markov and confidence
-    fields sit only under dflash_config, as SpecForge's recipe writes them: SGLang 0.5.23
-    must refuse it (why `draft_config` writes them at the top level too)."""
+    fields sit only under dflash_config, as SpecForge's recipe writes them: SGLang 0.5.23 and
+    0.5.17 must refuse it (why `draft_config` writes them at the top level too). Runs under
+    either release's wheel (bench/results/contract-0517-cpu.json: 0.5.17's classes)."""
     import importlib.metadata as md
 
     import torch
