@@ -52,15 +52,9 @@ CACHE = Path(os.environ.get("HSDUMP_CACHE", Path.home() / ".cache" / "hsdump")) 
 
 def dir_bytes(path: Path) -> int:
     """Bytes of the shard files (and their temporaries) under `path`."""
-    total = 0
-    for root, _, names in os.walk(path):
-        for n in names:
-            if ".safetensors" in n:
-                try:
-                    total += os.stat(os.path.join(root, n)).st_size
-                except FileNotFoundError:
-                    pass
-    return total
+    from hsdump.online.folder import shard_bytes
+
+    return shard_bytes(path)
 
 
 class Sampler(threading.Thread):

@@ -41,15 +41,7 @@ def specforge(monkeypatch):
 
 
 def shard_bytes(folder: Path) -> int:
-    total = 0
-    for root, _, names in os.walk(folder / F.STORE):
-        for n in names:
-            if ".safetensors" in n:
-                try:
-                    total += os.stat(os.path.join(root, n)).st_size
-                except FileNotFoundError:
-                    pass
-    return total
+    return F.shard_bytes(folder / F.STORE)
 
 
 class Consumer(threading.Thread):

@@ -181,6 +181,20 @@ def total_steps(num_samples: int, epochs: int, quantum: int) -> int:
     return (int(num_samples) * int(epochs)) // int(quantum)
 
 
+def shard_bytes(path) -> int:
+    """Bytes of the shard files (and their temporaries) on disk under `path` now: what the
+    cap bounds, as a reader of the disk sees it (files that vanish while counted are skipped)."""
+    total = 0
+    for root, _, names in os.walk(path):
+        for n in names:
+            if ".safetensors" in n:
+                try:
+                    total += os.stat(os.path.join(root, n)).st_size
+                except FileNotFoundError:
+                    pass
+    return total
+
+
 def beat(path: Path) -> None:
     """A heartbeat: the file's mtime is now."""
     path.parent.mkdir(parents=True, exist_ok=True)
