@@ -122,17 +122,12 @@ def test_the_issue_path_end_to_end_on_the_dry_engine(tmp_path):
     common = [DRY, f"model.path={ckpt}", "dataset.max_samples=2"]
     rc, log = extract(*common, "model.default_layers=[2,4,6]", out=tmp_path / "e3")
     assert rc == 0, log[-3000:]
-    rc, out, err = hsdump(
-        "export",
-        tmp_path / "e3",
-        tmp_path / "x",
-        "--to",
-        "specforge",
-        "--kind",
-        "dflash",
-        "--allow-dry",
-        split=True,
-    )
+
+    def export_dflash(src, dst):
+        return hsdump("export", tmp_path / src, tmp_path / dst, "--to", "specforge", "--kind",
+                      "dflash", "--allow-dry", split=True)  # fmt: skip
+
+    rc, out, err = export_dflash("e3", "x")
     assert rc == 2 and "SGLang 0.5.23 cannot serve a DFlash drafter of Qwen2ForCausalLM" in err
     assert "capture.kinds=[eagle3," not in err and "EAGLE-3 drafter instead" in err, err
     rc, log = extract(*common, "capture.kinds=[eagle3,dflash]", out=tmp_path / "no")
@@ -144,16 +139,6 @@ def test_the_issue_path_end_to_end_on_the_dry_engine(tmp_path):
         out=tmp_path / "both",
     )
     assert rc == 0, log[-3000:]
-    rc, out, err = hsdump(
-        "export",
-        tmp_path / "both",
-        tmp_path / "y",
-        "--to",
-        "specforge",
-        "--kind",
-        "dflash",
-        "--allow-dry",
-        split=True,
-    )
+    rc, out, err = export_dflash("both", "y")
     assert rc == 0, err
     assert "serving ids unknown for Qwen2ForCausalLM: SGLang 0.5.23 cannot serve" in out, out

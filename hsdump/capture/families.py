@@ -236,6 +236,7 @@ class IdRule:
 
 KIND_CPU_TEST = "CPU, tests/test_kinds.py (SGLang's own capture against transformers)"
 READ = "code reading of SGLang 0.5.23 (tests/test_kinds.py checks the owner class)"
+READ17 = "code reading of SGLang 0.5.17 (tests/test_kinds.py reads its wheel's model sources)"
 _DSPARK_ROUTE = (
     "; DSPARK: the class has no set_dspark_layers_to_capture, and SGLang's "
     "configure_aux_hidden_state_capture then calls its set_dflash_layers_to_capture"
@@ -252,13 +253,13 @@ def _dflash_family(
     }
 
 
-def _eagle3(owner: str, shift: str = "plus1") -> Dict[str, IdRule]:
-    return {"eagle3": IdRule(f"{owner}.set_eagle3_layers_to_capture", shift, READ)}
+def _eagle3(owner: str, shift: str = "plus1", where: str = READ) -> Dict[str, IdRule]:
+    return {"eagle3": IdRule(f"{owner}.set_eagle3_layers_to_capture", shift, where)}
 
 
-def _read(owner: str, eagle3_shift: str = "plus1") -> Dict[str, IdRule]:
+def _read(owner: str, eagle3_shift: str = "plus1", where: str = READ) -> Dict[str, IdRule]:
     """Rules read from SGLang's code (tests/test_kinds.py checks each setter's owner class)."""
-    return {**_eagle3(owner, eagle3_shift), **_dflash_family(owner, READ, READ)}
+    return {**_eagle3(owner, eagle3_shift, where), **_dflash_family(owner, where, where)}
 
 
 KIND_RULES: Dict[str, Dict[str, Dict[str, IdRule]]] = {
@@ -307,16 +308,6 @@ KIND_RULES: Dict[str, Dict[str, Dict[str, IdRule]]] = {
         "Gemma3ForCausalLM": _eagle3("Gemma3ForCausalLM"),
     },
 }
-READ17 = "code reading of SGLang 0.5.17 (tests/test_kinds.py reads its wheel's model sources)"
-
-
-def _read17(owner: str, eagle3_shift: str = "plus1", dflash: bool = True) -> Dict[str, IdRule]:
-    rules = {"eagle3": IdRule(f"{owner}.set_eagle3_layers_to_capture", eagle3_shift, READ17)}
-    if dflash:
-        rules.update(_dflash_family(owner, READ17, READ17))
-    return rules
-
-
 # SGLang 0.5.17 (the GPU host image's torch 2.11 takes it): the classes verified on 0.5.17
 # (FAMILIES), each with the setters 0.5.17's own model code gives it. Its
 # configure_aux_hidden_state_capture (model_runner_components/attention_backend_setup.py) sends
@@ -324,20 +315,24 @@ def _read17(owner: str, eagle3_shift: str = "plus1", dflash: bool = True) -> Dic
 # Qwen3_5ForCausalLM / Qwen3_5MoeForCausalLM have no setter at all on 0.5.17 (LAYER_FLAG_CAPTURE):
 # SGLang 0.5.17 serves no drafter kind on them.
 KIND_RULES[V17] = {
-    "LlamaForCausalLM": _read17("LlamaForCausalLM"),
-    "GptOssForCausalLM": _read17("GptOssForCausalLM"),
-    "Qwen3NextForCausalLM": _read17("Qwen3NextForCausalLM"),
-    "Qwen3_5ForConditionalGeneration": _read17("Qwen3VLForConditionalGeneration"),
-    "Qwen3_5MoeForConditionalGeneration": _read17("Qwen3VLForConditionalGeneration"),
-    "DeepseekV3ForCausalLM": _read17("DeepseekV2ForCausalLM", eagle3_shift="first_id_1"),
-    "DeepseekV32ForCausalLM": _read17("DeepseekV2ForCausalLM", eagle3_shift="first_id_1"),
+    "LlamaForCausalLM": _read("LlamaForCausalLM", where=READ17),
+    "GptOssForCausalLM": _read("GptOssForCausalLM", where=READ17),
+    "Qwen3NextForCausalLM": _read("Qwen3NextForCausalLM", where=READ17),
+    "Qwen3_5ForConditionalGeneration": _read("Qwen3VLForConditionalGeneration", where=READ17),
+    "Qwen3_5MoeForConditionalGeneration": _read("Qwen3VLForConditionalGeneration", where=READ17),
+    "DeepseekV3ForCausalLM": _read(
+        "DeepseekV2ForCausalLM", eagle3_shift="first_id_1", where=READ17
+    ),
+    "DeepseekV32ForCausalLM": _read(
+        "DeepseekV2ForCausalLM", eagle3_shift="first_id_1", where=READ17
+    ),
     # delegates to its DeepseekV3ForCausalLM language model
-    "KimiK25ForConditionalGeneration": _read17(
-        "KimiK25ForConditionalGeneration", eagle3_shift="first_id_1"
+    "KimiK25ForConditionalGeneration": _read(
+        "KimiK25ForConditionalGeneration", eagle3_shift="first_id_1", where=READ17
     ),
     # EAGLE-3 only (no DFlash setter in 0.5.17: SGLang refuses DFLASH/DSPARK on them)
-    "MiniMaxM2ForCausalLM": _read17("MiniMaxM2ForCausalLM", dflash=False),
-    "Gemma3ForCausalLM": _read17("Gemma3ForCausalLM", dflash=False),
+    "MiniMaxM2ForCausalLM": _eagle3("MiniMaxM2ForCausalLM", where=READ17),
+    "Gemma3ForCausalLM": _eagle3("Gemma3ForCausalLM", where=READ17),
 }
 """Per SGLang release, per architecture, per drafter kind: the rule of the setter SGLang calls
 for that kind. DFlash/DSpark rules exist for the verified classes whose class on that release
