@@ -63,6 +63,7 @@ import traceback
 from pathlib import Path
 from typing import Dict, List, Optional
 
+import speed_pair  # bench/, beside this file
 import torch
 
 HERE = Path(__file__).resolve().parent
@@ -71,7 +72,7 @@ AUX_ENV = "HSDUMP_BENCH_AUX_LAYERS"
 WRITER_OPTS: Dict[str, int] = {}  # DatasetWriter's threads / shard_bytes (--writer-threads, ...)
 
 # built by build_model(); capture layers from default_layers(); sizes chosen in main()
-MODELS = ("tiny-llama", "llama8b", "dsv3-small", "kimi-width")
+MODELS = ("tiny-llama", "llama-small", "llama8b", "dsv3-small", "kimi-width")
 WEIGHTS = ("files", "dummy")
 
 
@@ -88,7 +89,7 @@ def build_model(name: str, dest: str, weights: str = "files") -> str:
         return resolve_model_path("tiny:llama")
     if name not in MODELS:
         raise ValueError(f"unknown model {name!r}; use one of {MODELS}")
-    kw = {"num_layers": 8} if name == "dsv3-small" else {}
+    kw = models.BENCH_KW.get(name, {})
     if weights == "dummy":
         return models.build(name, dest + "-dummy", weights="dummy", **kw)
     if (Path(dest) / "config.json").exists():
@@ -97,7 +98,7 @@ def build_model(name: str, dest: str, weights: str = "files") -> str:
     code = (
         "import sys, torch; from hsdump.testing import models; "
         "models.build(sys.argv[2], sys.argv[1], device='cuda' if torch.cuda.is_available() "
-        "else 'cpu', **({'num_layers': 8} if sys.argv[2] == 'dsv3-small' else {}))"
+        "else 'cpu', **models.BENCH_KW.get(sys.argv[2], {}))"
     )
     Path(dest).parent.mkdir(parents=True, exist_ok=True)
     subprocess.run([sys.executable, "-c", code, dest, name], check=True)
@@ -823,6 +824,7 @@ def environment(device: str) -> dict:
             env[pkg] = None
     if device == "cuda":
         env["gpu"] = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
+    env["host"] = speed_pair.host_identity()  # host, boot and HSDUMP_SPEED_SESSION
     try:
         with open("/proc/cpuinfo") as f:
             env["cpu_model"] = re.search(r"model name\s*:\s*(.*)", f.read()).group(1)
@@ -1036,6 +1038,7 @@ def main(argv=None) -> int:
                 "weights": args.weights,
                 "tp": tp,
                 "tokens": loads[-1].tokens,
+                "ids_sha256": speed_pair.ids_digest(samples),  # what bench/speed_pair.py pairs on
                 "repeat": repeat,
                 "model_build_s": build_s,
             }

@@ -55,6 +55,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import socket
 import statistics
 import subprocess
@@ -145,6 +146,7 @@ def run_specforge(
     pythonpath: Optional[str] = None,
     load_format: Optional[str] = None,
     method: str = "eagle3",
+    fsync: bool = False,
 ) -> int:
     from hsdump.tiny import resolve_model_path
 
@@ -191,6 +193,8 @@ def run_specforge(
         cmd += ["--load-format", load_format]
     if method != "eagle3":
         cmd += ["--method", method]
+    if fsync:
+        cmd += ["--fsync"]
     print("+", " ".join(cmd), flush=True)
     if log:
         with open(log, "w") as f:
@@ -223,24 +227,32 @@ def cmd_speed(a) -> int:
     """SpecForge's capture alone on the benchmark shape: `--shape` from hsdump.testing.models
     (llama8b: Llama-3.1-8B's dimensions) with SGLang's random weights (`load_format=dummy`, the
     folder holds config.json only, as `bench/bench.py --weights dummy` runs hsdump's side),
-    `--samples` rows of `--tokens` random ids, its EAGLE-3 default layers for the depth in
-    SGLang ids, batch `--batch`; writes its records under WORK/records and prints the worker's
-    timing (tokens/s steady and whole run, bytes, files)."""
+    `--samples` rows of `--tokens` ids, the very ids bench.py times at that length
+    (`models.bench_ids`; their digest is recorded), its EAGLE-3 default layers for the depth in
+    SGLang ids, batch `--batch`, each record fsynced (`--no-fsync`: as SpecForge writes them);
+    writes its records under WORK/records and prints the worker's timing (tokens/s steady and
+    whole run, bytes, files). `bench/speed_pair.py` pairs its JSON with bench.py's."""
+    import speed_pair
+
     from hsdump.capture.layers import eagle3_default
     from hsdump.testing import models
 
     work = Path(a.work)
     work.mkdir(parents=True, exist_ok=True)
-    folder = models.build(a.shape, work / f"{a.shape}-dummy", weights="dummy")
+    folder = models.build(
+        a.shape, work / f"{a.shape}-dummy", weights="dummy", **models.BENCH_KW.get(a.shape, {})
+    )
     cfg = json.loads((Path(folder) / "config.json").read_text())
     n_layers = int(cfg["num_hidden_layers"])
-    layers = [k - 1 for k in eagle3_default(n_layers)]  # transformers index -> Llama's SGLang id
+    hf_index = eagle3_default(n_layers)
+    layers = [k - 1 for k in hf_index]  # transformers index -> Llama's SGLang id
     ids = work / "ids.jsonl"
+    rows = models.bench_ids(a.samples, a.tokens, int(cfg["vocab_size"]))
     with open(ids, "w") as f:
-        rows = models.prompts([a.tokens] * a.samples, seed=0, vocab=int(cfg["vocab_size"]))
         for i, r in enumerate(rows):
             f.write(json.dumps({"id": i, "input_ids": r, "loss_mask": [1] * len(r)}) + "\n")
     out = work / "records"
+    shutil.rmtree(out, ignore_errors=True)  # a run's files are its own
     rc = run_specforge(
         str(ids),
         str(out),
@@ -254,6 +266,7 @@ def cmd_speed(a) -> int:
         log=str(work / "specforge-speed.log"),
         pythonpath=a.pythonpath,
         load_format="dummy",
+        fsync=a.fsync,
     )
     if rc:
         return rc
@@ -262,9 +275,13 @@ def cmd_speed(a) -> int:
     res = {
         "what": "SpecForge 0.2.0's own offline capture, speed",
         "shape": a.shape,
+        "hf_hidden_states_index": hf_index,
         "sglang_layer_ids": layers,
+        "ids_sha256": speed_pair.ids_digest(rows),
         "versions": state.get("versions"),
         "server_args": state.get("server_args"),
+        "host": speed_pair.host_identity(),
+        "gpu": state.get("gpu"),
         "timing": t,
     }
     if a.json:
@@ -273,11 +290,10 @@ def cmd_speed(a) -> int:
         f"SpecForge {a.shape}: {t['samples']} x {a.tokens} tokens, batch {a.batch}: "
         f"steady {t['tokens_per_s_steady'] or 0:,.0f} tok/s, whole run "
         f"{t['tokens_per_s_whole_run']:,.0f} tok/s, {t['bytes']:,} bytes in {t['files']} files"
+        f"{', fsynced' if t.get('fsync') else ''}"
     )
     if not a.keep:  # the records are what was timed; their size is in the timing
-        import shutil
-
-        shutil.rmtree(out / "rows_0-2000", ignore_errors=True)
+        shutil.rmtree(out, ignore_errors=True)
     return 0
 
 
@@ -961,6 +977,13 @@ def main(argv=None) -> int:
     p.add_argument("--tokens", type=int, default=2048)
     p.add_argument("--json")
     p.add_argument("--keep", action="store_true", help="keep the records written")
+    p.add_argument(
+        "--fsync",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="fsync each record and its folder inside the timed batch (hsdump's durability); "
+        "--no-fsync: as SpecForge writes them",
+    )
     sf_args(p)
     p.set_defaults(fn=cmd_speed, batch=32)  # SpecForge's preparation default batch
 

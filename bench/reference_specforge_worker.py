@@ -28,7 +28,9 @@ What it runs, all of it SpecForge's wheel API as its offline preparation uses it
   `OfflineCaptureLayout`: `input_ids`, `loss_mask`, `aux_hidden_state` `[1, T, K*H]`,
   `hidden_state` `[1, T, H]`), written with `torch.save` to `OUT/rows_{g}-{g+2000}/data_{i}.ckpt`
   as SpecForge's preparation writes it (T is the batch's padded length: the rows SpecForge
-  computes on its pad tokens are kept, as its own files keep them).
+  computes on its pad tokens are kept, as its own files keep them); with `--fsync` each file
+  and its folder are fsynced inside the timed batch (SpecForge itself does not: the flag gives
+  a speed comparison with hsdump, which fsyncs its shards, the same durability).
 
 The shim, CPU only: `OfflineSGLangCaptureBackend.build` passes `gpu_id=torch.cuda.current_device()`
 to SGLang's ModelRunner. On a machine without a GPU that call raises (torch 2.11.0: `RuntimeError:
@@ -85,6 +87,14 @@ def _cpu_current_device(device: str):
         torch.cuda.current_device = saved
 
 
+def _fsync(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
 def _layout(method: str = "eagle3"):
     """The algorithm's own offline capture layout (text), from SpecForge's registry: EAGLE-3's
     records hold `aux_hidden_state` and `hidden_state`, DFlash's `hidden_states` [T, K*H],
@@ -116,6 +126,12 @@ def main() -> int:
     ap.add_argument("--limit", type=int, default=None, help="first N samples only")
     ap.add_argument(
         "--load-format", default=None, help="dummy: SGLang fills random weights (config.json only)"
+    )
+    ap.add_argument(
+        "--fsync",
+        action="store_true",
+        help="fsync each record after SpecForge's torch.save, and its folder, inside the timed "
+        "batch (hsdump's writer fsyncs its shards: the same durability for a speed comparison)",
     )
     a = ap.parse_args()
 
@@ -197,8 +213,14 @@ def main() -> int:
             path = out / f"rows_{g}-{g + GROUP}" / f"data_{i}.ckpt"
             path.parent.mkdir(parents=True, exist_ok=True)
             torch.save(rec, path)
+            if a.fsync:
+                _fsync(path)
             nbytes += path.stat().st_size
             written += 1
+        if a.fsync:  # the new names in their groups' folders
+            for d in sorted({out / f"rows_{i - i % GROUP}-{i - i % GROUP + GROUP}"
+                             for i in range(start, start + len(chunk))}):  # fmt: skip
+                _fsync(d)
         batches.append(
             {
                 "samples": len(chunk),
@@ -234,6 +256,7 @@ def main() -> int:
         "tokens_per_s_whole_run": tokens / whole,
         "bytes": nbytes,
         "files": written,
+        "fsync": bool(a.fsync),
         "batches": batches,
     }
     state = {
@@ -245,6 +268,7 @@ def main() -> int:
         "capture_method": layout.capture_method,
         "method": a.method,
         "device": a.device,
+        "gpu": torch.cuda.get_device_name(0) if a.device == "cuda" else None,
         "dtype": a.dtype,
         "server_args": {k: v for k, v in kwargs.items()},
         "shim": "torch.cuda.current_device -> 0 during load_offline_capture"

@@ -173,6 +173,9 @@ def test_stack_install_and_env(tmp_path, stack):
     # a part of another stack's folder is not this stack's
     p = host(repo, ht, "stash", "02", stack=stack)
     assert "is not in the checkout" in p.stdout
+    # the speed pair needs SpecForge's own stack too: refused before anything runs
+    p = host(repo, ht, "speedpair", stack=stack)
+    assert "run stash514 and install514 first" in steps_of(ht)["speedpair"]["note"], p.stdout
 
 
 def test_bg_run_copies_the_checkout_and_poll_brings_it_back(tmp_path):

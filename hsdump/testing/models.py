@@ -228,6 +228,21 @@ def build(
     return str(dest)
 
 
+# the benchmarks' builds (bench/bench.py, bench/reference_capture.py speed): dsv3-small at 8
+# layers; llama-small at 8, where its EAGLE-3 default layers are three distinct ones ([2, 4, 5])
+BENCH_KW = {"dsv3-small": {"num_layers": 8}, "llama-small": {"num_layers": 8}}
+
+
+def bench_ids(n: int, seq: int, vocab: int):
+    """The `n` prompts of `seq` random ids that bench/bench.py times at a fixed length (its
+    generator seeded 1234 + seq, ids 10 .. vocab - 1): what another tool's run is given to
+    time the same prompts (bench/reference_capture.py speed)."""
+    import torch
+
+    g = torch.Generator().manual_seed(1234 + seq)
+    return [torch.randint(10, vocab, (seq,), generator=g).tolist() for _ in range(n)]
+
+
 def prompts(lens, seed: int = 0, vocab: int = VOCAB):
     """Random token ids (2 .. vocab - 1), one list per length in `lens`."""
     import torch

@@ -40,6 +40,14 @@
 #                second call goes on where the first stopped) -> $OUT/families-gpu-0523.json
 #   kimi [MODE]  tests/test_gpu_kimi.py, MODE bf16 | int4 | both (default both)
 #                -> $OUT/kimi-bf16.json, $OUT/kimi-int4.json (the runs' results), $OUT/kimi-MODE.log
+#   speedpair    hsdump's capture and SpecForge 0.2.0's own offline capture timed in this one call
+#                (issue 54): bench/bench.py (modes $SP_MODES, default a,b: plain prefill and
+#                hsdump to disk, fsynced) and reference_capture.py speed (fsynced) on the same
+#                $SP_SAMPLES (default 256) x 2,048 ids of the 8B shape (random weights), triton
+#                attention, no CUDA graphs on either side (SpecForge builds none), then
+#                bench/speed_pair.py -> $OUT/speed-pair.json (refused unless both ran the same
+#                ids, count, layers, backend and durability; HSDUMP_SPEED_SESSION names the call);
+#                needs install and install514
 #   bench8b      bench/bench.py --device cuda --models llama8b:2048:512:2 --modes a,b
 #                --weights dummy -> $OUT/gpu-llama8b-0523.json
 #   check        tests/test_gpu.py, every case, with -q and no -x (each case's results JSON
@@ -119,7 +127,7 @@ SHARE_TOKENS=${SHARE_TOKENS:-65536}
 BG=$HT/gpu523-bg                  # the bg run's OUT, pid (= its session id) and log
 BGREPO=$HT/gpu-bg-repo            # the bg run's own copy of the checkout (a later call's sync
                                    # of the working tree cannot change what it runs)
-STEPS=" stash stash514 install514 import514 smollm2 mla install import pytest probe kimi bench8b sfspeed check acck bg collect poll stop env together "   # an argument that is none of these is the step's own
+STEPS=" stash stash514 install514 import514 smollm2 mla install import pytest probe kimi bench8b sfspeed speedpair check acck bg collect poll stop env together "   # an argument that is none of these is the step's own
 # SHARE_GPU=1 (set by `together` for its children): cap every engine's KV pool (see together)
 SHARE_OVR=()
 if [ "${SHARE_GPU:-0}" = 1 ]; then
@@ -379,7 +387,7 @@ print('torch', torch.__version__, 'sglang', sglang.__version__, 'transformers', 
       fi ;;
     install)
       do_install || { echo "[run-0523] install failed: stopping"; break; } ;;
-    import|pytest|probe|kimi|bench8b|sfspeed|check|acck)
+    import|pytest|probe|kimi|bench8b|sfspeed|speedpair|check|acck)
       if ! installed; then record "$step" 1 0 "not installed: run install first"; break; fi
       env523
       case $step in
@@ -442,6 +450,20 @@ EOF
             --python "$REPO/tools/offline_host/python514.sh" --device cuda --samples "${SF_SAMPLES:-512}" \
             --tokens 2048 --batch "${SF_BATCH:-32}" --attention-backend "${SF_ATTENTION:-triton}" \
             --json "$OUT/specforge-speed-llama8b.json" ;;
+        speedpair)
+          if [ ! -f "$SITE514/.bundle_id" ]; then record speedpair 1 0 "run stash514 and install514 first"; continue; fi
+          HSDUMP_SPEED_SESSION="$(cat /proc/sys/kernel/random/boot_id 2>/dev/null)-$T0-$$"
+          export HSDUMP_SPEED_SESSION
+          n=${SP_SAMPLES:-256}
+          run_step speedpair-hsdump 400 python3 bench/bench.py --device cuda \
+            --models "llama8b:2048:$n:0" --modes "${SP_MODES:-a,b}" --weights dummy --no-cuda-graph \
+            --dd-mib 1024 --writer-stages-mib 0 --results-dir "$OUT" --name speedpair-hsdump
+          run_step speedpair-specforge 400 python3 bench/reference_capture.py speed "$HT/ref-speed" \
+            --python "$REPO/tools/offline_host/python514.sh" --device cuda --samples "$n" \
+            --tokens 2048 --batch "${SF_BATCH:-32}" --attention-backend triton --fsync \
+            --json "$OUT/speedpair-specforge.json"
+          run_step speedpair 60 python3 bench/speed_pair.py --hsdump "$OUT/speedpair-hsdump.json" \
+            --specforge "$OUT/speedpair-specforge.json" --out "$OUT/speed-pair.json" ;;
         bench8b)
           run_step bench8b 560 python3 bench/bench.py --device cuda \
             --models llama8b:2048:512:2 --modes a,b --weights dummy --dd-mib 1024 \
