@@ -621,12 +621,13 @@ for folder in folders:
 """
 
 
-def sglang_load(target: str, folders) -> dict:
+def sglang_load(target: str, folders, env=None) -> dict:
     """Each folder loaded into SGLang's own drafter class for its architecture, on the CPU, in
     one process (SGLang's registry, the class's __init__ from the folder's config, its
     load_weights with every parameter's loader call recorded): folder -> what was found, or
-    `error` (what SGLang raised)."""
-    p = subprocess.run(_py("-c", CHECK, target, *folders), capture_output=True, text=True)
+    `error` (what SGLang raised). `env`: variables set for that process."""
+    p = subprocess.run(_py("-c", CHECK, target, *folders), capture_output=True, text=True,
+                       env=dict(os.environ, **(env or {})))  # fmt: skip
     found = {}
     for line in p.stdout.splitlines():
         if line.startswith("CHECK "):
@@ -724,6 +725,22 @@ def contract(a) -> int:
             params=len(r.get("params", [])), loaded=len(r.get("loaded", [])),
             **{k: r[k] for k in ("mask_token_id", "block_size", "target_layer_ids", "aux_ids")
                if k in r},
+        )  # fmt: skip
+        ok &= not gaps
+    for folder, (kind, ids) in want.items():
+        if kind != "dspark":
+            continue
+        # SGLang builds DSpark's confidence head only in a ragged-verify mode (the default,
+        # static, verifies every draft and skips the head's tensors): loaded again in
+        # cap-accept, where the head schedules each request's verify length
+        r = sglang_load(target, [folder], env={"SGLANG_RAGGED_VERIFY_MODE": "cap-accept"})[folder]
+        gaps = served_gaps(r, kind, ids)
+        head = [k for k in r.get("params", []) if k.startswith("confidence_head.")]
+        if not head:
+            gaps.append("no confidence_head parameters in cap-accept mode")
+        result["dspark-cap-accept"] = dict(
+            cls=r.get("cls"), gaps=gaps, params=len(r.get("params", [])),
+            loaded=len(r.get("loaded", [])), confidence_head=sorted(head),
         )  # fmt: skip
         ok &= not gaps
     print(json.dumps(result, indent=1))

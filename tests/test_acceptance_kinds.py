@@ -26,21 +26,28 @@ from factories import ROOT
 from test_export import _peer_root
 
 
-# the engine tier: SGLang's own drafter classes build and load the exports (SGLang decides)
-@pytest.mark.engine
-def test_specforge_exports_load_in_sglangs_drafter_classes(tmp_path):
+@pytest.fixture(scope="module")
+def contract(tmp_path_factory):
+    """`contract` once for the module's tests: its exit status, its report, its folders."""
+    tmp = tmp_path_factory.mktemp("contract")
     sf = _peer_root("HSDUMP_SPECFORGE_SRC")
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([sf, os.environ.get("PYTHONPATH", "")]))
-    env["HSDUMP_CACHE"] = os.environ.get("HSDUMP_CACHE", str(tmp_path / "cache"))
+    env["HSDUMP_CACHE"] = os.environ.get("HSDUMP_CACHE", str(tmp / "cache"))
     p = subprocess.run(
         [sys.executable, "bench/acceptance_kinds.py", "contract", "--target", "tiny:llama",
-         "--out", str(tmp_path / "c")],
+         "--out", str(tmp / "c")],
         capture_output=True, text=True, env=env, cwd=ROOT, timeout=600,
     )  # fmt: skip
     assert p.returncode in (0, 1), p.stderr[-3000:]
     start = p.stdout.index("{\n")
-    r = json.loads(p.stdout[start:])
-    assert set(r) == {"dflash", "eagle3", "dspark", "dspark-nested"}, r
+    return p, json.loads(p.stdout[start:]), tmp / "c"
+
+
+# the engine tier: SGLang's own drafter classes build and load the exports (SGLang decides)
+@pytest.mark.engine
+def test_specforge_exports_load_in_sglangs_drafter_classes(contract):
+    p, r, _ = contract
+    assert set(r) == {"dflash", "eagle3", "dspark", "dspark-nested", "dspark-cap-accept"}, r
     for kind, cls in (("dflash", "DFlashDraftModel"), ("dspark", "DSparkDraftModel"),
                       ("eagle3", "LlamaForCausalLMEagle3")):  # fmt: skip
         x = r[kind]
@@ -55,7 +62,58 @@ def test_specforge_exports_load_in_sglangs_drafter_classes(tmp_path):
     for kind in ("dflash", "dspark"):
         assert r[kind]["block_size"] == 16 and r[kind]["mask_token_id"] is not None
     assert r["dspark-nested"]["refused_by_sglang"], r["dspark-nested"]
+    # the confidence head, built in a ragged-verify mode, is filled from the export too
+    cap = r["dspark-cap-accept"]
+    assert cap["gaps"] == [] and cap["loaded"] == cap["params"] == r["dspark"]["params"] + 2, cap
+    assert cap["confidence_head"] == ["confidence_head.proj.bias", "confidence_head.proj.weight"]
     assert p.returncode == 0, p.stdout[-2000:]
+
+
+@pytest.mark.engine
+@pytest.mark.parametrize("release", ["0.5.17", "0.5.23"])
+def test_dspark_config_reads_the_same_in_both_releases(contract, release, monkeypatch):
+    """SGLang 0.5.17 reads DSpark's Markov fields from `dspark_config` or the top level, 0.5.23
+    from `dflash_config` too; both build the heads from the top level. The export's config
+    (SpecForge's own, from `draft_config`) is read by each release's own config reader and head
+    builders (its source run by tests/release_code.py: 0.5.17's wheel, the venv's 0.5.23) to
+    the same DSpark config, and its heads' tensors fill each release's heads exactly; the
+    recipe's layout (fields under dflash_config only) is refused by both."""
+    import sglang
+    from release_code import dspark
+    from safetensors import safe_open
+    from transformers import AutoConfig
+
+    _, _, out = contract
+    if release == "0.5.17":
+        root = Path(_peer_root("HSDUMP_SGLANG0517_SRC")) / "sglang" / "srt"
+    else:
+        assert sglang.__version__ == "0.5.23"
+        root = Path(sglang.__file__).parent / "srt"
+    code = dspark(root)
+    served = out / "dspark" / "served"
+    cfg = AutoConfig.from_pretrained(served)
+    got = code["parse_dspark_draft_config"](draft_hf_config=cfg)
+    assert (got.markov_rank, got.markov_head_type, got.gamma) == (256, "vanilla", 16), got
+    assert got.target_layer_ids == [1, 2, 3, 4, 5] and got.mask_token_id == 1, got
+    with safe_open(str(served / "model.safetensors"), "pt") as f:
+        shapes = {k: list(f.get_slice(k).get_shape()) for k in f.keys()}
+
+    def filled(prefix, head):
+        want = {k[len(prefix) :]: v for k, v in shapes.items() if k.startswith(prefix)}
+        return want and want == {k: list(v.shape) for k, v in head.state_dict().items()}
+
+    assert filled("markov_head.", code["build_markov_head"](cfg))
+    monkeypatch.delenv("SGLANG_RAGGED_VERIFY_MODE", raising=False)  # the default: static
+    assert code["build_confidence_head"](cfg) is None  # no head; its tensors are skipped
+    monkeypatch.setenv("SGLANG_RAGGED_VERIFY_MODE", "cap-accept")
+    assert filled("confidence_head.", code["build_confidence_head"](cfg))
+    # the recipe's layout: 0.5.17's reader finds no Markov rank there, 0.5.23's finds it under
+    # dflash_config; both build the head from the top level only, and refuse
+    nested = AutoConfig.from_pretrained(out / "dspark" / "nested")
+    rank = code["parse_dspark_draft_config"](draft_hf_config=nested).markov_rank
+    assert rank == (0 if release == "0.5.17" else 256)
+    with pytest.raises(ValueError, match="markov_rank"):
+        code["build_markov_head"](nested)
 
 
 # the slow tier (SpecForge's own trainer runs: 36 s for DFlash, 66 s for DSpark on the CPU)
