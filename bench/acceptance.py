@@ -380,6 +380,20 @@ def heldout_ids(target: str, path: str, limit=None):
     return [r["id"] for r in rows], out
 
 
+def capped(outs, ver) -> dict:
+    """DSpark in cap-accept mode: SGLang reports per request the accept length its confidence
+    head's cap allowed (completion / verify steps, `accept_length`) and the one without the cap
+    (`spec_block_accept_length`), and the mean verify length it scheduled (`spec_cap_length`):
+    their totals over the requests, weighted by verify steps as SGLang's own are."""
+    out = {}
+    for key, name in (("spec_block_accept_length", "block_accept_length"),
+                      ("spec_cap_length", "cap_length")):  # fmt: skip
+        got = [(o["meta_info"].get(key), v) for o, v in zip(outs, ver)]
+        if v_sum := sum(v for x, v in got if x is not None):
+            out[name] = round(sum(x * v for x, v in got if x is not None) / v_sum, 4)
+    return out
+
+
 def _gen(eng, ids, sp, **kw):
     t = time.perf_counter()
     outs = eng.generate(input_ids=ids, sampling_params=sp, **kw)
@@ -463,6 +477,8 @@ def serve(a) -> int:
         from hsdump.capture.patch import prepare_process
 
         prepare_process("cpu")
+    if a.ragged_verify_mode:  # read by SGLang's processes (and cached): set before the engine
+        os.environ["SGLANG_RAGGED_VERIFY_MODE"] = a.ragged_verify_mode
     from sglang.srt.entrypoints.engine import Engine
 
     sids, prompts = heldout_ids(a.target, a.heldout, a.limit)
@@ -488,7 +504,8 @@ def serve(a) -> int:
     eng = Engine(**kw)
     start_s = time.perf_counter() - t0
     sp = {"temperature": 0.0, "max_new_tokens": a.max_new_tokens}
-    res = dict(name=a.name, drafter=a.drafter, engine_start_s=round(start_s, 1), engine=kw)
+    res = dict(name=a.name, drafter=a.drafter, engine_start_s=round(start_s, 1), engine=kw,
+               ragged_verify_mode=os.environ.get("SGLANG_RAGGED_VERIFY_MODE", "static"))  # fmt: skip
     try:
         _gen(eng, prompts[:4], sp)  # warm-up (kernels, graphs)
         if a.ready:
@@ -506,6 +523,7 @@ def serve(a) -> int:
             tokens_per_s=round(sum(comp) / wall, 1),
             spec_verify_ct=sum(ver),
             accept_length=round(sum(comp) / sum(ver), 4) if sum(ver) else None,
+            **capped(outs, ver),
         )
         n1 = min(a.batch1, len(prompts))
         tok1 = ver1 = 0
@@ -1063,6 +1081,13 @@ def main(argv=None) -> int:
     p.add_argument("--go")
     p.add_argument("--release")
     p.add_argument("--eager", action="store_true", help="no CUDA graphs")
+    p.add_argument(
+        "--ragged-verify-mode",
+        choices=("static", "cap-accept", "compact"),
+        help="SGLANG_RAGGED_VERIFY_MODE for this engine (DSpark: static, SGLang's default, "
+        "verifies every draft; cap-accept builds the confidence head, which caps each "
+        "request's accepted drafts; the uncapped count is kept as block_accept_length)",
+    )
     p.add_argument(
         "--margins",
         action="store_true",

@@ -773,6 +773,8 @@ def collate(res: Path) -> dict:
             algorithm=(r.get("engine") or {}).get("speculative_algorithm"),
             accept_length=r["batched"]["accept_length"],
             accept_length_batch1=r["batch1"]["accept_length"],
+            ragged_verify_mode=r.get("ragged_verify_mode", "static"),
+            block_accept_length=r["batched"].get("block_accept_length"),  # cap-accept: uncapped
             tokens_per_s_batch1=r["batch1"]["tokens_per_s"],
             tokens_per_s_batched=r["batched"]["tokens_per_s"],
             equal_to_plain=f"{same}/{len(outs)}",
@@ -824,6 +826,11 @@ def table(a) -> int:
     w = [max(len(str(r[i])) for r in lines) for i in range(len(head))]
     for r in lines:
         print("  ".join(str(c).ljust(w[i]) for i, c in enumerate(r)))
+    for x in out["rows"]:
+        if x.get("block_accept_length") is not None:
+            print(f"{x['variant']}: SGLANG_RAGGED_VERIFY_MODE={x['ragged_verify_mode']}: accept "
+                  f"{x['accept_length']:.3f} capped by its confidence head, "
+                  f"{x['block_accept_length']:.3f} without the cap")  # fmt: skip
     for x in out["rows"]:
         d = x.get("divergence") or {}
         for what, e in (("outputs", d), ("batch-1 outputs", d.get("batch1") or {})):
@@ -1037,7 +1044,7 @@ def run_all(a) -> int:  # noqa: C901 - one pipeline, read top to bottom
         serve_new_tokens=a.serve_new_tokens))  # fmt: skip
     P.save()
 
-    def serve_cmd(name, algorithm=None, drafter=None, eager=False):
+    def serve_cmd(name, algorithm=None, drafter=None, eager=False, extra=()):
         cmd = _py(HERE / "acceptance.py", "serve", "--target", target,
                   "--heldout", data / "heldout.jsonl", "--name", name,
                   "--json", P.res / f"serve-{name}.json",
@@ -1053,7 +1060,7 @@ def run_all(a) -> int:  # noqa: C901 - one pipeline, read top to bottom
             cmd.append("--margins")
         if eager or (drafter and a.eager_drafters):
             cmd.append("--eager")
-        return cmd
+        return cmd + list(extra)
 
     def serve_together(items, eager=False):
         """The engines start together (their start is not timed) and are timed one at a time
@@ -1068,8 +1075,8 @@ def run_all(a) -> int:  # noqa: C901 - one pipeline, read top to bottom
         gate.mkdir(parents=True)
         todo = [it for it in items if not (P.res / f"serve-{it[0]}.json").exists()]
         ts = {}
-        for name, algorithm, drafter in todo:
-            cmd = [*serve_cmd(name, algorithm, drafter, eager), "--ready", gate / f"ready-{name}",
+        for name, algorithm, drafter, *more in todo:
+            cmd = [*serve_cmd(name, algorithm, drafter, eager, *more), "--ready", gate / f"ready-{name}",
                    "--go", gate / f"go-{name}", "--release", gate / "release"]  # fmt: skip
             step = f"serve-{name}" + ("-eager" if eager and drafter else "")
             ts[name] = acc._thread(run, step, cmd, env, None, False)[0]
@@ -1229,6 +1236,11 @@ def run_all(a) -> int:  # noqa: C901 - one pipeline, read top to bottom
         for t, _ in [acc._thread(finish, n) for n in names]:
             t.join()
         names = {n: v for n, v in names.items() if (w / "served" / n / "config.json").exists()}
+        if kind == "dspark" and f"{kind}-default" in names and not a.no_cap_accept:
+            # its confidence head at work: SGLang builds it in cap-accept mode only, where it
+            # caps each request's accepted drafts (the static rows verify every draft)
+            extra.append((f"{kind}-default-cap_accept", ALGORITHM[kind],
+                          w / "served" / f"{kind}-default", ["--ragged-verify-mode", "cap-accept"]))  # fmt: skip
         if not cpu:  # the plain target (every row's reference) with the first kind
             items = [("plain", None, None)] + [
                 (n, ALGORITHM[kind], w / "served" / n) for n in names] + extra  # fmt: skip
@@ -1541,6 +1553,12 @@ def main(argv=None) -> int:
         help="no CUDA graphs for the drafters' engines (default: graphs, eager if they fail)",
     )
     p.add_argument("--keep-exports", action="store_true")
+    p.add_argument(
+        "--no-cap-accept",
+        action="store_true",
+        help="DSpark: skip serving the drafter again in SGLang's cap-accept mode (its "
+        "confidence head capping each request's accepted drafts)",
+    )
     p.add_argument(
         "--no-template-control",
         action="store_true",

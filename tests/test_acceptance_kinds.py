@@ -240,7 +240,12 @@ def test_table_pairs_each_drafter_with_its_controls(tmp_path):
         "eagle3-specforge": _serve([15 + i % 2 for i in range(12)], steps, "EAGLE3"),
         "eagle3-speculators": _serve([18] * 12, steps, "EAGLE3"),
         "dflash-layer_off": _serve([5] * 12, steps, "DFLASH"),  # no drafter row: no line
+        # DSpark's drafter again in cap-accept mode: a row of its own, no pair
+        "dspark-default-cap_accept": dict(
+            _serve([12] * 12, steps, "DSPARK"), ragged_verify_mode="cap-accept"
+        ),  # fmt: skip
     }
+    runs["dspark-default-cap_accept"]["batched"]["block_accept_length"] = 1.5
     for name, r in runs.items():
         (res / f"serve-{name}.json").write_text(json.dumps(r))
     out = tmp_path / "table.json"
@@ -263,6 +268,23 @@ def test_table_pairs_each_drafter_with_its_controls(tmp_path):
         assert 0 < x["ci95"][0] <= x["ci95"][1], (k, x)
         assert x["prompts"] == 12 and x["prompts_default_higher"] == 12
     assert "eagle3-specforge: drafter - control" in p.stdout
+    cap = next(r for r in t["rows"] if r["variant"] == "dspark-default-cap_accept")
+    assert cap["ragged_verify_mode"] == "cap-accept" and cap["block_accept_length"] == 1.5
+    assert cap["accept_length"] == 1.2 and "1.200 capped by its confidence head" in p.stdout
+    assert {r["ragged_verify_mode"] for r in t["rows"] if r is not cap} == {"static"}
+
+
+def test_cap_accept_totals_weigh_requests_by_verify_steps():
+    """acceptance.py serve's `capped`: SGLang's per-request cap-accept figures (uncapped accept
+    length, scheduled verify length, each per verify step) summed as SGLang's own totals are."""
+    sys.path.insert(0, str(ROOT / "bench"))
+    import acceptance
+
+    outs = [{"meta_info": {"spec_block_accept_length": 2.0, "spec_cap_length": 4.0}},
+            {"meta_info": {"spec_block_accept_length": 1.0, "spec_cap_length": 2.0}},
+            {"meta_info": {}}]  # fmt: skip
+    assert acceptance.capped(outs, [10, 30, 5]) == {"block_accept_length": 1.25, "cap_length": 2.5}
+    assert acceptance.capped([{"meta_info": {}}], [3]) == {}  # static: nothing added
 
 
 def test_disk_plan_refuses_a_run_the_hosts_disk_cannot_hold(tmp_path):
