@@ -277,8 +277,13 @@ def test_table_pairs_each_drafter_with_its_controls(tmp_path):
 def test_cap_accept_totals_weigh_requests_by_verify_steps():
     """acceptance.py serve's `capped`: SGLang's per-request cap-accept figures (uncapped accept
     length, scheduled verify length, each per verify step) summed as SGLang's own totals are."""
-    sys.path.insert(0, str(ROOT / "bench"))
-    import acceptance
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(
+        "bench_acceptance", ROOT / "bench" / "acceptance.py"
+    )
+    acceptance = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(acceptance)  # from its file: no bench/ on sys.path
 
     outs = [{"meta_info": {"spec_block_accept_length": 2.0, "spec_cap_length": 4.0}},
             {"meta_info": {"spec_block_accept_length": 1.0, "spec_cap_length": 2.0}},

@@ -4,16 +4,19 @@ durability; `same_host_session` only when both name the same host, boot and call
 reports are built here in the shape bench/bench.py and reference_capture.py speed write (both
 record `ids_digest` of their prompts and `host_identity()`); the scripts run as scripts."""
 
+import importlib.util
 import json
 import subprocess
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "bench"))
-import speed_pair  # noqa: E402
+from hsdump.testing import models
 
-from hsdump.testing import models  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
+# loaded from its file: bench/ on sys.path would shadow modules for the worker's later tests
+_spec = importlib.util.spec_from_file_location("bench_speed_pair", ROOT / "bench" / "speed_pair.py")
+speed_pair = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(speed_pair)
 
 
 def reports(ids, sf_ids=None, *, fsync=True, sf_backend="triton", sf_session="call-1"):
