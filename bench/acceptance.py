@@ -380,20 +380,6 @@ def heldout_ids(target: str, path: str, limit=None):
     return [r["id"] for r in rows], out
 
 
-def capped(outs, ver) -> dict:
-    """DSpark in cap-accept mode: SGLang reports per request the accept length its confidence
-    head's cap allowed (completion / verify steps, `accept_length`) and the one without the cap
-    (`spec_block_accept_length`), and the mean verify length it scheduled (`spec_cap_length`):
-    their totals over the requests, weighted by verify steps as SGLang's own are."""
-    out = {}
-    for key, name in (("spec_block_accept_length", "block_accept_length"),
-                      ("spec_cap_length", "cap_length")):  # fmt: skip
-        got = [(o["meta_info"].get(key), v) for o, v in zip(outs, ver)]
-        if v_sum := sum(v for x, v in got if x is not None):
-            out[name] = round(sum(x * v for x, v in got if x is not None) / v_sum, 4)
-    return out
-
-
 def _gen(eng, ids, sp, **kw):
     t = time.perf_counter()
     outs = eng.generate(input_ids=ids, sampling_params=sp, **kw)
@@ -523,7 +509,6 @@ def serve(a) -> int:
             tokens_per_s=round(sum(comp) / wall, 1),
             spec_verify_ct=sum(ver),
             accept_length=round(sum(comp) / sum(ver), 4) if sum(ver) else None,
-            **capped(outs, ver),
         )
         n1 = min(a.batch1, len(prompts))
         tok1 = ver1 = 0
@@ -551,6 +536,12 @@ def serve(a) -> int:
             res["margins_run_equal"] = f"{same}/{len(outs)}"
         # completion tokens and verify steps, per prompt
         res["per_prompt"] = {str(s): [c, v] for s, c, v in zip(sids, comp, ver)}
+        # DSpark in cap-accept: per prompt, the accept length without its confidence head's cap
+        # and the mean verify length it scheduled (SGLang's, each per verify step)
+        cap = {str(s): [o["meta_info"].get(k) for k in ("spec_block_accept_length", "spec_cap_length")]
+               for s, o in zip(sids, outs)}  # fmt: skip
+        if any(x is not None for v in cap.values() for x in v):
+            res["per_prompt_cap"] = cap
         Path(a.json).parent.mkdir(parents=True, exist_ok=True)
         tmp = Path(a.json).with_suffix(".tmp")
         tmp.write_text(json.dumps(res) + "\n")

@@ -748,6 +748,19 @@ def contract(a) -> int:
 
 
 # ------------------------------------------------------------------------------ table
+def capped(r: dict) -> dict:
+    """DSpark in cap-accept mode (a served run's `per_prompt_cap`): SGLang's per-request accept
+    length without the confidence head's cap and scheduled verify length, each per verify step,
+    summed over the prompts weighted by their verify steps (as SGLang's own totals are)."""
+    out = dict(block_accept_length=None, cap_length=None)
+    cap, per = r.get("per_prompt_cap") or {}, r.get("per_prompt") or {}
+    for i, name in enumerate(("block_accept_length", "cap_length")):
+        got = [(x[i], per[k][1]) for k, x in cap.items() if k in per and x[i] is not None]
+        if v_sum := sum(v for _, v in got):
+            out[name] = round(sum(x * v for x, v in got) / v_sum, 4)
+    return out
+
+
 def collate(res: Path) -> dict:
     """One row per served engine; the plain run (same CUDA-graph setting) is the reference
     of `equal_to_plain` and of the speed-ups; per kind, drafter minus control per prompt."""
@@ -774,7 +787,7 @@ def collate(res: Path) -> dict:
             accept_length=r["batched"]["accept_length"],
             accept_length_batch1=r["batch1"]["accept_length"],
             ragged_verify_mode=r.get("ragged_verify_mode", "static"),
-            block_accept_length=r["batched"].get("block_accept_length"),  # cap-accept: uncapped
+            **capped(r),
             tokens_per_s_batch1=r["batch1"]["tokens_per_s"],
             tokens_per_s_batched=r["batched"]["tokens_per_s"],
             equal_to_plain=f"{same}/{len(outs)}",

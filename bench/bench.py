@@ -63,8 +63,9 @@ import traceback
 from pathlib import Path
 from typing import Dict, List, Optional
 
-import speed_pair  # bench/, beside this file
 import torch
+
+from hsdump.testing import models, speed
 
 HERE = Path(__file__).resolve().parent
 
@@ -824,7 +825,7 @@ def environment(device: str) -> dict:
             env[pkg] = None
     if device == "cuda":
         env["gpu"] = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
-    env["host"] = speed_pair.host_identity()  # host, boot and HSDUMP_SPEED_SESSION
+    env["host"] = speed.host_identity()  # host, boot and HSDUMP_SPEED_SESSION
     try:
         with open("/proc/cpuinfo") as f:
             env["cpu_model"] = re.search(r"model name\s*:\s*(.*)", f.read()).group(1)
@@ -1018,8 +1019,13 @@ def main(argv=None) -> int:
                     )
                 )
                 lens = [seq] * n
-                g = torch.Generator().manual_seed(1234 + seq)
-            samples = [torch.randint(10, vocab, (m,), generator=g).tolist() for m in lens]
+                g = torch.Generator().manual_seed(4321 + seq)  # the warm-up's ids
+            # fixed lengths: models.bench_ids, the ids another tool is given to time the same
+            samples = (
+                [torch.randint(10, vocab, (m,), generator=g).tolist() for m in lens]
+                if seq == "sharegpt"
+                else models.bench_ids(n, seq, vocab)
+            )
             w_len = 2048 if seq == "sharegpt" else seq
             warm_n = max(2, 32768 // w_len) if gpu else 4
             warm = [torch.randint(10, vocab, (w_len,), generator=g).tolist() for _ in range(warm_n)]
@@ -1038,7 +1044,7 @@ def main(argv=None) -> int:
                 "weights": args.weights,
                 "tp": tp,
                 "tokens": loads[-1].tokens,
-                "ids_sha256": speed_pair.ids_digest(samples),  # what bench/speed_pair.py pairs on
+                "ids_sha256": speed.ids_digest(samples),  # what bench/speed_pair.py pairs on
                 "repeat": repeat,
                 "model_build_s": build_s,
             }

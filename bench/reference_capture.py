@@ -232,10 +232,8 @@ def cmd_speed(a) -> int:
     SGLang ids, batch `--batch`, each record fsynced (`--no-fsync`: as SpecForge writes them);
     writes its records under WORK/records and prints the worker's timing (tokens/s steady and
     whole run, bytes, files). `bench/speed_pair.py` pairs its JSON with bench.py's."""
-    import speed_pair
-
     from hsdump.capture.layers import eagle3_default
-    from hsdump.testing import models
+    from hsdump.testing import models, speed
 
     work = Path(a.work)
     work.mkdir(parents=True, exist_ok=True)
@@ -277,10 +275,10 @@ def cmd_speed(a) -> int:
         "shape": a.shape,
         "hf_hidden_states_index": hf_index,
         "sglang_layer_ids": layers,
-        "ids_sha256": speed_pair.ids_digest(rows),
+        "ids_sha256": speed.ids_digest(rows),
         "versions": state.get("versions"),
         "server_args": state.get("server_args"),
-        "host": speed_pair.host_identity(),
+        "host": speed.host_identity(),
         "gpu": state.get("gpu"),
         "timing": t,
     }

@@ -2,21 +2,16 @@
 file only when the two runs timed the same prompt ids, count, layers, attention backend and
 durability; `same_host_session` only when both name the same host, boot and call. The runs'
 reports are built here in the shape bench/bench.py and reference_capture.py speed write (both
-record `ids_digest` of their prompts and `host_identity()`); the scripts run as scripts."""
+record `ids_digest` of their prompts and `host_identity()`, hsdump.testing.speed); the script
+runs as a script."""
 
-import importlib.util
 import json
 import subprocess
 import sys
-from pathlib import Path
 
-from hsdump.testing import models
+from factories import ROOT
 
-ROOT = Path(__file__).resolve().parents[1]
-# loaded from its file: bench/ on sys.path would shadow modules for the worker's later tests
-_spec = importlib.util.spec_from_file_location("bench_speed_pair", ROOT / "bench" / "speed_pair.py")
-speed_pair = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(speed_pair)
+from hsdump.testing import models, speed
 
 
 def reports(ids, sf_ids=None, *, fsync=True, sf_backend="triton", sf_session="call-1"):
@@ -27,7 +22,7 @@ def reports(ids, sf_ids=None, *, fsync=True, sf_backend="triton", sf_session="ca
         "engine_config": {"attention_backend": "triton", "disable_cuda_graph": True},
         "runs": {"llama8b:2048": {
             "model": "llama8b", "seq": 4, "samples": len(ids), "layers": [2, 16, 29],
-            "weights": "dummy", "ids_sha256": speed_pair.ids_digest(ids),
+            "weights": "dummy", "ids_sha256": speed.ids_digest(ids),
             "a": {"tokens_per_s": 40000.0},
             "b": {"b": {"tokens_per_s": 38000.0, "tokens": 4 * len(ids), "wall_s": 1.0}},
         }},
@@ -35,7 +30,7 @@ def reports(ids, sf_ids=None, *, fsync=True, sf_backend="triton", sf_session="ca
     sf_ids = ids if sf_ids is None else sf_ids
     sf = {
         "shape": "llama8b", "hf_hidden_states_index": [2, 16, 29],
-        "sglang_layer_ids": [1, 15, 28], "ids_sha256": speed_pair.ids_digest(sf_ids),
+        "sglang_layer_ids": [1, 15, 28], "ids_sha256": speed.ids_digest(sf_ids),
         "server_args": {"attention_backend": sf_backend}, "gpu": "NVIDIA H200",
         "versions": {"specforge": "0.2.0", "sglang": "0.5.14"},
         "host": dict(host, session=sf_session),
@@ -74,7 +69,7 @@ def test_a_pair_is_one_file_with_both_rates(tmp_path):
 def test_what_differs_is_refused_by_name(tmp_path):
     ids = models.bench_ids(3, 4, 100)
     other = models.bench_ids(3, 4, 101)  # other ids: a different digest
-    assert speed_pair.ids_digest(ids) != speed_pair.ids_digest(other)
+    assert speed.ids_digest(ids) != speed.ids_digest(other)
     p, out = run(tmp_path, *reports(ids, other))
     assert p.returncode != 0 and "prompt ids" in p.stderr and not out.exists()
     p, _ = run(tmp_path, *reports(ids, ids[:2]))
@@ -90,16 +85,3 @@ def test_another_call_is_not_the_same_session(tmp_path):
     p, out = run(tmp_path, *reports(ids, sf_session="call-2"))
     assert p.returncode == 0, p.stderr
     assert json.loads(out.read_text())["same_host_session"] is False
-
-
-def test_bench_ids_are_bench_pys_fixed_length_samples():
-    """The ids reference_capture.py speed gives SpecForge are those bench.py times: its
-    generator (seed 1234 + seq) and range (10 .. vocab - 1), read from bench.py's own source."""
-    src = (ROOT / "bench" / "bench.py").read_text()
-    assert "g = torch.Generator().manual_seed(1234 + seq)" in src
-    assert "samples = [torch.randint(10, vocab, (m,), generator=g).tolist() for m in lens]" in src
-    import torch
-
-    g = torch.Generator().manual_seed(1234 + 8)
-    want = [torch.randint(10, 500, (m,), generator=g).tolist() for m in [8] * 3]
-    assert models.bench_ids(3, 8, 500) == want

@@ -234,9 +234,9 @@ BENCH_KW = {"dsv3-small": {"num_layers": 8}, "llama-small": {"num_layers": 8}}
 
 
 def bench_ids(n: int, seq: int, vocab: int):
-    """The `n` prompts of `seq` random ids that bench/bench.py times at a fixed length (its
-    generator seeded 1234 + seq, ids 10 .. vocab - 1): what another tool's run is given to
-    time the same prompts (bench/reference_capture.py speed)."""
+    """The `n` prompts of `seq` random ids (generator seeded 1234 + seq, ids 10 .. vocab - 1)
+    that bench/bench.py times at a fixed length, and bench/reference_capture.py speed gives
+    SpecForge's capture to time the same prompts."""
     import torch
 
     g = torch.Generator().manual_seed(1234 + seq)
