@@ -29,6 +29,16 @@ def test_bad_layers_are_refused_with_the_fix(layers, needle):
     assert "capture.layers" in str(e.value)
 
 
+def test_a_default_too_wide_for_a_shallow_model_names_the_fix():
+    """EAGLE-3's default [2, L // 2, L - 3] repeats a layer below 7 layers: refused with the
+    layers to name instead (the user wrote none)."""
+    with pytest.raises(ValueError) as e:
+        resolve_layers(None, None, 6)
+    assert "EAGLE-3 default=[2, 3, 3]" in str(e.value) and "6-layer model" in str(e.value)
+    assert "capture.layers='[2, 3]'" in str(e.value)
+    assert resolve_layers([2, 3], None, 6) == [2, 3]  # the fix it names is accepted
+
+
 def test_model_info_from_config(tmp_path):
     (tmp_path / "config.json").write_text(
         json.dumps(

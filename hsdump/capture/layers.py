@@ -91,6 +91,12 @@ def resolve_layers(
             f"capture.layers='{eagle3_default(num_layers)}'"
         )
     if len(set(out)) != len(out):
+        if layers is None:  # a default the user did not write: the model is too shallow for it
+            raise Refusal(
+                f"{source}={out} repeats a layer: a {num_layers}-layer model is too shallow for "
+                f"its spread; name the layers, each once, e.g. "
+                f"capture.layers='{sorted(set(out))}'"
+            )
         raise Refusal(f"{source}={out} repeats a layer; list each index once")
     bad = [k for k in out if not 1 <= k <= num_layers - 1]
     if bad:
