@@ -176,6 +176,12 @@ def test_stack_install_and_env(tmp_path, stack):
     # the speed pair needs SpecForge's own stack too: refused before anything runs
     p = host(repo, ht, "speedpair", stack=stack)
     assert "run stash514 and install514 first" in steps_of(ht)["speedpair"]["note"], p.stdout
+    # 0.5.17's EAGLE-3 graphs: .whl-gemm/ stashed by `gemm`, put into the stack's site by install
+    tiny_wheel(repo / ".whl-gemm")
+    p = host(repo, ht, "gemm", "install", stack=stack)
+    assert steps_of(ht)["gemm"]["rc"] == 0 and steps_of(ht)["install"]["rc"] == 0, p.stdout
+    assert (site / "tinypkg" / "__init__.py").exists()
+    assert "sgl-deep-gemm installed into" in (ht / "out" / "install.log").read_text()
 
 
 def test_bg_run_copies_the_checkout_and_poll_brings_it_back(tmp_path):

@@ -26,6 +26,11 @@
 # of 2026-12-03 failed there: No module named 'flash_mla'). 9.9 MB, a folder of its own so that
 # it can travel beside a smaller part; `run-0523.sh mla` stashes it, `install` puts it into
 # /tmp/site523 with --no-deps.
+# Also .whl-gemm/ (ignored): sgl-deep-gemm 0.1.5.post1 (4.8 MB; requires apache-tvm-ffi 0.1.11,
+# which the 0517 bundle has), for SGLang 0.5.17, whose EAGLE-3 worker builds its draft CUDA graphs
+# through deep_gemm (the 2026-12-01 acceptance run carried it beside the bundle; without it the
+# drafters fell back to eager). `run-0517.sh gemm` stashes it, `install` puts it into
+# /tmp/site517 with --no-deps (the 0523 bundle has its own sgl-deep-gemm 0.2.3.post2).
 set -euo pipefail
 ROOT=$(git rev-parse --show-toplevel); cd "$ROOT"
 PY=${PYTHON:-python3}
@@ -41,5 +46,11 @@ git check-ignore -q .whl-mla/x.whl || { echo ".whl-mla/ is not ignored by git" >
 "$PY" -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
   --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
   -d .whl-mla "sgl-flash-mla==1.0.0"
-ls -la .whl-sf .whl-mla
-du -sh .whl-sf .whl-mla
+mkdir -p .whl-gemm
+grep -qx '/.whl-gemm/' .git/info/exclude 2>/dev/null || git check-ignore -q .whl-gemm || echo '/.whl-gemm/' >> .git/info/exclude
+git check-ignore -q .whl-gemm/x.whl || { echo ".whl-gemm/ is not ignored by git" >&2; exit 1; }
+"$PY" -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+  --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
+  -d .whl-gemm "sgl-deep-gemm==0.1.5.post1"
+ls -la .whl-sf .whl-mla .whl-gemm
+du -sh .whl-sf .whl-mla .whl-gemm

@@ -28,6 +28,9 @@
 #   mla          copy .whl-mla/ (make-specforge-wheels.sh: sgl-flash-mla 1.0.0, which the bundle
 #                lacks and SGLang 0.5.23's EAGLE-3 CUDA graphs import) into /tmp/gpu523-parts/whl-mla;
 #                install puts it into /tmp/site523 (9.9 MB: carry it beside a part under 50 MB)
+#   gemm         copy .whl-gemm/ (make-specforge-wheels.sh: sgl-deep-gemm 0.1.5.post1, 4.8 MB, for
+#                SGLang 0.5.17's EAGLE-3 draft CUDA graphs) into the stack's parts folder; install
+#                puts it into the stack's site (run it with run-0517.sh, before install)
 #   install      rebuild + install the bundle into /tmp/site523 (skipped when already there),
 #                the checkout's .whl/ into /tmp/site2, our sitecustomize into /tmp/site523
 #   import       tools/offline_host/import_check.py -> $OUT/import.json
@@ -127,7 +130,7 @@ SHARE_TOKENS=${SHARE_TOKENS:-65536}
 BG=$HT/gpu523-bg                  # the bg run's OUT, pid (= its session id) and log
 BGREPO=$HT/gpu-bg-repo            # the bg run's own copy of the checkout (a later call's sync
                                    # of the working tree cannot change what it runs)
-STEPS=" stash stash514 install514 import514 smollm2 mla install import pytest probe kimi bench8b sfspeed speedpair check acck bg collect poll stop env together "   # an argument that is none of these is the step's own
+STEPS=" stash stash514 install514 import514 smollm2 mla gemm install import pytest probe kimi bench8b sfspeed speedpair check acck bg collect poll stop env together "   # an argument that is none of these is the step's own
 # SHARE_GPU=1 (set by `together` for its children): cap every engine's KV pool (see together)
 SHARE_OVR=()
 if [ "${SHARE_GPU:-0}" = 1 ]; then
@@ -263,6 +266,12 @@ do_install() {
         "$PARTS"/whl-mla/*.whl >> "$OUT/install.log" 2>&1 \
         && echo "[run-0523] sgl-flash-mla installed into $SITE" >> "$OUT/install.log" || rc=$?
     fi
+    # sgl-deep-gemm (the gemm step), --no-deps into the bundle's site: skipped when it is there
+    if ls "$PARTS"/whl-gemm/*.whl > /dev/null 2>&1 && [ ! -d "$SITE/deep_gemm" ]; then
+      python3 -m pip install -q --no-index --no-deps --no-compile --target "$SITE" \
+        "$PARTS"/whl-gemm/*.whl >> "$OUT/install.log" 2>&1 \
+        && echo "[run-0523] sgl-deep-gemm installed into $SITE" >> "$OUT/install.log" || rc=$?
+    fi
     if [ ! -f "$SITE2/.done" ]; then
       echo "[run-0523] nothing installed in $SITE2: put .whl/ (make-whl.sh) in the checkout"
       [ $rc -eq 0 ] && rc=3
@@ -384,6 +393,14 @@ print('torch', torch.__version__, 'sglang', sglang.__version__, 'transformers', 
         record mla $? $(( $(date +%s) - t )) "$(ls "$PARTS"/whl-mla) stashed"
       else
         record mla 1 0 ".whl-mla/ is not in the checkout (make-specforge-wheels.sh)"
+      fi ;;
+    gemm)
+      t=$(date +%s); mkdir -p "$PARTS/whl-gemm"
+      if ls .whl-gemm/*.whl > /dev/null 2>&1; then
+        cp -a .whl-gemm/*.whl "$PARTS/whl-gemm/"
+        record gemm $? $(( $(date +%s) - t )) "$(ls "$PARTS"/whl-gemm) stashed"
+      else
+        record gemm 1 0 ".whl-gemm/ is not in the checkout (make-specforge-wheels.sh)"
       fi ;;
     install)
       do_install || { echo "[run-0523] install failed: stopping"; break; } ;;
