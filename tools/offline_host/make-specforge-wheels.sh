@@ -40,17 +40,15 @@ git check-ignore -q .whl-sf/x.whl || { echo ".whl-sf/ is not ignored by git" >&2
 "$PY" -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation py \
   -d .whl-sf "specforge==0.2.0" "accelerate==1.15.0" "speculators==0.9.0" "hs-connectors==0.9.0" \
   "pydantic-settings==2.16.3" "python-dotenv==1.2.4"
-mkdir -p .whl-mla
-grep -qx '/.whl-mla/' .git/info/exclude 2>/dev/null || git check-ignore -q .whl-mla || echo '/.whl-mla/' >> .git/info/exclude
-git check-ignore -q .whl-mla/x.whl || { echo ".whl-mla/ is not ignored by git" >&2; exit 1; }
-"$PY" -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
-  --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
-  -d .whl-mla "sgl-flash-mla==1.0.0"
-mkdir -p .whl-gemm
-grep -qx '/.whl-gemm/' .git/info/exclude 2>/dev/null || git check-ignore -q .whl-gemm || echo '/.whl-gemm/' >> .git/info/exclude
-git check-ignore -q .whl-gemm/x.whl || { echo ".whl-gemm/ is not ignored by git" >&2; exit 1; }
-"$PY" -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
-  --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
-  -d .whl-gemm "sgl-deep-gemm==0.1.5.post1"
+kernel() {   # FOLDER REQ: a cp312 kernel wheel of its own (ignored) folder, carried beside a part
+  mkdir -p "$1"
+  grep -qx "/$1/" .git/info/exclude 2>/dev/null || git check-ignore -q "$1" || echo "/$1/" >> .git/info/exclude
+  git check-ignore -q "$1/x.whl" || { echo "$1/ is not ignored by git" >&2; exit 1; }
+  "$PY" -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+    --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
+    -d "$1" "$2"
+}
+kernel .whl-mla "sgl-flash-mla==1.0.0"
+kernel .whl-gemm "sgl-deep-gemm==0.1.5.post1"
 ls -la .whl-sf .whl-mla .whl-gemm
 du -sh .whl-sf .whl-mla .whl-gemm

@@ -260,18 +260,9 @@ do_install() {
     fi
     install_sf >> "$OUT/install.log" 2>&1 || rc=$?   # SpecForge 0.2.0 for `acck`
     install_smollm2 >> "$OUT/install.log" 2>&1 || rc=$?
-    # sgl-flash-mla (the mla step), --no-deps into the bundle's site: skipped when it is there
-    if ls "$PARTS"/whl-mla/*.whl > /dev/null 2>&1 && [ ! -d "$SITE/flash_mla" ]; then
-      python3 -m pip install -q --no-index --no-deps --no-compile --target "$SITE" \
-        "$PARTS"/whl-mla/*.whl >> "$OUT/install.log" 2>&1 \
-        && echo "[run-0523] sgl-flash-mla installed into $SITE" >> "$OUT/install.log" || rc=$?
-    fi
-    # sgl-deep-gemm (the gemm step), --no-deps into the bundle's site: skipped when it is there
-    if ls "$PARTS"/whl-gemm/*.whl > /dev/null 2>&1 && [ ! -d "$SITE/deep_gemm" ]; then
-      python3 -m pip install -q --no-index --no-deps --no-compile --target "$SITE" \
-        "$PARTS"/whl-gemm/*.whl >> "$OUT/install.log" 2>&1 \
-        && echo "[run-0523] sgl-deep-gemm installed into $SITE" >> "$OUT/install.log" || rc=$?
-    fi
+    # the kernel wheels the bundle leaves out (the mla and gemm steps), --no-deps into its site
+    install_kernel mla flash_mla sgl-flash-mla || rc=$?
+    install_kernel gemm deep_gemm sgl-deep-gemm || rc=$?
     if [ ! -f "$SITE2/.done" ]; then
       echo "[run-0523] nothing installed in $SITE2: put .whl/ (make-whl.sh) in the checkout"
       [ $rc -eq 0 ] && rc=3
@@ -296,6 +287,23 @@ install_smollm2() {   # the stashed .smollm2 parts -> /tmp/site2 (skipped when i
   fi
   python3 -m pip install -q --no-index --no-deps --no-compile --target "$SITE2" "$HT/$name" \
     && rm -f "$HT/$name" && echo "[run-0523] smollm2: $name installed into $SITE2"
+}
+
+stash_kernel() {   # mla | gemm: .whl-NAME/ of the checkout -> $PARTS/whl-NAME (install takes it)
+  local name=$1 t=$(date +%s); mkdir -p "$PARTS/whl-$name"
+  if ls ".whl-$name"/*.whl > /dev/null 2>&1; then
+    cp -a ".whl-$name"/*.whl "$PARTS/whl-$name/"
+    record "$name" $? $(( $(date +%s) - t )) "$(ls "$PARTS/whl-$name") stashed"
+  else
+    record "$name" 1 0 ".whl-$name/ is not in the checkout (make-specforge-wheels.sh)"
+  fi
+}
+
+install_kernel() {   # NAME MODULE LABEL: $PARTS/whl-NAME into $SITE, skipped when MODULE is there
+  ls "$PARTS/whl-$1"/*.whl > /dev/null 2>&1 && [ ! -d "$SITE/$2" ] || return 0
+  python3 -m pip install -q --no-index --no-deps --no-compile --target "$SITE" \
+    "$PARTS/whl-$1"/*.whl >> "$OUT/install.log" 2>&1 \
+    && echo "[run-0523] $3 installed into $SITE" >> "$OUT/install.log"
 }
 
 installed() {
@@ -386,22 +394,8 @@ print('torch', torch.__version__, 'sglang', sglang.__version__, 'transformers', 
         record "smollm2-$1" 1 0 ".smollm2/p$1 is not in the checkout (make-smollm2.sh)"
       fi
       shift ;;
-    mla)
-      t=$(date +%s); mkdir -p "$PARTS/whl-mla"
-      if ls .whl-mla/*.whl > /dev/null 2>&1; then
-        cp -a .whl-mla/*.whl "$PARTS/whl-mla/"
-        record mla $? $(( $(date +%s) - t )) "$(ls "$PARTS"/whl-mla) stashed"
-      else
-        record mla 1 0 ".whl-mla/ is not in the checkout (make-specforge-wheels.sh)"
-      fi ;;
-    gemm)
-      t=$(date +%s); mkdir -p "$PARTS/whl-gemm"
-      if ls .whl-gemm/*.whl > /dev/null 2>&1; then
-        cp -a .whl-gemm/*.whl "$PARTS/whl-gemm/"
-        record gemm $? $(( $(date +%s) - t )) "$(ls "$PARTS"/whl-gemm) stashed"
-      else
-        record gemm 1 0 ".whl-gemm/ is not in the checkout (make-specforge-wheels.sh)"
-      fi ;;
+    mla|gemm)
+      stash_kernel "$step" ;;
     install)
       do_install || { echo "[run-0523] install failed: stopping"; break; } ;;
     import|pytest|probe|kimi|bench8b|sfspeed|speedpair|check|acck)
