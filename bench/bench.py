@@ -545,6 +545,7 @@ def mode_hsdump(
     fp8_tokens: int = 0,
     on_partial=None,
     tp: int = 1,
+    final=(),
 ) -> dict:
     """Modes b0 (capture, rows dropped), b (capture + DatasetWriter to disk) and b8 (the same
     with storage fp8, if "fp8" is in `storages`), one engine. b8 runs on the first samples
@@ -556,9 +557,9 @@ def mode_hsdump(
 
     out = {"_engine": {"baseline": mon.reset()}}
     t0 = time.time()
-    eng = start(model_path, layers, ec, tp_size=tp, info=info)
+    eng = start(model_path, layers, ec, tp_size=tp, info=info, final=final)
     out["_engine"].update(engine_start_s=time.time() - t0, sglang=eng.version)
-    k_bytes = len(layers) * info.hidden_size * 2
+    k_bytes = (len(layers) + len(final)) * info.hidden_size * 2
     ds_dir = os.path.join(out_dir, "dataset")
     sid_base = [0]
 
@@ -569,7 +570,7 @@ def mode_hsdump(
     def to_disk(samples: List[List[int]], storage: str) -> dict:
         """Capture + DatasetWriter(dtype=storage), timed until close() has committed all."""
         tokens = sum(len(x) for x in samples)
-        manifest = rows_manifest(model_path, layers, info, storage_dtype=storage)
+        manifest = rows_manifest(model_path, layers, info, storage_dtype=storage, final=final)
         idle = mon.reset()
         walls, details = [], []
         for _ in range(repeat):
@@ -915,7 +916,17 @@ def main(argv=None) -> int:
         "max_position_embeddings (131,072 for llama8b) for samples of 128K tokens and more; "
         "SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN=1 is set for it",
     )
+    ap.add_argument(
+        "--final",
+        default="",
+        help="comma list of final states mode b captures beside the layers (pre_norm, "
+        "post_norm): a capture with EAGLE-3's training target, as SpecForge's records hold it",
+    )
     args = ap.parse_args(argv)
+    final = tuple(x for x in args.final.split(",") if x)
+    bad = [x for x in final if x not in ("pre_norm", "post_norm")]
+    if bad:
+        ap.error(f"--final {args.final}: {bad} is not a final state (pre_norm, post_norm)")
     if args.tp < 1:
         ap.error(f"--tp {args.tp}: must be >= 1")
     tp = args.tp
@@ -1041,6 +1052,7 @@ def main(argv=None) -> int:
                 "samples": n,
                 "samples_builtin": nc,
                 "layers": layers,
+                "final": list(final),
                 "weights": args.weights,
                 "tp": tp,
                 "tokens": loads[-1].tokens,
@@ -1090,6 +1102,7 @@ def main(argv=None) -> int:
                         args.fp8_tokens,
                         partial,
                         tp,
+                        final,
                     )
                 if mode == "c":
                     return mode_builtin(

@@ -37,21 +37,32 @@ def main(argv=None) -> int:
     ap.add_argument("--hsdump", required=True, help="bench/bench.py's report (mode b)")
     ap.add_argument("--specforge", required=True, help="reference_capture.py speed --json")
     ap.add_argument("--out", required=True)
+    ap.add_argument(
+        "--allow-unequal-data",
+        action="store_true",
+        help="pair runs that wrote different states a token (the file says so, and keeps the "
+        "rate per byte beside the ratio)",
+    )
     a = ap.parse_args(argv)
     try:
         res = pair(hsdump_side(json.loads(Path(a.hsdump).read_text())),
-                   specforge_side(json.loads(Path(a.specforge).read_text())))  # fmt: skip
+                   specforge_side(json.loads(Path(a.specforge).read_text())),
+                   allow_unequal_data=a.allow_unequal_data)  # fmt: skip
     except NotAPair as e:
         raise SystemExit(f"speed_pair: {e}") from None
     tmp = Path(a.out).with_suffix(".tmp")
     tmp.write_text(json.dumps(res, indent=1) + "\n")
     os.replace(tmp, a.out)
     hs, sf = res["hsdump"], res["specforge"]
-    print(f"| | tokens/s | samples x seq | durability |\n|---|---|---|---|\n"
+    st = res["states_per_token"]
+    print(f"| | tokens/s | samples x seq | states a token | bytes a token | durability |\n"
+          f"|---|---|---|---|---|---|\n"
           f"| hsdump | {hs['tokens_per_s']:,.0f} | {hs['samples']} x {hs['seq']} | "
-          f"{hs['durability']} |\n| SpecForge | {sf['tokens_per_s']:,.0f} | {sf['samples']} | "
-          f"{sf['durability']} |\nratio {res['ratio']}, same host session: "
-          f"{res['same_host_session']}")  # fmt: skip
+          f"{st['hsdump']} | {hs['bytes_per_token']} | {hs['durability']} |\n"
+          f"| SpecForge | {sf['tokens_per_s']:,.0f} | {sf['samples']} x {hs['seq']} | "
+          f"{st['specforge']} | {sf['bytes_per_token']} | {sf['durability']} |\n"
+          f"ratio {res['ratio']} (per byte {res['ratio_per_byte']}), same data: "
+          f"{res['same_data']}, same host session: {res['same_host_session']}")  # fmt: skip
     return 0
 
 

@@ -57,6 +57,9 @@ def hsdump_side(rep: dict) -> dict:
         "plain_prefill_tokens_per_s": round((run.get("a") or {}).get("tokens_per_s") or 0, 1)
         or None,
         "layers_hf_index": run.get("layers"),
+        "final": run.get("final") or [],
+        "hidden_size": run.get("hidden_size"),
+        "bytes_per_token": round(b["bytes_per_token"], 1) if b.get("bytes_per_token") else None,
         "attention_backend": eng.get("attention_backend"),
         "cuda_graph": not eng.get("disable_cuda_graph", False),
         "durability": "fsync (every shard, before the clock stops)",
@@ -78,12 +81,16 @@ def specforge_side(rep: dict) -> dict:
     if not t.get("tokens_per_s_steady"):
         raise NotAPair("--specforge: no steady rate (one batch only? run more samples than "
                          "its --batch)")  # fmt: skip
+    steady = (t.get("batches") or [])[1:]  # the batches its steady rate is over
+    fwd = sum(b.get("seconds_capture") or 0 for b in steady)
     return {
         "tokens_per_s": round(t["tokens_per_s_steady"], 1),
         "tokens_per_s_whole_run": round(t["tokens_per_s_whole_run"], 1),
-        "tokens_per_s_forward_only": round(t["tokens"] / t["seconds_forward"], 1)
-        if t.get("seconds_forward")
+        # its forward alone over the same batches (records and files left out)
+        "tokens_per_s_forward_only": round(sum(b["tokens"] for b in steady) / fwd, 1)
+        if fwd
         else None,
+        "bytes_per_token": round(t["bytes"] / t["tokens"], 1) if t.get("bytes") else None,
         "samples": t["samples"],
         "tokens": t["tokens"],
         "batch": t.get("batch"),
@@ -105,8 +112,19 @@ def specforge_side(rep: dict) -> dict:
     }
 
 
-def pair(hs: dict, sf: dict) -> dict:
-    """The one results file; SystemExit naming what differs where the two are not a pair."""
+def states_per_token(bytes_per_token, hidden_size):
+    """How many bf16 vectors of the model's width a token's record holds (its ids and mask, a
+    few bytes, left out)."""
+    if not bytes_per_token or not hidden_size:
+        return None
+    return int(bytes_per_token // (2 * hidden_size))
+
+
+def pair(hs: dict, sf: dict, allow_unequal_data: bool = False) -> dict:
+    """The one results file; NotAPair naming what differs where the two are not a pair. Both
+    must write the same states a token (SpecForge's EAGLE-3 records hold the layers and the
+    final state: bench.py --final post_norm on hsdump's side), unless `allow_unequal_data`
+    (then the file says they differ, and the rate per byte is kept beside the ratio)."""
     differ = []
     for k, what in (("ids_sha256", "prompt ids"), ("samples", "sample count"),
                     ("tokens", "token count"), ("attention_backend", "attention backend"),
@@ -115,6 +133,13 @@ def pair(hs: dict, sf: dict) -> dict:
             differ.append(f"{what}: hsdump {hs.get(k)!r}, SpecForge {sf.get(k)!r}")
     if not sf["durability"].startswith("fsync"):
         differ.append("durability: hsdump fsyncs, SpecForge's run did not (speed --fsync)")
+    hn = states_per_token(hs.get("bytes_per_token"), hs.get("hidden_size"))
+    sn = states_per_token(sf.get("bytes_per_token"), hs.get("hidden_size"))
+    same_data = hn is not None and hn == sn
+    if not same_data and not allow_unequal_data:
+        differ.append(f"data: hsdump writes {hn} states a token ({hs.get('bytes_per_token')} "
+                      f"bytes), SpecForge {sn} ({sf.get('bytes_per_token')} bytes): capture "
+                      "the final state too (bench.py --final post_norm)")  # fmt: skip
     if differ:
         raise NotAPair("not a pair: " + "; ".join(differ))
     ha, sa = hs.get("host") or {}, sf.get("host") or {}
@@ -128,5 +153,10 @@ def pair(hs: dict, sf: dict) -> dict:
         "specforge": sf,
         "same_host_session": same,
         "ratio": round(hs["tokens_per_s"] / sf["tokens_per_s"], 3),
+        "states_per_token": {"hsdump": hn, "specforge": sn},
+        "same_data": same_data,
+        "ratio_per_byte": round(hs["tokens_per_s"] * hs["bytes_per_token"]
+                                / (sf["tokens_per_s"] * sf["bytes_per_token"]), 3)
+        if hs.get("bytes_per_token") and sf.get("bytes_per_token") else None,  # fmt: skip
         "gpu": hs.get("gpu"),
     }

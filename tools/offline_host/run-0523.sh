@@ -45,11 +45,13 @@
 #                -> $OUT/kimi-bf16.json, $OUT/kimi-int4.json (the runs' results), $OUT/kimi-MODE.log
 #   speedpair    hsdump's capture and SpecForge 0.2.0's own offline capture timed in this one call
 #                (issue 54): bench/bench.py (modes $SP_MODES, default a,b: plain prefill and
-#                hsdump to disk, fsynced) and reference_capture.py speed (fsynced) on the same
+#                hsdump to disk, fsynced, the layers and the post-norm final state: the states
+#                SpecForge's EAGLE-3 records hold) and reference_capture.py speed (fsynced) on the same
 #                $SP_SAMPLES (default 256) x 2,048 ids of the 8B shape (random weights), triton
 #                attention, no CUDA graphs on either side (SpecForge builds none), then
 #                bench/speed_pair.py -> $OUT/speed-pair.json (refused unless both ran the same
-#                ids, count, layers, backend and durability; HSDUMP_SPEED_SESSION names the call);
+#                ids, count, layers, states a token, backend and durability; HSDUMP_SPEED_SESSION
+#                names the call);
 #                needs install and install514
 #   bench8b      bench/bench.py --device cuda --models llama8b:2048:512:2 --modes a,b
 #                --weights dummy -> $OUT/gpu-llama8b-0523.json
@@ -468,6 +470,7 @@ EOF
           n=${SP_SAMPLES:-256}
           run_step speedpair-hsdump 400 python3 bench/bench.py --device cuda \
             --models "llama8b:2048:$n:0" --modes "${SP_MODES:-a,b}" --weights dummy --no-cuda-graph \
+            --final post_norm \
             --dd-mib 1024 --writer-stages-mib 0 --results-dir "$OUT" --name speedpair-hsdump
           run_step speedpair-specforge 400 python3 bench/reference_capture.py speed "$HT/ref-speed" \
             --python "$REPO/tools/offline_host/python514.sh" --device cuda --samples "$n" \
