@@ -1155,7 +1155,8 @@ def run_all(a) -> int:  # noqa: C901 - one pipeline, read top to bottom
         cfg.write_text(json.dumps(draft_config(kind, target, ids), indent=1) + "\n")
         plan = training_plan(a, kind, probe(a, kind, P, me, target, ex / f"{kind}-default", cfg,
                                             w / "probe" / kind, env),
-                             n_records=len(list((ex / f"{kind}-default").glob("rows_*/data_*.ckpt"))))  # fmt: skip
+                             n_records=len(list((ex / f"{kind}-default").glob("rows_*/data_*.ckpt"))),
+                             side_by_side=len(names) + bool(spec))  # fmt: skip
         P.facts.setdefault("training", {})[kind] = plan
         with P.lock:  # a backend that fails in the probe is a finding, not a failed run
             P.failed[:] = [f for f in P.failed if not f.startswith(f"probe-{kind}-")]
@@ -1342,16 +1343,19 @@ def probe(a, kind, P, me, target, records, cfg, dest: Path, env) -> dict:
     return r
 
 
-def training_plan(a, kind: str, pr: dict, n_records: int) -> dict:
+def training_plan(a, kind: str, pr: dict, n_records: int, side_by_side: int = 2) -> dict:
     """The backend and epochs the kind trains with: --attention-backend, or the probe's faster
     (auto; sdpa without a probe); --epochs, or with --epochs-fit as many as fit in
     --train-budget-s (less a minute for the trainers' start and 10 % for evaluations and
-    checkpoints) at the step time of drafter and control side by side: each needs the GPU for
-    its busy time a step (the probe's profile), so a pair step takes the longer of one step
-    alone and twice that busy time (twice the step alone without a profile). On the H200
-    (2026-12-04, SmolLM2's DFlash drafter, batch 8, flex_attention) one step alone took 0.393 s
-    with the GPU busy 0.131 s of it, and the pair ran at 0.327 s a step each: the two trainers
-    fill each other's idle GPU time. At least --epochs."""
+    checkpoints) at the step time of the kind's `side_by_side` trainers sharing the GPU
+    (drafter and control: 2; EAGLE-3 adds its template control, the drafter on SpecForge's
+    capture and speculators' trainer): each needs the GPU for its busy time a step (the
+    probe's profile), so a shared step takes the longer of one step alone and N times that busy
+    time (N times the step alone without a profile). On the H200 (2026-12-04, SmolLM2, batch 8,
+    flex_attention) DFlash's step alone took 0.393 s with the GPU busy 0.131 s of it and the
+    pair ran at 0.327 s a step each (they fill each other's idle time); DSpark's took 0.654 s
+    alone, 0.349 s busy, and 0.815 s each in the pair, above this estimate (0.698 s): an
+    estimate, so the budget still stops the trainers. At least --epochs."""
     backend = a.attention_backend
     if backend == "auto":
         backend = pr.get("faster") or "sdpa"
@@ -1360,15 +1364,17 @@ def training_plan(a, kind: str, pr: dict, n_records: int) -> dict:
     step_s = got.get("step_time", {}).get("step_s")
     prof = got.get("profile") or {}
     busy_s = prof["gpu_busy_ms"] / 4000 if prof.get("gpu_busy_ms") else None  # 4 steps profiled
-    pair_s = max(step_s, 2 * busy_s) if step_s and busy_s else 2 * step_s if step_s else None
+    n = max(1, side_by_side)
+    pair_s = max(step_s, n * busy_s) if step_s and busy_s else n * step_s if step_s else None
     n_train = max(1, n_records - a.eval_samples)
     per_epoch = max(1, n_train // a.batch_size)
     if a.epochs_fit and pair_s:
         fit = int(0.9 * (a.train_budget_s - 60) / (per_epoch * pair_s))
-        epochs, why = max(a.epochs, fit), f"--epochs-fit: {fit} fit at {pair_s:.3f} s a step"
+        epochs, why = max(a.epochs, fit), (f"--epochs-fit: {fit} fit at {pair_s:.3f} s a step, "
+                                           f"{n} trainers side by side")
     return dict(attention_backend=backend, epochs=int(epochs), epochs_from=why,
                 steps_per_epoch=per_epoch, train_records=n_train, probe_step_s=step_s,
-                probe_gpu_busy_s=busy_s, pair_step_s=pair_s,
+                probe_gpu_busy_s=busy_s, pair_step_s=pair_s, side_by_side=n,
                 planned_steps=per_epoch * int(epochs))  # fmt: skip
 
 
@@ -1520,6 +1526,7 @@ def main(argv=None) -> int:
     p.add_argument("--records", type=int, required=True, help="the kind's exported records")
     p.add_argument("--train-budget-s", type=float, default=100)
     p.add_argument("--epochs-fit", action="store_true")
+    p.add_argument("--side-by-side", type=int, default=2, help="trainers sharing the GPU")
     training_flags(p, backends=("sdpa", "flex_attention", "auto"))
     p = sub.add_parser("trace", help="a PyTorch profiler trace summarised by kernel")
     p.add_argument("--file", required=True)
@@ -1652,7 +1659,7 @@ def main(argv=None) -> int:
         return table(a)
     if a.cmd == "plan":
         pr = json.loads(Path(a.probe).read_text())
-        print(json.dumps(training_plan(a, a.kind, pr, a.records)))
+        print(json.dumps(training_plan(a, a.kind, pr, a.records, a.side_by_side)))
         return 0
     if a.cmd == "trace":
         print(json.dumps(trace_summary(Path(a.file))))

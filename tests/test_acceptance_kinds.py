@@ -378,6 +378,11 @@ def test_training_plan_from_the_probe(tmp_path):
     f.write_text(json.dumps(probe))
     plan = json.loads(_kinds(*common, "--epochs", 3, "--epochs-fit").stdout)
     assert (plan["pair_step_s"], plan["epochs"]) == (0.3, 9), plan
+    # EAGLE-3's four trainers (drafter, two controls, the drafter on SpecForge's capture) share
+    # the GPU: a shared step is four times the busy time: 0.9 * 800 / (250 * 0.6) = 4.8
+    plan = json.loads(_kinds(*common, "--epochs", 3, "--epochs-fit", "--side-by-side", 4).stdout)
+    assert (plan["pair_step_s"], plan["epochs"], plan["side_by_side"]) == (0.6, 4, 4), plan
+    assert "4 trainers side by side" in plan["epochs_from"]
     probe["backends"]["flex_attention"]["profile"] = {"gpu_busy_ms": 200.0}  # 0.1 s busy
     f.write_text(json.dumps(probe))
     plan = json.loads(_kinds(*common, "--epochs", 3, "--epochs-fit").stdout)
