@@ -1407,12 +1407,14 @@ def trace_summary(path: Path, top: int = 12) -> dict:
 
 
 def trained(out: Path) -> bool:
-    """The training in `out` ended as planned: finished, or stopped by the budget."""
+    """The training in `out` ended as planned: finished, or stopped by the budget with a
+    checkpoint to serve (a budget that ended it before its first, as four trainers on the
+    2-core CPU in 100 s, is trained again by a resumed run)."""
     f = out / "train.json"
     if not f.exists():
         return False
     r = json.loads(f.read_text())
-    return r.get("rc") == 0 or bool(r.get("stopped_by_budget"))
+    return r.get("rc") == 0 or bool(r.get("stopped_by_budget") and any(_steps(out / "run")))
 
 
 def _steps(run: Path):
