@@ -1370,8 +1370,10 @@ def training_plan(a, kind: str, pr: dict, n_records: int, side_by_side: int = 2)
     per_epoch = max(1, n_train // a.batch_size)
     if a.epochs_fit and pair_s:
         fit = int(0.9 * (a.train_budget_s - 60) / (per_epoch * pair_s))
-        epochs, why = max(a.epochs, fit), (f"--epochs-fit: {fit} fit at {pair_s:.3f} s a step, "
-                                           f"{n} trainers side by side")
+        epochs, why = (
+            max(a.epochs, fit),
+            (f"--epochs-fit: {fit} fit at {pair_s:.3f} s a step, {n} trainers side by side"),
+        )
     return dict(attention_backend=backend, epochs=int(epochs), epochs_from=why,
                 steps_per_epoch=per_epoch, train_records=n_train, probe_step_s=step_s,
                 probe_gpu_busy_s=busy_s, pair_step_s=pair_s, side_by_side=n,

@@ -13,7 +13,6 @@ from factories import ROOT
 
 from hsdump.testing import models, speed
 
-
 H = 64  # the model's width in these reports: a bf16 state is 128 bytes a token
 
 

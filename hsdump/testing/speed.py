@@ -155,8 +155,13 @@ def pair(hs: dict, sf: dict, allow_unequal_data: bool = False) -> dict:
         "ratio": round(hs["tokens_per_s"] / sf["tokens_per_s"], 3),
         "states_per_token": {"hsdump": hn, "specforge": sn},
         "same_data": same_data,
-        "ratio_per_byte": round(hs["tokens_per_s"] * hs["bytes_per_token"]
-                                / (sf["tokens_per_s"] * sf["bytes_per_token"]), 3)
-        if hs.get("bytes_per_token") and sf.get("bytes_per_token") else None,  # fmt: skip
+        "ratio_per_byte": round(
+            hs["tokens_per_s"]
+            * hs["bytes_per_token"]
+            / (sf["tokens_per_s"] * sf["bytes_per_token"]),
+            3,
+        )
+        if hs.get("bytes_per_token") and sf.get("bytes_per_token")
+        else None,  # fmt: skip
         "gpu": hs.get("gpu"),
     }
