@@ -142,6 +142,13 @@ def pair(hs: dict, sf: dict, allow_unequal_data: bool = False) -> dict:
                       "the final state too (bench.py --final post_norm)")  # fmt: skip
     if differ:
         raise NotAPair("not a pair: " + "; ".join(differ))
+    per_byte = None
+    if hs.get("bytes_per_token") and sf.get("bytes_per_token"):  # bytes a second, one to the other
+        hb, sb = (
+            hs["tokens_per_s"] * hs["bytes_per_token"],
+            sf["tokens_per_s"] * sf["bytes_per_token"],
+        )
+        per_byte = round(hb / sb, 3)
     ha, sa = hs.get("host") or {}, sf.get("host") or {}
     same = bool(ha.get("boot_id") and ha.get("session")
                 and (ha.get("hostname"), ha.get("boot_id"), ha.get("session"))
@@ -155,13 +162,6 @@ def pair(hs: dict, sf: dict, allow_unequal_data: bool = False) -> dict:
         "ratio": round(hs["tokens_per_s"] / sf["tokens_per_s"], 3),
         "states_per_token": {"hsdump": hn, "specforge": sn},
         "same_data": same_data,
-        "ratio_per_byte": round(
-            hs["tokens_per_s"]
-            * hs["bytes_per_token"]
-            / (sf["tokens_per_s"] * sf["bytes_per_token"]),
-            3,
-        )
-        if hs.get("bytes_per_token") and sf.get("bytes_per_token")
-        else None,  # fmt: skip
+        "ratio_per_byte": per_byte,
         "gpu": hs.get("gpu"),
     }
