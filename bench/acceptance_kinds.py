@@ -657,6 +657,33 @@ def served_gaps(r: dict, kind: str, ids) -> list:
     return gaps
 
 
+def untrained_export(kind: str, cfg_path, work, served) -> None:
+    """SpecForge's own draft model built from the drafter's config, untrained, saved as its
+    trainer saves a checkpoint (`training_state.pt`, embeddings left out) in `work`, and
+    exported by SpecForge's own export to `served`."""
+    import torch
+    from specforge.export.to_hf import export_to_hf
+    from specforge.export.to_sglang import export_to_sglang
+    from specforge.modeling.auto import AutoDraftModel, AutoDraftModelConfig
+
+    model = AutoDraftModel.from_config(
+        AutoDraftModelConfig.from_file(str(cfg_path)), torch_dtype=torch.bfloat16
+    )
+    state = {k: v for k, v in model.state_dict().items() if "embed" not in k.lower()}
+    Path(work).mkdir(parents=True, exist_ok=True)
+    ckpt = Path(work) / "training_state.pt"
+    torch.save(dict(strategy=kind, draft_state_dict=state), ckpt)
+    (export_to_sglang if EXPORT_TO[kind] == "sglang" else export_to_hf)(
+        str(ckpt), str(cfg_path), str(served)
+    )
+
+
+def untrained(a) -> int:
+    """`untrained_export` of --draft-config: the folder the smoke serve loads (run-all)."""
+    untrained_export(a.kind, a.draft_config, a.work, a.out)
+    return 0
+
+
 def contract(a) -> int:
     """The config and weight-name contract, untrained, for every kind on the CPU: the drafter's
     config (`draft_config`, with the serving ids hsdump records for the target's class),
@@ -668,11 +695,6 @@ def contract(a) -> int:
     0.5.17 must refuse it (why `draft_config` writes them at the top level too). Runs under
     either release's wheel (bench/results/contract-0517-cpu.json: 0.5.17's classes)."""
     import importlib.metadata as md
-
-    import torch
-    from specforge.export.to_hf import export_to_hf
-    from specforge.export.to_sglang import export_to_sglang
-    from specforge.modeling.auto import AutoDraftModel, AutoDraftModelConfig
 
     from hsdump.capture.kinds import KINDS as HSDUMP_KINDS
     from hsdump.capture.kinds import record
@@ -690,16 +712,8 @@ def contract(a) -> int:
         d.mkdir(parents=True, exist_ok=True)
         cfg_path = d / "draft.json"
         cfg_path.write_text(json.dumps(draft_config(kind, target, ids), indent=1) + "\n")
-        model = AutoDraftModel.from_config(
-            AutoDraftModelConfig.from_file(str(cfg_path)), torch_dtype=torch.bfloat16
-        )
-        state = {k: v for k, v in model.state_dict().items() if "embed" not in k.lower()}
-        torch.save(dict(strategy=kind, draft_state_dict=state), d / "training_state.pt")
         served = str(d / "served")
-        if EXPORT_TO[kind] == "sglang":
-            export_to_sglang(str(d / "training_state.pt"), str(cfg_path), served)
-        else:
-            export_to_hf(str(d / "training_state.pt"), str(cfg_path), served)
+        untrained_export(kind, cfg_path, d, served)
         want[served] = (kind, ids)
         if kind == "dspark":  # the recipe's layout: the head's fields under dflash_config only
             nested = d / "nested"
@@ -1075,6 +1089,34 @@ def run_all(a) -> int:  # noqa: C901 - one pipeline, read top to bottom
             cmd.append("--eager")
         return cmd + list(extra)
 
+    def smoke_serve(kind, cfg):
+        """An untrained drafter of the kind (SpecForge's own model and export, from the run's
+        draft config), served on 8 held-out prompts by an engine beside the trainers (its KV
+        pool capped, --mem-fraction high so that SGLang's check counts the trainers' memory as
+        used, not as its own): whether SGLang serves the kind on this host, known while the
+        drafters train rather than after; DSpark in cap-accept mode too. Its accept length
+        means nothing (results' smoke/)."""
+        d = w / "smoke" / kind
+        (P.res / "smoke").mkdir(parents=True, exist_ok=True)
+        if run(f"smoke-untrained-{kind}",
+               _py(me, "untrained", "--kind", kind, "--draft-config", cfg, "--work", d,
+                   "--out", d / "served"),
+               env=env, done=d / "served" / "config.json", check=False):  # fmt: skip
+            return
+        modes = [[]]
+        if kind == "dspark" and not a.no_cap_accept:
+            modes.append(["--ragged-verify-mode", "cap-accept"])
+        for extra in modes:
+            name = f"smoke-{kind}" + ("-cap_accept" if extra else "")
+            out = P.res / "smoke" / f"{name}.json"
+            run(name,
+                _py(HERE / "acceptance.py", "serve", "--target", target,
+                    "--heldout", data / "heldout.jsonl", "--name", name, "--json", out,
+                    "--max-new-tokens", 64, "--batch1", 1, "--limit", 8,
+                    "--mem-fraction", 0.95, "--max-total-tokens", 60000, "--device", a.device,
+                    "--drafter", d / "served", "--algorithm", ALGORITHM[kind], *extra),
+                env=env, done=out, check=False)  # fmt: skip
+
     def serve_together(items, eager=False):
         """The engines start together (their start is not timed) and are timed one at a time
         while the others wait idle (acceptance.py serve's --ready/--go/--release); each row
@@ -1185,6 +1227,9 @@ def run_all(a) -> int:  # noqa: C901 - one pipeline, read top to bottom
                       *(["--cpu"] if cpu else []))  # fmt: skip
             procs.append(("eagle3-speculators",
                           acc._thread(P.run, "train-eagle3-speculators", cmd, env, None, False)[0]))  # fmt: skip
+        smoke = None
+        if procs and not cpu and not a.no_smoke_serve:
+            smoke = acc._thread(smoke_serve, kind, cfg)[0]
         end = time.time() + a.train_budget_s
         while any(t.is_alive() for _, t in procs):
             if time.time() > end:
@@ -1195,6 +1240,8 @@ def run_all(a) -> int:  # noqa: C901 - one pipeline, read top to bottom
             time.sleep(2)
         for _, t in procs:
             t.join()
+        if smoke is not None:
+            smoke.join()
         extra = []  # served beside the kind's SpecForge drafters
         if spec:
             got = speculators_drafter(spec_ckpt, w / "served" / "eagle3-speculators",
@@ -1521,6 +1568,11 @@ def main(argv=None) -> int:
     p.add_argument("--target", required=True, help="a model folder or tiny:llama")
     p.add_argument("--out", required=True)
     p.add_argument("--kinds", default=",".join(KINDS))
+    p = sub.add_parser("untrained", help="an untrained drafter, exported (the smoke serve)")
+    p.add_argument("--kind", choices=KINDS, required=True)
+    p.add_argument("--draft-config", required=True)
+    p.add_argument("--work", required=True, help="its training_state.pt goes here")
+    p.add_argument("--out", required=True)
     p = sub.add_parser("table")
     p.add_argument("--results", required=True)
     p.add_argument("--json")
@@ -1577,6 +1629,13 @@ def main(argv=None) -> int:
         help="no CUDA graphs for the drafters' engines (default: graphs, eager if they fail)",
     )
     p.add_argument("--keep-exports", action="store_true")
+    p.add_argument(
+        "--no-smoke-serve",
+        action="store_true",
+        help="skip the smoke serve: an untrained drafter of each kind served on 8 prompts "
+        "beside the trainers (on the GPU), so that a kind SGLang cannot serve on the host is "
+        "known while the drafters train",
+    )
     p.add_argument(
         "--no-cap-accept",
         action="store_true",
@@ -1670,6 +1729,8 @@ def main(argv=None) -> int:
         return 0
     if a.cmd == "contract":
         return contract(a)
+    if a.cmd == "untrained":
+        return untrained(a)
     return run_all(a)
 
 
