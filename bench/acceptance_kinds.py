@@ -1092,8 +1092,7 @@ def run_all(a) -> int:  # noqa: C901 - one pipeline, read top to bottom
     def smoke_serve(kind, cfg):
         """An untrained drafter of the kind (SpecForge's own model and export, from the run's
         draft config), served on 8 held-out prompts by an engine beside the trainers (its KV
-        pool capped, --mem-fraction high so that SGLang's check counts the trainers' memory as
-        used, not as its own): whether SGLang serves the kind on this host, known while the
+        pool capped at 60,000 tokens, about 1.4 GB of SmolLM2's): whether SGLang serves the kind on this host, known while the
         drafters train rather than after; DSpark in cap-accept mode too. Its accept length
         means nothing (results' smoke/)."""
         d = w / "smoke" / kind
