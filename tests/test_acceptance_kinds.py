@@ -116,6 +116,37 @@ def test_dspark_config_reads_the_same_in_both_releases(contract, release, monkey
         code["build_markov_head"](nested)
 
 
+@pytest.mark.engine
+def test_untrained_drafter_is_the_contracts(contract, tmp_path):
+    """`untrained` (the GPU run's smoke serve loads its folder) writes, into folders that do not
+    exist yet, SpecForge's own export of an untrained DSpark drafter from a draft config: the
+    config the contract's export has, and every tensor name and shape of it."""
+    from safetensors import safe_open
+
+    _, _, out = contract
+    sf = _peer_root("HSDUMP_SPECFORGE_SRC")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([sf, os.environ.get("PYTHONPATH", "")]))
+    served = tmp_path / "new" / "served"
+    p = subprocess.run(
+        [sys.executable, "bench/acceptance_kinds.py", "untrained", "--kind", "dspark",
+         "--draft-config", str(out / "dspark" / "draft.json"), "--work", str(tmp_path / "new" / "w"),
+         "--out", str(served)],
+        capture_output=True, text=True, env=env, cwd=ROOT, timeout=300,
+    )  # fmt: skip
+    assert p.returncode == 0, p.stderr[-3000:]
+    want = out / "dspark" / "served"
+    assert json.loads((served / "config.json").read_text()) == json.loads(
+        (want / "config.json").read_text()
+    )
+
+    def shapes(folder):
+        with safe_open(str(folder / "model.safetensors"), "pt") as f:
+            return {k: list(f.get_slice(k).get_shape()) for k in f.keys()}
+
+    got = shapes(served)
+    assert got == shapes(want) and any(k.startswith("markov_head.") for k in got), sorted(got)
+
+
 # the slow tier (SpecForge's own trainer runs: 36 s for DFlash, 66 s for DSpark on the CPU)
 @pytest.mark.engine
 @pytest.mark.parametrize("kind", ["dflash", "dspark"])
