@@ -57,6 +57,9 @@ KINDS = ("dflash", "eagle3", "dspark")  # run order: by value
 ALGORITHM = {"eagle3": "EAGLE3", "dflash": "DFLASH", "dspark": "DSPARK"}
 EXPORT_TO = {"eagle3": "sglang", "dflash": "hf", "dspark": "hf"}
 SERVED_STEPS = 3  # EAGLE-3's speculative_num_steps (acceptance.SPEC)
+# the smoke serve (run-all): 8 prompts of 64 tokens, its KV pool capped at 60,000 tokens (about
+# 1.4 GB of SmolLM2's) beside the trainers
+SMOKE_SIZE = dict(new_tokens=64, batch1=1, limit=8, mem_fraction=0.95, kv_tokens=60000)
 WRONG_TEMPLATE = "deepseek_v3.jinja"  # EAGLE-3's template control (acceptance.py's, 0.5.17)
 
 # SpecForge's recipes (sgl-project/SpecForge at the 0.2.0 release line):
@@ -678,12 +681,6 @@ def untrained_export(kind: str, cfg_path, work, served) -> None:
     )
 
 
-def untrained(a) -> int:
-    """`untrained_export` of --draft-config: the folder the smoke serve loads (run-all)."""
-    untrained_export(a.kind, a.draft_config, a.work, a.out)
-    return 0
-
-
 def contract(a) -> int:
     """The config and weight-name contract, untrained, for every kind on the CPU: the drafter's
     config (`draft_config`, with the serving ids hsdump records for the target's class),
@@ -1071,16 +1068,21 @@ def run_all(a) -> int:  # noqa: C901 - one pipeline, read top to bottom
         serve_new_tokens=a.serve_new_tokens))  # fmt: skip
     P.save()
 
-    def serve_cmd(name, algorithm=None, drafter=None, eager=False, extra=()):
+    def serve_cmd(name, algorithm=None, drafter=None, eager=False, extra=(), out=None, size=None):
+        """A served row's command (its JSON in the results, serve-NAME.json, unless `out`);
+        `size` (SMOKE_SIZE: the smoke serve's) instead of the run's prompts and KV pool."""
+        size = size or dict(new_tokens=a.serve_new_tokens, batch1=a.batch1, limit=a.serve_limit,
+                            mem_fraction=a.mem_fraction or round(0.8 / a.engines_at_once, 3),
+                            kv_tokens=300000)  # fmt: skip
         cmd = _py(HERE / "acceptance.py", "serve", "--target", target,
                   "--heldout", data / "heldout.jsonl", "--name", name,
-                  "--json", P.res / f"serve-{name}.json",
-                  "--max-new-tokens", a.serve_new_tokens, "--batch1", a.batch1,
-                  "--mem-fraction", a.mem_fraction or round(0.8 / a.engines_at_once, 3),
-                  "--max-total-tokens", 300000,
+                  "--json", out or P.res / f"serve-{name}.json",
+                  "--max-new-tokens", size["new_tokens"], "--batch1", size["batch1"],
+                  "--mem-fraction", size["mem_fraction"],
+                  "--max-total-tokens", size["kv_tokens"],
                   "--device", a.device)  # fmt: skip
-        if a.serve_limit:
-            cmd += ["--limit", str(a.serve_limit)]
+        if size["limit"]:
+            cmd += ["--limit", str(size["limit"])]
         if drafter:
             cmd += ["--drafter", str(drafter), "--algorithm", algorithm]
         else:  # the plain target: how near a tie each greedy choice was (divergence)
@@ -1092,9 +1094,9 @@ def run_all(a) -> int:  # noqa: C901 - one pipeline, read top to bottom
     def smoke_serve(kind, cfg):
         """An untrained drafter of the kind (SpecForge's own model and export, from the run's
         draft config), served on 8 held-out prompts by an engine beside the trainers (its KV
-        pool capped at 60,000 tokens, about 1.4 GB of SmolLM2's): whether SGLang serves the kind on this host, known while the
-        drafters train rather than after; DSpark in cap-accept mode too. Its accept length
-        means nothing (results' smoke/)."""
+        pool capped at 60,000 tokens, about 1.4 GB of SmolLM2's): whether SGLang serves the
+        kind on this host, known while the drafters train rather than after; DSpark in
+        cap-accept mode too. Its accept length means nothing (results' smoke/)."""
         d = w / "smoke" / kind
         (P.res / "smoke").mkdir(parents=True, exist_ok=True)
         if run(f"smoke-untrained-{kind}",
@@ -1108,12 +1110,8 @@ def run_all(a) -> int:  # noqa: C901 - one pipeline, read top to bottom
         for extra in modes:
             name = f"smoke-{kind}" + ("-cap_accept" if extra else "")
             out = P.res / "smoke" / f"{name}.json"
-            run(name,
-                _py(HERE / "acceptance.py", "serve", "--target", target,
-                    "--heldout", data / "heldout.jsonl", "--name", name, "--json", out,
-                    "--max-new-tokens", 64, "--batch1", 1, "--limit", 8,
-                    "--mem-fraction", 0.95, "--max-total-tokens", 60000, "--device", a.device,
-                    "--drafter", d / "served", "--algorithm", ALGORITHM[kind], *extra),
+            run(name, serve_cmd(name, ALGORITHM[kind], d / "served", extra=extra, out=out,
+                                size=SMOKE_SIZE),
                 env=env, done=out, check=False)  # fmt: skip
 
     def serve_together(items, eager=False):
@@ -1728,8 +1726,9 @@ def main(argv=None) -> int:
         return 0
     if a.cmd == "contract":
         return contract(a)
-    if a.cmd == "untrained":
-        return untrained(a)
+    if a.cmd == "untrained":  # the folder the smoke serve loads (run-all)
+        untrained_export(a.kind, a.draft_config, a.work, a.out)
+        return 0
     return run_all(a)
 
 
