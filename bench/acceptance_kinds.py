@@ -381,6 +381,58 @@ def eval_curve(rows: list) -> list:
             for r in rows if "eval/avg_acc" in r or "eval/avg_loss" in r]  # fmt: skip
 
 
+def epoch_curves(rows: list, steps_per_epoch: int) -> list:
+    """Per epoch, the mean of SpecForge's logged training windows (token accuracy, and
+    DSpark's `tau_probabilistic`: records the drafter has seen before from the second epoch
+    on) beside the held-out evaluation at the epoch's end: where the two part, the drafter is
+    learning its records rather than the task."""
+    train = [r for r in rows if "acc" in r]
+    evals = {r["step"]: r for r in rows if "eval/avg_acc" in r}
+    last = max([r["step"] for r in rows] or [0])
+    out = []
+    for e in range(1, -(-last // steps_per_epoch) + 1):
+        lo, hi = (e - 1) * steps_per_epoch, e * steps_per_epoch
+        w = [r for r in train if lo < r["step"] <= hi]
+        ev = [s for s in evals if lo < s <= hi]
+
+        def mean(k, w=w):
+            return round(sum(r[k] for r in w) / len(w), 4) if w and all(k in r for r in w) else None
+
+        row = dict(epoch=e, windows=len(w), train_acc=mean("acc"),
+                   train_tau=mean("tau_probabilistic"))  # fmt: skip
+        if ev:
+            r = evals[max(ev)]
+            row.update(eval_step=r["step"], eval_acc=round(r["eval/avg_acc"], 4),
+                       eval_loss=round(r["eval/avg_loss"], 4))  # fmt: skip
+        out.append(row)
+    return out
+
+
+def curves(a) -> int:
+    """Every trainer's curves in a run-all results folder (its `sf-train-*.log`): the
+    evaluations as logged and the epochs' training windows beside them (`epoch_curves`), an
+    epoch's steps from --steps-per-epoch or the run's pipeline.json."""
+    res = Path(a.results)
+    plan = {}
+    pj = res / "pipeline.json"
+    if pj.exists():
+        plan = json.loads(pj.read_text()).get("facts", {}).get("training", {})
+    got = {}
+    for log in sorted(res.glob("sf-train-*.log")):
+        name = log.stem[len("sf-train-") :]
+        spe = a.steps_per_epoch or plan.get(name.split("-")[0], {}).get("steps_per_epoch")
+        if not spe:
+            raise SystemExit(f"{log}: no steps per epoch: pass --steps-per-epoch")
+        rows = trainer_metrics(log)
+        got[name] = dict(steps_per_epoch=spe, eval_curve=eval_curve(rows),
+                         epochs=epoch_curves(rows, spe))  # fmt: skip
+        for r in got[name]["epochs"]:
+            print(name, json.dumps(r))
+    if a.json:
+        Path(a.json).write_text(json.dumps(got, indent=1) + "\n")
+    return 0 if got else 1
+
+
 def step_time(rows: list, skip: int = 1) -> dict:
     """SpecForge's own timing of its optimizer steps (the `perf/...` of its logged windows;
     the first window, with the warm-up and compilation, left out where there are more):
@@ -1573,6 +1625,10 @@ def main(argv=None) -> int:
     p = sub.add_parser("table")
     p.add_argument("--results", required=True)
     p.add_argument("--json")
+    p = sub.add_parser("curves", help="the trainers' eval and per-epoch curves of a results folder")
+    p.add_argument("--results", required=True)
+    p.add_argument("--steps-per-epoch", type=int)
+    p.add_argument("--json")
     p = sub.add_parser("plan", help="the backend and epochs run-all trains with, from a probe")
     p.add_argument("--kind", choices=KINDS, default="dflash")
     p.add_argument("--probe", required=True, help="a probe-KIND.json")
@@ -1717,6 +1773,8 @@ def main(argv=None) -> int:
         return 1 if gaps else 0
     if a.cmd == "table":
         return table(a)
+    if a.cmd == "curves":
+        return curves(a)
     if a.cmd == "plan":
         pr = json.loads(Path(a.probe).read_text())
         print(json.dumps(training_plan(a, a.kind, pr, a.records, a.side_by_side)))

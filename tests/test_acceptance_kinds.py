@@ -446,3 +446,45 @@ def test_trace_summary_by_kernel(tmp_path):
     assert [(k["name"], k["ms"], k["calls"]) for k in s["kernels"]] == [
         ("flex_attention_bwd", 0.3, 1), ("gemm", 0.2, 2)]  # fmt: skip
     assert [k["name"] for k in s["cpu_ops"]] == ["aten::mm"]
+
+
+def test_curves_set_each_epochs_training_windows_beside_its_evaluation(tmp_path):
+    """`acceptance_kinds.py curves`: per trainer log of a results folder, the mean of the
+    logged training windows of each epoch (an epoch's steps from the run's pipeline.json) beside
+    the held-out evaluation at its end, and the evaluations as logged; a log whose epoch length
+    is known nowhere is refused by name."""
+    res = tmp_path / "res"
+    res.mkdir()
+    lines = []
+    for step in range(2, 13, 2):  # 3 epochs of 4 steps, a window and an evaluation every 2
+        lines += [
+            f"step {step}: {{'acc': {step / 100}, 'tau_probabilistic': {1 + step / 10}}}",
+            f"step {step}: {{'eval/avg_loss': {3 - step / 10}, 'eval/avg_acc': {step / 200}}}",
+        ]
+    lines.insert(3, "a line SpecForge's tracker did not write")
+    (res / "sf-train-dspark-default.log").write_text("\n".join(lines) + "\n")
+    (res / "pipeline.json").write_text(json.dumps(
+        {"facts": {"training": {"dspark": {"steps_per_epoch": 4}}}}))  # fmt: skip
+    out = tmp_path / "curves.json"
+    cmd = [sys.executable, str(ROOT / "bench" / "acceptance_kinds.py"), "curves",
+           "--results", str(res), "--json", str(out)]  # fmt: skip
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr
+    got = json.loads(out.read_text())["dspark-default"]
+    assert got["steps_per_epoch"] == 4
+    assert [e["step"] for e in got["eval_curve"]] == [2, 4, 6, 8, 10, 12]
+    assert got["epochs"] == [
+        dict(epoch=1, windows=2, train_acc=0.03, train_tau=1.3, eval_step=4, eval_acc=0.02, eval_loss=2.6),
+        dict(epoch=2, windows=2, train_acc=0.07, train_tau=1.7, eval_step=8, eval_acc=0.04, eval_loss=2.2),
+        dict(epoch=3, windows=2, train_acc=0.11, train_tau=2.1, eval_step=12, eval_acc=0.06, eval_loss=1.8),
+    ]  # fmt: skip
+    (res / "pipeline.json").unlink()
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert p.returncode != 0 and "sf-train-dspark-default.log" in p.stderr
+    assert "--steps-per-epoch" in p.stderr
+    p = subprocess.run(
+        cmd + ["--steps-per-epoch", "6"], capture_output=True, text=True, timeout=120
+    )
+    assert p.returncode == 0, p.stderr
+    epochs = json.loads(out.read_text())["dspark-default"]["epochs"]
+    assert [e["train_acc"] for e in epochs] == [0.04, 0.1]
