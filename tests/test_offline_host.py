@@ -184,6 +184,32 @@ def test_stack_install_and_env(tmp_path, stack):
     assert "sgl-deep-gemm installed into" in (ht / "out" / "install.log").read_text()
 
 
+def test_wheels_travel_in_another_call_than_the_bundle(tmp_path):
+    """Each call carries at most 64 MiB with the working tree: the bundle's part in one call,
+    .whl/ and .whl-sf/ stashed by `whl` and `sf` in the next, and a third call's install (none
+    of them in its checkout any more) installs all three; a step whose folder is missing says
+    which script makes it."""
+    ht = tmp_path / "host"
+    repo = checkout(tmp_path, "0517")
+    shutil.rmtree(repo / ".whl")
+    assert host(repo, ht, "stash", "00", "stash", "01").returncode == 0  # the fake's two parts
+    p = host(repo, ht, "whl", "sf")
+    assert steps_of(ht)["whl"]["rc"] == 1 and "make-whl.sh" in steps_of(ht)["whl"]["note"]
+    assert "make-specforge-wheels.sh" in steps_of(ht)["sf"]["note"], p.stdout
+    tiny_wheel(repo / ".whl")
+    tiny_wheel(repo / ".whl-sf")
+    p = host(repo, ht, "whl", "sf")
+    assert steps_of(ht)["whl"]["rc"] == 0 and steps_of(ht)["sf"]["rc"] == 0, p.stdout
+    shutil.rmtree(repo / ".whl")
+    shutil.rmtree(repo / ".whl-sf")
+    shutil.rmtree(repo / ".gpu517")
+    p = host(repo, ht, "install")
+    assert steps_of(ht)["install"]["rc"] == 0, p.stdout + p.stderr
+    assert (ht / "site517" / "sglang" / "__init__.py").exists()
+    assert (ht / "site2" / "tinypkg" / "__init__.py").exists()  # .whl/
+    assert (ht / "site3" / "tinypkg" / "__init__.py").exists()  # .whl-sf/
+
+
 def test_bg_run_copies_the_checkout_and_poll_brings_it_back(tmp_path):
     """`bg` runs a step list from its own copy of the checkout (a later call's sync cannot
     change it) in its own session; `poll` waits for it and packs what it wrote into

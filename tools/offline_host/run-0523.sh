@@ -31,6 +31,11 @@
 #   gemm         copy .whl-gemm/ (make-specforge-wheels.sh: sgl-deep-gemm 0.1.5.post1, 4.8 MB, for
 #                SGLang 0.5.17's EAGLE-3 draft CUDA graphs) into the stack's parts folder; install
 #                puts it into the stack's site (run it with run-0517.sh, before install)
+#   whl, sf      copy .whl/ (make-whl.sh) or .whl-sf/ (make-specforge-wheels.sh: SpecForge 0.2.0,
+#                accelerate) into the stack's parts folder, for a later call's install (what
+#                install does with them when they are in the checkout): so the wheels can travel
+#                in another call than the bundle's part (each call carries at most 64 MiB with
+#                the working tree)
 #   install      rebuild + install the bundle into /tmp/site523 (skipped when already there),
 #                the checkout's .whl/ into /tmp/site2, our sitecustomize into /tmp/site523
 #   import       tools/offline_host/import_check.py -> $OUT/import.json
@@ -132,7 +137,7 @@ SHARE_TOKENS=${SHARE_TOKENS:-65536}
 BG=$HT/gpu523-bg                  # the bg run's OUT, pid (= its session id) and log
 BGREPO=$HT/gpu-bg-repo            # the bg run's own copy of the checkout (a later call's sync
                                    # of the working tree cannot change what it runs)
-STEPS=" stash stash514 install514 import514 smollm2 mla gemm install import pytest probe kimi bench8b sfspeed speedpair check acck bg collect poll stop env together "   # an argument that is none of these is the step's own
+STEPS=" stash stash514 install514 import514 smollm2 mla gemm sf whl install import pytest probe kimi bench8b sfspeed speedpair check acck bg collect poll stop env together "   # an argument that is none of these is the step's own
 # SHARE_GPU=1 (set by `together` for its children): cap every engine's KV pool (see together)
 SHARE_OVR=()
 if [ "${SHARE_GPU:-0}" = 1 ]; then
@@ -291,13 +296,17 @@ install_smollm2() {   # the stashed .smollm2 parts -> /tmp/site2 (skipped when i
     && rm -f "$HT/$name" && echo "[run-0523] smollm2: $name installed into $SITE2"
 }
 
-stash_kernel() {   # mla | gemm: .whl-NAME/ of the checkout -> $PARTS/whl-NAME (install takes it)
-  local name=$1 t=$(date +%s); mkdir -p "$PARTS/whl-$name"
-  if ls ".whl-$name"/*.whl > /dev/null 2>&1; then
-    cp -a ".whl-$name"/*.whl "$PARTS/whl-$name/"
-    record "$name" $? $(( $(date +%s) - t )) "$(ls "$PARTS/whl-$name") stashed"
+stash_kernel() {   # mla | gemm | sf: .whl-NAME/ of the checkout -> $PARTS/whl-NAME (install takes it)
+  stash_wheels "$1" ".whl-$1" "$PARTS/whl-$1" make-specforge-wheels.sh
+}
+
+stash_wheels() {   # STEP SRC DEST HOW: SRC/*.whl -> DEST, for a later call's install
+  local name=$1 src=$2 dest=$3 how=$4 t=$(date +%s); mkdir -p "$dest"
+  if ls "$src"/*.whl > /dev/null 2>&1; then
+    cp -a "$src"/*.whl "$dest/"
+    record "$name" $? $(( $(date +%s) - t )) "$(ls "$dest" | wc -l) wheel(s) stashed"
   else
-    record "$name" 1 0 ".whl-$name/ is not in the checkout (make-specforge-wheels.sh)"
+    record "$name" 1 0 "$src/ is not in the checkout ($how)"
   fi
 }
 
@@ -396,8 +405,10 @@ print('torch', torch.__version__, 'sglang', sglang.__version__, 'transformers', 
         record "smollm2-$1" 1 0 ".smollm2/p$1 is not in the checkout (make-smollm2.sh)"
       fi
       shift ;;
-    mla|gemm)
+    mla|gemm|sf)
       stash_kernel "$step" ;;
+    whl)
+      stash_wheels whl .whl "$PARTS/whl" make-whl.sh ;;
     install)
       do_install || { echo "[run-0523] install failed: stopping"; break; } ;;
     import|pytest|probe|kimi|bench8b|sfspeed|speedpair|check|acck)
