@@ -433,6 +433,53 @@ def curves(a) -> int:
     return 0 if got else 1
 
 
+def covered(steps: list, prefixes) -> float:
+    """Seconds of a run-all pipeline covered by its steps whose names start with `prefixes`
+    (steps side by side counted once: the union of their intervals)."""
+    iv = sorted((s["start_s"], s["start_s"] + s["wall_s"]) for s in steps
+                if s["name"].startswith(tuple(prefixes)) and s.get("wall_s") is not None)  # fmt: skip
+    total, end = 0.0, float("-inf")
+    for a, b in iv:
+        total += max(0.0, b - max(a, end))
+        end = max(end, b)
+    return total
+
+
+def session_fit(pipe: dict, budget_s: float, before_s: float, epochs) -> dict:
+    """What one session's GPU time and disk hold, from a whole run-all run of one kind
+    (its pipeline.json): each captured sample's cost (the captures and exports, which scale
+    with the samples), each training record's per epoch (the trainers side by side, their
+    evaluations included), the rest fixed (the target, SpecForge's exports, `predict`, the
+    serving, the gaps) plus `before_s` (the calls before the run, the import check). For each
+    number of epochs E, the most samples N with fixed + c N + t E (N - eval) <= budget_s, and
+    the most the disk holds at the run's peak bytes a sample."""
+    facts, steps = pipe["facts"], pipe["steps"]
+    if len(facts.get("training", {})) != 1:
+        raise SystemExit("session_fit: a run of one kind only (run-all --kinds K)")
+    ((kind, tr),) = facts["training"].items()
+    samples = facts["datasets"]["default"]["samples"]
+    records, ran = tr["train_records"], tr["epochs"]
+    eval_n = samples - records
+    capture = covered(steps, ("extract-", "export-", "reference-"))
+    train = covered(steps, ("train-",))
+    fixed = pipe["elapsed_s"] - capture - train + before_s
+    c, t = capture / samples, train / (records * ran)
+    disk = facts["disk"]
+    per_byte = disk["peak_gb"] * 1e9 / samples
+    fit = []
+    for e in epochs:
+        n = int((budget_s - fixed + t * e * eval_n) / (c + t * e))
+        fit.append(
+            dict(epochs=e, samples=n, records=n - eval_n, steps_at_batch_8=(n - eval_n) * e // 8)
+        )
+    return dict(kind=kind, samples=samples, records=records, epochs_run=ran,
+                capture_s=round(capture, 1), train_s=round(train, 1), fixed_s=round(fixed, 1),
+                capture_s_per_sample=round(c, 4), train_s_per_record_epoch=round(t, 4),
+                budget_s=budget_s, before_s=before_s, fit=fit,
+                disk_bytes_per_sample=int(per_byte),
+                disk_samples=int((disk["free_gb"] - disk["margin_gb"]) * 1e9 / per_byte))  # fmt: skip
+
+
 def step_time(rows: list, skip: int = 1) -> dict:
     """SpecForge's own timing of its optimizer steps (the `perf/...` of its logged windows;
     the first window, with the warm-up and compilation, left out where there are more):
@@ -1629,6 +1676,12 @@ def main(argv=None) -> int:
     p.add_argument("--results", required=True)
     p.add_argument("--steps-per-epoch", type=int)
     p.add_argument("--json")
+    p = sub.add_parser("fit", help="what one session holds, from a whole run's pipeline.json")
+    p.add_argument("--results", required=True)
+    p.add_argument("--budget-s", type=float, default=1800.0)
+    p.add_argument("--before-s", type=float, default=0.0,
+                   help="GPU seconds before run-all starts: the calls, the import check")  # fmt: skip
+    p.add_argument("--epochs", default="1,2,5")
     p = sub.add_parser("plan", help="the backend and epochs run-all trains with, from a probe")
     p.add_argument("--kind", choices=KINDS, default="dflash")
     p.add_argument("--probe", required=True, help="a probe-KIND.json")
@@ -1775,6 +1828,11 @@ def main(argv=None) -> int:
         return table(a)
     if a.cmd == "curves":
         return curves(a)
+    if a.cmd == "fit":
+        pipe = json.loads((Path(a.results) / "pipeline.json").read_text())
+        epochs = [int(x) for x in a.epochs.split(",")]
+        print(json.dumps(session_fit(pipe, a.budget_s, a.before_s, epochs), indent=1))
+        return 0
     if a.cmd == "plan":
         pr = json.loads(Path(a.probe).read_text())
         print(json.dumps(training_plan(a, a.kind, pr, a.records, a.side_by_side)))

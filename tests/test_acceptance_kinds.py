@@ -488,3 +488,47 @@ def test_curves_set_each_epochs_training_windows_beside_its_evaluation(tmp_path)
     assert p.returncode == 0, p.stderr
     epochs = json.loads(out.read_text())["dspark-default"]["epochs"]
     assert [e["train_acc"] for e in epochs] == [0.04, 0.1]
+
+
+def test_fit_counts_what_one_session_holds_from_a_whole_run(tmp_path):
+    """`acceptance_kinds.py fit`: from a whole run's pipeline.json, the captures' and exports'
+    seconds a sample (steps side by side counted once), the trainers' seconds a record and
+    epoch, the rest fixed; then for each number of epochs the most samples one session's
+    budget holds, and the most its disk holds. A run of two kinds is refused."""
+    steps = [
+        dict(name="build-target", start_s=0, wall_s=40),
+        dict(name="extract-default", start_s=40, wall_s=150),
+        dict(name="export-messages", start_s=190, wall_s=10),
+        dict(name="extract-layer_off", start_s=200, wall_s=60),
+        dict(name="export-dspark-default", start_s=260, wall_s=20),  # side by side with
+        dict(name="export-dspark-layer_off", start_s=270, wall_s=20),  # its twin: 30 s
+        dict(name="smoke-dspark", start_s=300, wall_s=100),  # beside the trainers: neither
+        dict(name="train-dspark-default", start_s=300, wall_s=1000),
+        dict(name="train-dspark-layer_off", start_s=300, wall_s=1010),
+        dict(name="serve-plain", start_s=1320, wall_s=130),
+    ]  # captures 150 + 10 + 60 + 30 = 250 s; training 1,010 s
+    pipe = dict(steps=steps, elapsed_s=1450.0, facts=dict(
+        datasets={"default": {"samples": 2100}},
+        training={"dspark": {"train_records": 2000, "epochs": 5}},
+        disk=dict(free_gb=60.0, margin_gb=8.0, peak_gb=21.0)))  # fmt: skip
+    res = tmp_path / "res"
+    res.mkdir()
+    (res / "pipeline.json").write_text(json.dumps(pipe))
+    cmd = [sys.executable, str(ROOT / "bench" / "acceptance_kinds.py"), "fit", "--results",
+           str(res), "--budget-s", "1800", "--before-s", "60", "--epochs", "1,5"]  # fmt: skip
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr
+    got = json.loads(p.stdout)
+    assert (got["capture_s"], got["train_s"], got["fixed_s"]) == (250.0, 1010.0, 250.0)
+    c, t = 250 / 2100, 1010 / (2000 * 5)
+    for e, row in zip((1, 5), got["fit"]):
+        n = int((1800 - 250 + t * e * 100) / (c + t * e))
+        assert row == dict(
+            epochs=e, samples=n, records=n - 100, steps_at_batch_8=(n - 100) * e // 8
+        )
+        assert 250 + c * n + t * e * (n - 100) <= 1800 < 250 + c * (n + 1) + t * e * (n + 1 - 100)
+    assert got["disk_bytes_per_sample"] == 10_000_000 and got["disk_samples"] == 5200
+    pipe["facts"]["training"]["dflash"] = pipe["facts"]["training"]["dspark"]
+    (res / "pipeline.json").write_text(json.dumps(pipe))
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert p.returncode != 0 and "one kind only" in p.stderr
