@@ -209,6 +209,32 @@ def test_wheels_travel_in_another_call_than_the_bundle(tmp_path):
     assert (ht / "site2" / "tinypkg" / "__init__.py").exists()  # .whl/
     assert (ht / "site3" / "tinypkg" / "__init__.py").exists()  # .whl-sf/
 
+    # EAGLE-3's session (docs/trainers.md): SpecForge's own stack beside it, installed in the
+    # call that carries its part with .whl-sf/, sgl-deep-gemm stashed with the target's part,
+    # everything else installed by the last call
+    ht = tmp_path / "host2"
+    repo = checkout(tmp_path / "b", "0517")
+    shutil.copytree(fake_bundle(tmp_path / "b", "b0514"), repo / ".gpu514")
+    shutil.rmtree(repo / ".whl")
+    assert host(repo, ht, "stash", "00", "stash", "01").returncode == 0
+    shutil.rmtree(repo / ".gpu517")
+    tiny_wheel(repo / ".whl-sf")
+    p = host(repo, ht, "stash514", "00", "stash514", "01", "sf", "install514")
+    assert steps_of(ht)["install514"]["rc"] == 0, p.stdout + p.stderr
+    assert (ht / "site514" / "sglang" / "__init__.py").exists()
+    assert (ht / "site3" / "tinypkg" / "__init__.py").exists()
+    shutil.rmtree(repo / ".gpu514")
+    shutil.rmtree(repo / ".whl-sf")
+    tiny_wheel(repo / ".whl-gemm")
+    assert host(repo, ht, "gemm").returncode == 0 and steps_of(ht)["gemm"]["rc"] == 0
+    shutil.rmtree(repo / ".whl-gemm")
+    tiny_wheel(repo / ".whl")
+    p = host(repo, ht, "install")
+    assert steps_of(ht)["install"]["rc"] == 0, p.stdout + p.stderr
+    assert (ht / "site517" / "sglang" / "__init__.py").exists()
+    assert (ht / "site2" / "tinypkg" / "__init__.py").exists()
+    assert (ht / "site517" / "tinypkg" / "__init__.py").exists()  # sgl-deep-gemm's stand-in
+
 
 def test_bg_run_copies_the_checkout_and_poll_brings_it_back(tmp_path):
     """`bg` runs a step list from its own copy of the checkout (a later call's sync cannot
