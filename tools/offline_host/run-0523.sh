@@ -200,10 +200,13 @@ env514() {
   export NCCL_NVLS_ENABLE=${NCCL_NVLS_ENABLE:-0}
 }
 
+copy_wheels() {   # SRC DEST: SRC/*.whl of the checkout -> DEST (status 1: none there)
+  ls "$1"/*.whl > /dev/null 2>&1 || return 1
+  mkdir -p "$2" && cp -a "$1"/*.whl "$2/"
+}
+
 install_sf() {   # .whl-sf/ (SpecForge 0.2.0, accelerate) -> /tmp/site3, --no-deps, once
-  if [ -d .whl-sf ]; then
-    mkdir -p "$PARTS/whl-sf" && cp -a .whl-sf/*.whl "$PARTS/whl-sf/"
-  fi
+  copy_wheels .whl-sf "$PARTS/whl-sf"
   if ls "$PARTS"/whl-sf/*.whl > /dev/null 2>&1 && [ ! -f "$SITE3/.done" ]; then
     python3 -m pip install -q --no-index --no-deps --no-compile --target "$SITE3" \
       "$PARTS"/whl-sf/*.whl && touch "$SITE3/.done" || return 1
@@ -258,9 +261,7 @@ do_install() {
   if [ $rc -eq 0 ]; then
     # cuDNN off for torch 2.14.1 only (built against 9.24; the image has 9.19)
     [ "$STACK" = 0523 ] && cp "$REPO/tools/offline_host/sitecustomize.py" "$SITE/sitecustomize.py"
-    if [ -d .whl ]; then   # hsdump's own extras (datasets, hydra-core, ...), in .whl/
-      mkdir -p "$PARTS/whl" && cp -a .whl/*.whl "$PARTS/whl/"
-    fi
+    copy_wheels .whl "$PARTS/whl"   # hsdump's own extras (datasets, hydra-core, ...), in .whl/
     if ls "$PARTS"/whl/*.whl > /dev/null 2>&1 && [ ! -f "$SITE2/.done" ]; then
       python3 -m pip install -q --no-index --no-deps --no-compile --target "$SITE2" \
         "$PARTS"/whl/*.whl >> "$OUT/install.log" 2>&1 && touch "$SITE2/.done" || rc=$?
@@ -296,15 +297,10 @@ install_smollm2() {   # the stashed .smollm2 parts -> /tmp/site2 (skipped when i
     && rm -f "$HT/$name" && echo "[run-0523] smollm2: $name installed into $SITE2"
 }
 
-stash_kernel() {   # mla | gemm | sf: .whl-NAME/ of the checkout -> $PARTS/whl-NAME (install takes it)
-  stash_wheels "$1" ".whl-$1" "$PARTS/whl-$1" make-specforge-wheels.sh
-}
-
 stash_wheels() {   # STEP SRC DEST HOW: SRC/*.whl -> DEST, for a later call's install
-  local name=$1 src=$2 dest=$3 how=$4 t=$(date +%s); mkdir -p "$dest"
-  if ls "$src"/*.whl > /dev/null 2>&1; then
-    cp -a "$src"/*.whl "$dest/"
-    record "$name" $? $(( $(date +%s) - t )) "$(ls "$dest" | wc -l) wheel(s) stashed"
+  local name=$1 src=$2 dest=$3 how=$4 t=$(date +%s)
+  if copy_wheels "$src" "$dest"; then
+    record "$name" 0 $(( $(date +%s) - t )) "$(ls "$dest" | wc -l) wheel(s) stashed"
   else
     record "$name" 1 0 "$src/ is not in the checkout ($how)"
   fi
@@ -405,8 +401,8 @@ print('torch', torch.__version__, 'sglang', sglang.__version__, 'transformers', 
         record "smollm2-$1" 1 0 ".smollm2/p$1 is not in the checkout (make-smollm2.sh)"
       fi
       shift ;;
-    mla|gemm|sf)
-      stash_kernel "$step" ;;
+    mla|gemm|sf)   # .whl-NAME/ -> $PARTS/whl-NAME (install takes it)
+      stash_wheels "$step" ".whl-$step" "$PARTS/whl-$step" make-specforge-wheels.sh ;;
     whl)
       stash_wheels whl .whl "$PARTS/whl" make-whl.sh ;;
     install)
