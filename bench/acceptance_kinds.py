@@ -230,6 +230,8 @@ def run_config(a, kind: str, train_dir: Path, eval_dir, n_train: int, out: Path)
         seed=0,
         **TRAINING[kind],
     )
+    if getattr(a, "learning_rate", None):
+        tr["learning_rate"] = a.learning_rate
     if a.max_steps:
         tr["max_steps"] = a.max_steps
     if eval_dir is not None:  # with each checkpoint: the prediction of the served step
@@ -871,10 +873,35 @@ def capped(r: dict) -> dict:
     return out
 
 
+KV_POOL_RACE = "leave no GPU memory for the KV cache"
+
+
+def kv_pool_race(log: Path) -> bool:
+    """Whether a serving engine ended because SGLang found no memory for its KV pool: it
+    measures the free memory before and after loading its weights, and the engines starting
+    beside it allocate theirs in between (the H200, SGLang 0.5.17, 2026-12-04: the fifth of
+    five engines at --mem-fraction 0.16 each, its "minimum viable" put at 0.1634). Alone it
+    starts."""
+    return log.exists() and KV_POOL_RACE in log.read_text(errors="replace")
+
+
+def served_name(p: Path) -> str:
+    """serve-NAME.json or serve-NAME.json.gz (a recorded run's, compressed to keep the tree
+    small): NAME."""
+    return p.name[len("serve-") :].removesuffix(".gz").removesuffix(".json")
+
+
+def read_json(p: Path):
+    import gzip
+
+    return json.loads(gzip.decompress(p.read_bytes()) if p.suffix == ".gz" else p.read_text())
+
+
 def collate(res: Path) -> dict:
     """One row per served engine; the plain run (same CUDA-graph setting) is the reference
     of `equal_to_plain` and of the speed-ups; per kind, drafter minus control per prompt."""
-    runs = {p.stem[len("serve-") :]: json.loads(p.read_text()) for p in res.glob("serve-*.json")}
+    found = (*res.glob("serve-*.json"), *res.glob("serve-*.json.gz"))
+    runs = {served_name(p): read_json(p) for p in found}
     graphs = lambda r: not (r.get("engine") or {}).get("disable_cuda_graph", False)  # noqa: E731
     plains = {graphs(r): r for n, r in runs.items() if n.startswith("plain")}
     rows = []
@@ -1213,23 +1240,26 @@ def run_all(a) -> int:  # noqa: C901 - one pipeline, read top to bottom
                                 size=SMOKE_SIZE),
                 env=env, done=out, check=False)  # fmt: skip
 
-    def serve_together(items, eager=False):
+    def serve_together(items, eager=False, again=False):
         """The engines start together (their start is not timed) and are timed one at a time
         while the others wait idle (acceptance.py serve's --ready/--go/--release); each row
-        goes into the table as soon as it is measured. The drafters whose CUDA graphs fail
-        are served again without them, together, beside the plain target without them
-        (`plain_eager`, their speed-ups' reference). On the H200, 2026-12-03, SGLang 0.5.23's
-        EAGLE-3 draft graphs failed this way (its eagle_worker_v2 imports FlashMLA's backend
-        whatever the attention backend, and the host's bundle had no sgl-flash-mla)."""
+        goes into the table as soon as it is measured. An engine that could not size its KV
+        pool beside the others starting (`kv_pool_race`) starts again, with CUDA graphs, once
+        they are gone. The drafters whose CUDA graphs fail are served again without them,
+        together, beside the plain target without them (`plain_eager`, their speed-ups'
+        reference). On the H200, 2026-12-03, SGLang 0.5.23's EAGLE-3 draft graphs failed this
+        way (its eagle_worker_v2 imports FlashMLA's backend whatever the attention backend,
+        and the host's bundle had no sgl-flash-mla)."""
         gate = w / "gate"
         shutil.rmtree(gate, ignore_errors=True)
         gate.mkdir(parents=True)
         todo = [it for it in items if not (P.res / f"serve-{it[0]}.json").exists()]
+        step_of = lambda n, drafter: f"serve-{n}" + ("-eager" if eager and drafter else "")  # noqa: E731
         ts = {}
         for name, algorithm, drafter, *more in todo:
             cmd = [*serve_cmd(name, algorithm, drafter, eager, *more), "--ready", gate / f"ready-{name}",
                    "--go", gate / f"go-{name}", "--release", gate / "release"]  # fmt: skip
-            step = f"serve-{name}" + ("-eager" if eager and drafter else "")
+            step = step_of(name, drafter) + ("-again" if again else "")
             ts[name] = acc._thread(run, step, cmd, env, None, False)[0]
         for name, t in ts.items():
             while t.is_alive() and not (gate / f"ready-{name}").exists():
@@ -1242,7 +1272,18 @@ def run_all(a) -> int:  # noqa: C901 - one pipeline, read top to bottom
         (gate / "release").write_text("done\n")
         for t in ts.values():
             t.join()
-        failed = [it for it in todo if it[2] and not (P.res / f"serve-{it[0]}.json").exists()]
+        missing = [it for it in todo if not (P.res / f"serve-{it[0]}.json").exists()]
+        race = [it for it in missing
+                if not again and kv_pool_race(P.logs / f"{step_of(it[0], it[2])}.log")]  # fmt: skip
+        if race:
+            print(f"serving again, alone: {[it[0] for it in race]} (their KV pool could not be "
+                  "sized beside the engines starting with them)", flush=True)  # fmt: skip
+            gone = {step_of(it[0], it[2]) for it in race}
+            with P.lock:
+                P.failed[:] = [f for f in P.failed if f not in gone]
+            serve_together(race, eager=eager, again=True)
+            missing = [it for it in missing if not (P.res / f"serve-{it[0]}.json").exists()]
+        failed = [it for it in missing if it[2]]
         if failed and not (eager or a.eager_drafters):
             serve_together([("plain_eager", None, None), *failed], eager=True)
         P.save()
@@ -1295,6 +1336,7 @@ def run_all(a) -> int:  # noqa: C901 - one pipeline, read top to bottom
                                             w / "probe" / kind, env),
                              n_records=len(list((ex / f"{kind}-default").glob("rows_*/data_*.ckpt"))),
                              side_by_side=len(names) + bool(spec))  # fmt: skip
+        plan["learning_rate"] = a.learning_rate or TRAINING[kind]["learning_rate"]
         P.facts.setdefault("training", {})[kind] = plan
         with P.lock:  # a backend that fails in the probe is a finding, not a failed run
             P.failed[:] = [f for f in P.failed if not f.startswith(f"probe-{kind}-")]
@@ -1310,6 +1352,7 @@ def run_all(a) -> int:  # noqa: C901 - one pipeline, read top to bottom
                       "--num-workers", a.num_workers, "--log-interval", a.log_interval,
                       "--save-interval", a.save_interval,
                       *(["--max-steps", a.max_steps] if a.max_steps else []),
+                      *(["--learning-rate", a.learning_rate] if a.learning_rate else []),
                       *(["--cpu"] if cpu else []))  # fmt: skip
             if not trained(w / "train" / name):  # a resumed run trains again what failed
                 t, box = acc._thread(P.run, f"train-{name}", cmd, env, None, False)
@@ -1602,6 +1645,14 @@ def main(argv=None) -> int:
             "reached a fifth of an epoch in their budget",
         )
         p.add_argument("--max-length", type=int, default=1024)
+        p.add_argument(
+            "--learning-rate",
+            type=float,
+            default=None,
+            help="SpecForge's training.learning_rate (default: the kind's recipe, TRAINING; "
+            "EAGLE-3's 1e-4 left its drafter still learning when the cosine schedule ended, "
+            "five epochs of 2,018 records, the H200 run of 2026-12-04)",
+        )
         p.add_argument("--num-workers", type=int, default=4)
         p.add_argument("--cpu", action="store_true", help="SpecForge's DDP (NO_SHARD) on gloo")
         p.add_argument(

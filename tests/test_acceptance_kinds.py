@@ -15,6 +15,7 @@ host (its EAGLE-3 loss is a Triton kernel); the DFlash/DSpark trainer on the CPU
 rehearsal in docs/trainers.md.
 """
 
+import gzip
 import json
 import os
 import subprocess
@@ -214,7 +215,10 @@ def test_prediction_runs_the_drafter_as_its_trainer_did(tmp_path, monkeypatch, k
     step("draft-config", "--kind", kind, "--target", target, "--export", ex, "--out", cfg)
     step("train", "--kind", kind, "--target", target, "--data", ex, "--draft-config", cfg,
          "--out", out, "--max-steps", 4, "--eval-samples", 4, "--batch-size", batch,
-         "--save-interval", 4, "--num-workers", 0, "--log-interval", 1, "--cpu")  # fmt: skip
+         "--save-interval", 4, "--num-workers", 0, "--log-interval", 1, "--cpu",
+         "--learning-rate", 8e-4)  # fmt: skip
+    # the run's --learning-rate, not the recipe's 6e-4: SpecForge's run config carries it
+    assert json.loads((out / "run.json").read_text())["training"]["learning_rate"] == 8e-4
     trained = json.loads((out / "train.json").read_text())
     assert trained["steps"] == 4 and trained["eval"]["step"] == 4, trained
     # the eval curve and SpecForge's own step timing, from its log (run-all's results)
@@ -281,8 +285,11 @@ def test_table_pairs_each_drafter_with_its_controls(tmp_path):
     cap["per_prompt"]["p0"][1] = 30  # 30 verify steps: 3x the weight of the others
     cap["per_prompt_cap"] = {f"p{i}": [1.4, 4.0] for i in range(12)}
     cap["per_prompt_cap"]["p0"] = [2.7, None]  # no verify length reported for p0
-    for name, r in runs.items():
-        (res / f"serve-{name}.json").write_text(json.dumps(r))
+    for i, (name, r) in enumerate(runs.items()):  # recorded runs keep theirs gzipped
+        if i % 2:
+            (res / f"serve-{name}.json.gz").write_bytes(gzip.compress(json.dumps(r).encode()))
+        else:
+            (res / f"serve-{name}.json").write_text(json.dumps(r))
     out = tmp_path / "table.json"
     p = subprocess.run(
         [sys.executable, str(ROOT / "bench" / "acceptance_kinds.py"), "table",

