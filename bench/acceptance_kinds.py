@@ -24,7 +24,7 @@ Pieces (each a subcommand; `run-all` chains them):
     export --kind K --ckpt DIR --draft-config JSON --target DIR --out DIR  SpecForge's export
     predict --kind dflash|dspark --train DIR --drafter DIR --json OUT  predicted accept length
     check-served --kind K --folder DIR --target DIR --ids 1,2,3    SGLang's class loads it (CPU)
-    table --results DIR                                            the table from the serve runs
+    table --results DIR       the table from the serve runs (serve-*.json, or .json.gz as recorded)
 
 With `--reference-python PY` (issue 44), EAGLE-3 also gets a drafter trained on SpecForge 0.2.0's
 own offline capture of the drafter's token ids (`bench/reference_capture.py specforge`, its own
