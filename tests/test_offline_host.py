@@ -257,3 +257,29 @@ def test_bg_run_copies_the_checkout_and_poll_brings_it_back(tmp_path):
         assert "STACK=0517" in tf.extractfile(got["bg/bg-run.log"]).read().decode()
     assert '"step": "env"' in bg_steps and '"rc": 0' in bg_steps
     assert not (ht / "out" / "bg").exists()
+
+
+def test_lrp_runs_the_learning_rate_probe_in_the_stacks_env(tmp_path):
+    """`lrp` runs bench/lr_probe.py (here a stand-in that records how it was called) with the
+    stack's site first on the path, the host's work folder, .acc/data, $OUT/lrp for its logs,
+    and LRP_ARGS; refused before install."""
+    ht = tmp_path / "host"
+    repo = checkout(tmp_path, "0517")
+    (repo / "bench").mkdir()
+    (repo / "bench" / "lr_probe.py").write_text(
+        "import json, os, sys\n"
+        "out = sys.argv[sys.argv.index('--out') + 1]\n"
+        "os.makedirs(out, exist_ok=True)\n"
+        "json.dump(dict(argv=sys.argv[1:], path=os.environ.get('PYTHONPATH', '')),\n"
+        "          open(os.path.join(out, 'called.json'), 'w'))\n"
+    )
+    p = host(repo, ht, "lrp")
+    assert "not installed" in steps_of(ht)["lrp"]["note"], p.stdout
+    assert host(repo, ht, "stash", "00", "stash", "01", "install").returncode == 0
+    p = host(repo, ht, "lrp", LRP_ARGS="--kind eagle3 --lrs 1e-4,1.5e-3 --steps 500")
+    assert steps_of(ht)["lrp"]["rc"] == 0, p.stdout + p.stderr
+    got = json.loads((ht / "out" / "lrp" / "called.json").read_text())
+    assert got["argv"] == ["--work", f"{ht}/lrp", "--data", ".acc/data", "--out",
+                           f"{ht}/out/lrp", "--kind", "eagle3", "--lrs", "1e-4,1.5e-3",
+                           "--steps", "500"]  # fmt: skip
+    assert got["path"].startswith(f"{ht / 'site517'}:")
