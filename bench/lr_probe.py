@@ -27,12 +27,11 @@ import threading
 import time
 from pathlib import Path
 
+import acceptance as acc  # bench/, this script's folder, is on the path
+import acceptance_kinds as ak
+
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
-sys.path.insert(0, str(HERE))
-
-import acceptance as acc  # noqa: E402
-import acceptance_kinds as ak  # noqa: E402
 
 
 def step(name: str, cmd: list, env: dict, res: Path, log: list) -> None:
