@@ -1283,7 +1283,7 @@ def run_all(a) -> int:  # noqa: C901 - one pipeline, read top to bottom
                 P.failed[:] = [f for f in P.failed if f not in gone]
             serve_together(race, eager=eager, again=True)
             missing = [it for it in missing if not (P.res / f"serve-{it[0]}.json").exists()]
-        failed = [it for it in missing if it[2]]
+        failed = [it for it in missing if it[2] and it not in race]  # (the retry fell back itself)
         if failed and not (eager or a.eager_drafters):
             serve_together([("plain_eager", None, None), *failed], eager=True)
         P.save()
