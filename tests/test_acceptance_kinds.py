@@ -18,6 +18,7 @@ rehearsal in docs/trainers.md.
 import gzip
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -219,6 +220,9 @@ def test_prediction_runs_the_drafter_as_its_trainer_did(tmp_path, monkeypatch, k
          "--learning-rate", 8e-4)  # fmt: skip
     # the run's --learning-rate, not the recipe's 6e-4: SpecForge's run config carries it
     assert json.loads((out / "run.json").read_text())["training"]["learning_rate"] == 8e-4
+    # and SpecForge's scheduler ran at it: its logged rate peaks there (the recipe's would at 6e-4)
+    logged = [float(x) for x in re.findall(r"'lr': ([0-9.e-]+)", (out / "train.log").read_text())]
+    assert logged and max(logged) == pytest.approx(8e-4), logged
     trained = json.loads((out / "train.json").read_text())
     assert trained["steps"] == 4 and trained["eval"]["step"] == 4, trained
     # the eval curve and SpecForge's own step timing, from its log (run-all's results)

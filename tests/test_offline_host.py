@@ -259,7 +259,7 @@ def test_bg_run_copies_the_checkout_and_poll_brings_it_back(tmp_path):
     assert not (ht / "out" / "bg").exists()
 
 
-def test_lrp_runs_the_learning_rate_probe_in_the_stacks_env(tmp_path):
+def test_lrp_hands_the_probe_its_args_in_the_stacks_env(tmp_path):
     """`lrp` runs bench/lr_probe.py (here a stand-in that records how it was called) with the
     stack's site first on the path, the host's work folder, .acc/data, $OUT/lrp for its logs,
     and LRP_ARGS; refused before install."""
