@@ -330,11 +330,61 @@ runpy.run_module("specforge.cli", run_name="__main__")
 """
 
 
+def head_init(a, cfg: dict, train_dir: Path, dest: Path) -> dict:
+    """EAGLE-3's drafter started with the target's LM head, as speculators' trainer starts its
+    own (its rows for the draft vocabulary); SpecForge 0.2.0 starts the drafter's head random
+    and learns all of it from the records. The vocabulary map is the one SpecForge's trainer
+    builds from the same records (its own `count_effective_feature_tokens` and
+    `process_token_dict_to_mappings`), so only the head's start differs. Written as a
+    pretrained draft folder and a map file, SpecForge's own `model.draft_checkpoint_path`
+    (a weights-only warm start, every weight but the embedding required) and
+    `model.vocab_mapping_path`: what run.json's model section gets."""
+    import torch
+    from safetensors import safe_open
+    from specforge.data.preprocessing import process_token_dict_to_mappings
+    from specforge.modeling.auto import AutoDraftModel
+    from specforge.training.model_loading import load_draft_config_source
+    from specforge.training.vocab_mapping import count_effective_feature_tokens
+
+    if a.kind != "eagle3":
+        raise SystemExit(f"--head-init target is EAGLE-3's (its drafter has an LM head of its "
+                         f"own); {a.kind} reads the target's: leave it at random")  # fmt: skip
+    conf = load_draft_config_source(str(a.draft_config))
+    vocab, draft_vocab = int(conf.vocab_size), int(conf.draft_vocab_size)
+    if draft_vocab < vocab:
+        counts = count_effective_feature_tokens(str(train_dir), max_length=a.max_length,
+                                                target_vocab_size=vocab)  # fmt: skip
+        d2t, t2d = process_token_dict_to_mappings(counts, draft_vocab, vocab)
+    else:  # SpecForge maps nothing: the draft vocabulary is the target's
+        d2t, t2d = torch.zeros(vocab, dtype=torch.long), torch.ones(vocab, dtype=torch.bool)
+    key = cfg["model"].get("lm_head_key", "lm_head.weight")
+    tdir = Path(cfg["model"]["target_model_path"])
+    index = json.loads(next(tdir.glob("*.index.json")).read_text())["weight_map"]
+    with safe_open(str(tdir / index[key]), "pt") as f:
+        head = f.get_tensor(key)
+    torch.manual_seed(0)
+    model = AutoDraftModel.from_config(
+        conf, attention_backend=a.attention_backend, torch_dtype=torch.bfloat16
+    )  # as the trainer loads it
+    ids = torch.arange(draft_vocab) + d2t  # draft id i is target id i + d2t[i]
+    with torch.no_grad():
+        model.d2t.copy_(d2t)
+        model.t2d.copy_(t2d)
+        model.lm_head.weight.copy_(head[ids].to(model.lm_head.weight.dtype))
+    dest.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(str(dest))
+    torch.save({"d2t": d2t, "t2d": t2d}, dest / "vocab_mapping.pt")
+    return dict(draft_checkpoint_path=str(dest.resolve()),
+                vocab_mapping_path=str((dest / "vocab_mapping.pt").resolve()))  # fmt: skip
+
+
 def train(a) -> int:
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     train_dir, eval_dir, n = split_records(Path(a.data), out / "records", a.eval_samples)
     cfg = run_config(a, a.kind, train_dir, eval_dir, n, out)
+    if getattr(a, "head_init", "random") == "target":
+        cfg["model"].update(head_init(a, cfg, train_dir, out / "head-init"))
     (out / "run.json").write_text(json.dumps(cfg, indent=1) + "\n")
     cmd = _py("-m", "specforge.cli", "train", "--config", out / "run.json")
     if a.cpu and a.kind == "eagle3":  # the CPU rehearsal: its loss without the Triton kernel
@@ -1346,6 +1396,8 @@ def run_all(a) -> int:  # noqa: C901 - one pipeline, read top to bottom
                              n_records=len(list((ex / f"{kind}-default").glob("rows_*/data_*.ckpt"))),
                              side_by_side=len(names) + bool(spec))  # fmt: skip
         plan["learning_rate"] = a.learning_rate or TRAINING[kind]["learning_rate"]
+        if kind == "eagle3":
+            plan["head_init"] = a.head_init
         P.facts.setdefault("training", {})[kind] = plan
         with P.lock:  # a backend that fails in the probe is a finding, not a failed run
             P.failed[:] = [f for f in P.failed if not f.startswith(f"probe-{kind}-")]
@@ -1362,6 +1414,7 @@ def run_all(a) -> int:  # noqa: C901 - one pipeline, read top to bottom
                       "--save-interval", a.save_interval,
                       *(["--max-steps", a.max_steps] if a.max_steps else []),
                       *(["--learning-rate", a.learning_rate] if a.learning_rate else []),
+                      *(["--head-init", a.head_init] if kind == "eagle3" else []),
                       *(["--cpu"] if cpu else []))  # fmt: skip
             if not trained(w / "train" / name):  # a resumed run trains again what failed
                 t, box = acc._thread(P.run, f"train-{name}", cmd, env, None, False)
@@ -1661,6 +1714,14 @@ def main(argv=None) -> int:
             help="SpecForge's training.learning_rate (default: the kind's recipe, TRAINING; "
             "EAGLE-3's 1e-4 left its drafter still learning when the cosine schedule ended, "
             "five epochs of 2,018 records, the H200 run of 2026-12-04)",
+        )
+        p.add_argument(
+            "--head-init",
+            default="random",
+            choices=("random", "target"),
+            help="EAGLE-3's drafter LM head at the start: random (SpecForge's own start) or "
+            "the target's rows for the draft vocabulary (speculators' start), a warm start "
+            "through SpecForge's model.draft_checkpoint_path",
         )
         p.add_argument("--num-workers", type=int, default=4)
         p.add_argument("--cpu", action="store_true", help="SpecForge's DDP (NO_SHARD) on gloo")

