@@ -1721,7 +1721,9 @@ def main(argv=None) -> int:
             choices=("random", "target"),
             help="EAGLE-3's drafter LM head at the start: random (SpecForge's own start) or "
             "the target's rows for the draft vocabulary (speculators' start), a warm start "
-            "through SpecForge's model.draft_checkpoint_path",
+            "through SpecForge's model.draft_checkpoint_path; on SmolLM2 at 1e-3 the target's "
+            "head was no better than a random one (held-out accuracy 0.309 and 0.320 at step 300, "
+            "the H200 probe of 2026-12-04)",
         )
         p.add_argument("--num-workers", type=int, default=4)
         p.add_argument("--cpu", action="store_true", help="SpecForge's DDP (NO_SHARD) on gloo")
