@@ -131,9 +131,13 @@ def mask_token_id(target: str, vocab_size: int) -> int:
     return int(resolve_mask_token_id(explicit=None, tokenizer=tok, embedding_vocab_size=vocab_size))
 
 
-def draft_config(kind: str, target: str, serving_ids, block_size: int = BLOCK_SIZE) -> dict:
+def draft_config(kind: str, target: str, serving_ids, block_size: int = BLOCK_SIZE,
+                 fc_norm: bool = False) -> dict:  # fmt: skip
     """The drafter's config: the recipe's shape on the target's dimensions, and the SGLang
-    serving ids (`hsdump export` prints them) under the key SGLang's class reads."""
+    serving ids (`hsdump export` prints them) under the key SGLang's class reads. `fc_norm`
+    (EAGLE-3): an RMSNorm on each captured layer before the drafter's fc, which SpecForge
+    0.2.0 trains and SGLang 0.5.17 and 0.5.23 build from the same key (speculators' trainer
+    norms the concatenation instead, `norm_before_fc`); the recipe has none."""
     t = json.loads((Path(target) / "config.json").read_text())
     heads = int(t["num_attention_heads"])
     rope = t.get("rope_parameters") or {}
@@ -166,6 +170,7 @@ def draft_config(kind: str, target: str, serving_ids, block_size: int = BLOCK_SI
             model_type="llama",
             draft_vocab_size=min(32000, base["vocab_size"]),
             eagle_config=dict(eagle_aux_hidden_state_layer_ids=ids),
+            **({"fc_norm": True} if fc_norm else {}),
             **base,
         )
     n = base["num_hidden_layers"]
@@ -233,6 +238,10 @@ def run_config(a, kind: str, train_dir: Path, eval_dir, n_train: int, out: Path)
     )
     if getattr(a, "learning_rate", None):
         tr["learning_rate"] = a.learning_rate
+    if getattr(a, "ttt_length", None):
+        if kind != "eagle3":
+            raise SystemExit(f"--ttt-length is EAGLE-3's (its unrolled draft steps), not {kind}'s")
+        tr["ttt_length"] = a.ttt_length
     if a.max_steps:
         tr["max_steps"] = a.max_steps
     if eval_dir is not None:  # with each checkpoint: the prediction of the served step
@@ -873,6 +882,13 @@ def contract(a) -> int:
             (nested / "config.json").write_text(json.dumps(c, indent=1) + "\n")
             shutil.copy(d / "served" / "model.safetensors", nested / "model.safetensors")
             want[str(nested)] = ("dspark-nested", ids)
+        if kind == "eagle3":  # with an RMSNorm per captured layer before fc (--fc-norm)
+            f = out / "eagle3-fc_norm"
+            f.mkdir(parents=True, exist_ok=True)
+            (f / "draft.json").write_text(json.dumps(draft_config(kind, target, ids, fc_norm=True),
+                                                     indent=1) + "\n")  # fmt: skip
+            untrained_export(kind, f / "draft.json", f, str(f / "served"))
+            want[str(f / "served")] = ("eagle3-fc_norm", ids)
     found = sglang_load(target, list(want))
     ok = True
     for folder, (kind, ids) in want.items():
@@ -882,7 +898,7 @@ def contract(a) -> int:
             result[kind] = dict(refused_by_sglang=refused, error=r.get("error"))
             ok &= refused
             continue
-        gaps = served_gaps(r, kind, ids)
+        gaps = served_gaps(r, kind.split("-")[0], ids)
         result[kind] = dict(
             cls=r.get("cls"), serving_ids=ids, gaps=gaps, tensors=len(r.get("tensors", [])),
             params=len(r.get("params", [])), loaded=len(r.get("loaded", [])),
@@ -1390,14 +1406,16 @@ def run_all(a) -> int:  # noqa: C901 - one pipeline, read top to bottom
             names[f"{kind}-specforge"] = "specforge"
         cfg = w / "draft" / f"{kind}.json"  # the control is served with the default's ids
         cfg.parent.mkdir(parents=True, exist_ok=True)
-        cfg.write_text(json.dumps(draft_config(kind, target, ids), indent=1) + "\n")
+        cfg.write_text(json.dumps(draft_config(kind, target, ids, fc_norm=a.fc_norm and kind == "eagle3"),
+                                  indent=1) + "\n")  # fmt: skip
         plan = training_plan(a, kind, probe(a, kind, P, me, target, ex / f"{kind}-default", cfg,
                                             w / "probe" / kind, env),
                              n_records=len(list((ex / f"{kind}-default").glob("rows_*/data_*.ckpt"))),
                              side_by_side=len(names) + bool(spec))  # fmt: skip
         plan["learning_rate"] = a.learning_rate or TRAINING[kind]["learning_rate"]
         if kind == "eagle3":
-            plan["head_init"] = a.head_init
+            plan.update(head_init=a.head_init, fc_norm=a.fc_norm,
+                        ttt_length=a.ttt_length or TRAINING[kind]["ttt_length"])  # fmt: skip
         P.facts.setdefault("training", {})[kind] = plan
         with P.lock:  # a backend that fails in the probe is a finding, not a failed run
             P.failed[:] = [f for f in P.failed if not f.startswith(f"probe-{kind}-")]
@@ -1415,6 +1433,8 @@ def run_all(a) -> int:  # noqa: C901 - one pipeline, read top to bottom
                       *(["--max-steps", a.max_steps] if a.max_steps else []),
                       *(["--learning-rate", a.learning_rate] if a.learning_rate else []),
                       *(["--head-init", a.head_init] if kind == "eagle3" else []),
+                      *(["--ttt-length", a.ttt_length] if kind == "eagle3" and a.ttt_length
+                        else []),  # fmt: skip
                       *(["--cpu"] if cpu else []))  # fmt: skip
             if not trained(w / "train" / name):  # a resumed run trains again what failed
                 t, box = acc._thread(P.run, f"train-{name}", cmd, env, None, False)
@@ -1684,6 +1704,9 @@ def main(argv=None) -> int:
     p.add_argument("--export", required=True, help="hsdump's export (its serving ids)")
     p.add_argument("--out", required=True)
     p.add_argument("--block-size", type=int, default=BLOCK_SIZE)
+    p.add_argument(
+        "--fc-norm", action="store_true", help="EAGLE-3: an RMSNorm per captured layer before fc"
+    )
 
     def training_flags(p, backends=("sdpa", "flex_attention")):
         p.add_argument("--epochs", type=int, default=2)
@@ -1714,6 +1737,13 @@ def main(argv=None) -> int:
             help="SpecForge's training.learning_rate (default: the kind's recipe, TRAINING; "
             "EAGLE-3's 1e-4 left its drafter still learning when the cosine schedule ended, "
             "five epochs of 2,018 records, the H200 run of 2026-12-04)",
+        )
+        p.add_argument(
+            "--ttt-length",
+            type=int,
+            default=None,
+            help="EAGLE-3: SpecForge's training.ttt_length, the draft steps unrolled in training "
+            "(default: the recipe's 7; SGLang serves 3 here, speculators' trainer unrolls 3)",
         )
         p.add_argument(
             "--head-init",
@@ -1866,6 +1896,11 @@ def main(argv=None) -> int:
         "known while the drafters train",
     )
     p.add_argument(
+        "--fc-norm",
+        action="store_true",
+        help="EAGLE-3's drafter with an RMSNorm per captured layer before fc (draft-config --fc-norm)",
+    )
+    p.add_argument(
         "--no-cap-accept",
         action="store_true",
         help="DSpark: skip serving the drafter again in SGLang's cap-accept mode (its "
@@ -1920,7 +1955,7 @@ def main(argv=None) -> int:
     a = ap.parse_args(argv)
     if a.cmd == "draft-config":
         ids = export_facts(a.export)["serving_ids"]
-        cfg = draft_config(a.kind, a.target, ids, a.block_size)
+        cfg = draft_config(a.kind, a.target, ids, a.block_size, fc_norm=a.fc_norm)
         Path(a.out).write_text(json.dumps(cfg, indent=1) + "\n")
         print(json.dumps(dict(out=a.out, ids=ids, arch=cfg["architectures"][0])))
         return 0

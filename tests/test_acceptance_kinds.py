@@ -49,7 +49,8 @@ def contract(tmp_path_factory):
 @pytest.mark.engine
 def test_specforge_exports_load_in_sglangs_drafter_classes(contract):
     p, r, _ = contract
-    assert set(r) == {"dflash", "eagle3", "dspark", "dspark-nested", "dspark-cap-accept"}, r
+    assert set(r) == {"dflash", "eagle3", "eagle3-fc_norm", "dspark", "dspark-nested",
+                      "dspark-cap-accept"}, r  # fmt: skip
     for kind, cls in (("dflash", "DFlashDraftModel"), ("dspark", "DSparkDraftModel"),
                       ("eagle3", "LlamaForCausalLMEagle3")):  # fmt: skip
         x = r[kind]
@@ -68,6 +69,11 @@ def test_specforge_exports_load_in_sglangs_drafter_classes(contract):
     cap = r["dspark-cap-accept"]
     assert cap["gaps"] == [] and cap["loaded"] == cap["params"] == r["dspark"]["params"] + 2, cap
     assert cap["confidence_head"] == ["confidence_head.proj.bias", "confidence_head.proj.weight"]
+    # EAGLE-3 with an RMSNorm per captured layer before fc (--fc-norm): SGLang builds the three
+    # norms from the config's fc_norm and fills them from SpecForge's export
+    fc = r["eagle3-fc_norm"]
+    assert fc["cls"] == "LlamaForCausalLMEagle3" and fc["gaps"] == [], fc
+    assert fc["params"] == r["eagle3"]["params"] + 3 and fc["loaded"] == fc["params"] - 1, fc
     assert p.returncode == 0, p.stdout[-2000:]
 
 
@@ -249,8 +255,11 @@ def test_prediction_runs_the_drafter_as_its_trainer_did(tmp_path, monkeypatch, k
 
 
 @pytest.mark.engine
-def test_eagle3_head_init_starts_specforges_drafter_at_the_targets_head(tmp_path, monkeypatch):
-    """`train --head-init target`: SpecForge 0.2.0 starts EAGLE-3's drafter LM head random;
+def test_eagle3_training_options_reach_specforges_trainer(tmp_path, monkeypatch):
+    """EAGLE-3's options for closing the gap to speculators' trainer, each seen in what
+    SpecForge's trainer ran: `draft-config --fc-norm` (its drafter has the three norms),
+    `train --ttt-length 3` (it unrolled three draft steps), and
+    `train --head-init target`: SpecForge 0.2.0 starts EAGLE-3's drafter LM head random;
     speculators' trainer starts it at the target's rows for the draft vocabulary. The warm
     start goes through SpecForge's own `model.draft_checkpoint_path` and
     `model.vocab_mapping_path`. Here SpecForge's trainer runs one step (CPU) on records laid
@@ -293,11 +302,15 @@ def test_eagle3_head_init_starts_specforges_drafter_at_the_targets_head(tmp_path
         assert p.returncode == 0, (args[0], p.stdout[-2000:], p.stderr[-3000:])
 
     cfg, out, lr = tmp_path / "draft.json", tmp_path / "train", 1e-3
-    step("draft-config", "--kind", "eagle3", "--target", target, "--export", ex, "--out", cfg)
+    step("draft-config", "--kind", "eagle3", "--target", target, "--export", ex, "--out", cfg,
+         "--fc-norm")  # fmt: skip
     step("train", "--kind", "eagle3", "--target", target, "--data", ex, "--draft-config", cfg,
          "--out", out, "--max-steps", 1, "--eval-samples", 0, "--batch-size", 2,
          "--save-interval", 1, "--num-workers", 0, "--log-interval", 1, "--cpu",
-         "--learning-rate", lr, "--head-init", "target")  # fmt: skip
+         "--learning-rate", lr, "--head-init", "target", "--ttt-length", 3)  # fmt: skip
+    # --ttt-length 3: SpecForge unrolled three draft steps (its log has their accuracies only)
+    logged = [r for r in re.findall(r"'(acc_\d+)'", (out / "train.log").read_text())]
+    assert sorted(set(logged)) == ["acc_0", "acc_1", "acc_2"], sorted(set(logged))
     model = json.loads((out / "run.json").read_text())["model"]
     assert (
         Path(model["draft_checkpoint_path"]).is_dir()
@@ -306,6 +319,9 @@ def test_eagle3_head_init_starts_specforges_drafter_at_the_targets_head(tmp_path
     state = torch.load(out / "run" / "eagle3-step1" / "training_state.pt", map_location="cpu",
                        weights_only=True)["draft_state_dict"]  # fmt: skip
     d2t, t2d = state["d2t"], state["t2d"]
+    # --fc-norm: the drafter SpecForge trained has the three norms (warm-started like the rest)
+    assert sorted(k for k in state if k.startswith("fc_norm.")) == [
+        "fc_norm.0.weight", "fc_norm.1.weight", "fc_norm.2.weight"]  # fmt: skip
     assert d2t.numel() == 32000 and t2d.numel() == 129280 and int(t2d.sum()) == 32000
     assert all(bool(t2d[t]) for t in supervised), "a supervised token outside the draft vocabulary"
     with safe_open(str(Path(target) / "model.safetensors"), "pt") as f:
