@@ -155,6 +155,31 @@ def test_untrained_drafter_is_the_contracts(contract, tmp_path):
     assert got == shapes(want) and any(k.startswith("markov_head.") for k in got), sorted(got)
 
 
+def _trainer_setup(tmp_path, monkeypatch):
+    """For the tests that run SpecForge's trainer: tiny:llama (its folder and width), an export
+    folder whose records the test writes under rows_0-2000/, and `step(*args)`, which runs
+    bench/acceptance_kinds.py with SpecForge's wheel and accelerate on the path and asserts
+    it exited 0."""
+    sf, ac = _peer_root("HSDUMP_SPECFORGE_SRC"), _peer_root("HSDUMP_ACCELERATE_SRC")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([sf, ac, os.environ.get("PYTHONPATH", "")]))
+    env["HSDUMP_CACHE"] = os.environ.get("HSDUMP_CACHE", str(tmp_path / "cache"))
+    from hsdump.tiny import resolve_model_path
+
+    monkeypatch.setenv("HSDUMP_CACHE", env["HSDUMP_CACHE"])
+    target = resolve_model_path("tiny:llama")
+    hidden = json.loads((Path(target) / "config.json").read_text())["hidden_size"]
+    ex = tmp_path / "ex"
+    (ex / "rows_0-2000").mkdir(parents=True)
+
+    def step(*args):
+        p = subprocess.run([sys.executable, "bench/acceptance_kinds.py", *map(str, args)],
+                           capture_output=True, text=True, env=env, cwd=ROOT, timeout=600)  # fmt: skip
+        assert p.returncode == 0, (args[0], p.stdout[-2000:], p.stderr[-3000:])
+        return p
+
+    return target, hidden, ex, step
+
+
 # the slow tier (SpecForge's own trainer runs: 36 s for DFlash, 66 s for DSpark on the CPU)
 @pytest.mark.engine
 @pytest.mark.parametrize("kind", ["dflash", "dspark"])
@@ -171,17 +196,8 @@ def test_prediction_runs_the_drafter_as_its_trainer_did(tmp_path, monkeypatch, k
     accept length equals the one counted here from the records for what the drafter drafts."""
     import torch
 
-    sf, ac = _peer_root("HSDUMP_SPECFORGE_SRC"), _peer_root("HSDUMP_ACCELERATE_SRC")
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([sf, ac, os.environ.get("PYTHONPATH", "")]))
-    env["HSDUMP_CACHE"] = os.environ.get("HSDUMP_CACHE", str(tmp_path / "cache"))
-    from hsdump.tiny import resolve_model_path
-
-    monkeypatch.setenv("HSDUMP_CACHE", env["HSDUMP_CACHE"])
-    target = resolve_model_path("tiny:llama")
-    hidden = json.loads((Path(target) / "config.json").read_text())["hidden_size"]
-    ex = tmp_path / "ex"
+    target, hidden, ex, step = _trainer_setup(tmp_path, monkeypatch)
     rows = ex / "rows_0-2000"
-    rows.mkdir(parents=True)
     g = torch.Generator().manual_seed(0)
     drafts = 15 if kind == "dflash" else 16
     batch = 4 if kind == "dflash" else 2  # DSpark's logits over the 129k vocabulary: 8 GB at 4
@@ -211,13 +227,6 @@ def test_prediction_runs_the_drafter_as_its_trainer_did(tmp_path, monkeypatch, k
                 blocks.append(1 + (run + [False]).index(False))
     (ex / "hsdump_export.json").write_text(json.dumps(dict(kind=kind,
                                                            serving_ids=[1, 2, 3, 4, 5])))  # fmt: skip
-
-    def step(*args):
-        p = subprocess.run([sys.executable, "bench/acceptance_kinds.py", *map(str, args)],
-                           capture_output=True, text=True, env=env, cwd=ROOT, timeout=600)  # fmt: skip
-        assert p.returncode == 0, (args[0], p.stdout[-2000:], p.stderr[-3000:])
-        return p
-
     cfg, out, served = tmp_path / "draft.json", tmp_path / "train", tmp_path / "served"
     step("draft-config", "--kind", kind, "--target", target, "--export", ex, "--out", cfg)
     step("train", "--kind", kind, "--target", target, "--data", ex, "--draft-config", cfg,
@@ -272,17 +281,8 @@ def test_eagle3_training_options_reach_specforges_trainer(tmp_path, monkeypatch)
     import torch
     from safetensors import safe_open
 
-    sf, ac = _peer_root("HSDUMP_SPECFORGE_SRC"), _peer_root("HSDUMP_ACCELERATE_SRC")
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([sf, ac, os.environ.get("PYTHONPATH", "")]))
-    env["HSDUMP_CACHE"] = os.environ.get("HSDUMP_CACHE", str(tmp_path / "cache"))
-    from hsdump.tiny import resolve_model_path
-
-    monkeypatch.setenv("HSDUMP_CACHE", env["HSDUMP_CACHE"])
-    target = resolve_model_path("tiny:llama")
-    hidden = json.loads((Path(target) / "config.json").read_text())["hidden_size"]
-    ex = tmp_path / "ex"
+    target, hidden, ex, step = _trainer_setup(tmp_path, monkeypatch)
     rows = ex / "rows_0-2000"
-    rows.mkdir(parents=True)
     g = torch.Generator().manual_seed(0)
     supervised = set()
     for i in range(6):  # ids spread over the whole vocabulary, most beyond the draft's 32,000
@@ -295,12 +295,6 @@ def test_eagle3_training_options_reach_specforges_trainer(tmp_path, monkeypatch)
                    hidden_state=torch.randn(1, n, hidden, generator=g).to(torch.bfloat16))  # fmt: skip
         torch.save(rec, rows / f"data_{i}.ckpt")
     (ex / "hsdump_export.json").write_text(json.dumps(dict(kind="eagle3", serving_ids=[1, 2, 3])))
-
-    def step(*args):
-        p = subprocess.run([sys.executable, "bench/acceptance_kinds.py", *map(str, args)],
-                           capture_output=True, text=True, env=env, cwd=ROOT, timeout=600)  # fmt: skip
-        assert p.returncode == 0, (args[0], p.stdout[-2000:], p.stderr[-3000:])
-
     cfg, out, lr = tmp_path / "draft.json", tmp_path / "train", 1e-3
     step("draft-config", "--kind", "eagle3", "--target", target, "--export", ex, "--out", cfg,
          "--fc-norm")  # fmt: skip
