@@ -349,9 +349,9 @@ def head_init(a, cfg: dict, train_dir: Path, dest: Path) -> dict:
     (a weights-only warm start, every weight but the embedding required) and
     `model.vocab_mapping_path`: what run.json's model section gets."""
     import torch
-    from safetensors import safe_open
     from specforge.data.preprocessing import process_token_dict_to_mappings
     from specforge.modeling.auto import AutoDraftModel
+    from specforge.modeling.target.target_head import TargetHead
     from specforge.training.model_loading import load_draft_config_source
     from specforge.training.vocab_mapping import count_effective_feature_tokens
 
@@ -366,11 +366,11 @@ def head_init(a, cfg: dict, train_dir: Path, dest: Path) -> dict:
         d2t, t2d = process_token_dict_to_mappings(counts, draft_vocab, vocab)
     else:  # SpecForge maps nothing: the draft vocabulary is the target's
         d2t, t2d = torch.zeros(vocab, dtype=torch.long), torch.ones(vocab, dtype=torch.bool)
-    key = cfg["model"].get("lm_head_key", "lm_head.weight")
-    tdir = Path(cfg["model"]["target_model_path"])
-    index = json.loads(next(tdir.glob("*.index.json")).read_text())["weight_map"]
-    with safe_open(str(tdir / index[key]), "pt") as f:
-        head = f.get_tensor(key)
+    # the target's head as SpecForge's trainer reads it (its own loader, on the CPU here)
+    target = TargetHead(cfg["model"]["target_model_path"])
+    target.load_weights(cfg["model"]["target_model_path"],
+                        lm_head_key=cfg["model"].get("lm_head_key", "lm_head.weight"))  # fmt: skip
+    head = target.fc.weight
     torch.manual_seed(0)
     model = AutoDraftModel.from_config(
         conf, attention_backend=a.attention_backend, torch_dtype=torch.bfloat16
@@ -1406,8 +1406,9 @@ def run_all(a) -> int:  # noqa: C901 - one pipeline, read top to bottom
             names[f"{kind}-specforge"] = "specforge"
         cfg = w / "draft" / f"{kind}.json"  # the control is served with the default's ids
         cfg.parent.mkdir(parents=True, exist_ok=True)
-        cfg.write_text(json.dumps(draft_config(kind, target, ids, fc_norm=a.fc_norm and kind == "eagle3"),
-                                  indent=1) + "\n")  # fmt: skip
+        # --fc-norm is EAGLE-3's; draft_config leaves the other kinds' configs as they are
+        cfg.write_text(json.dumps(draft_config(kind, target, ids, fc_norm=a.fc_norm), indent=1)
+                       + "\n")  # fmt: skip
         plan = training_plan(a, kind, probe(a, kind, P, me, target, ex / f"{kind}-default", cfg,
                                             w / "probe" / kind, env),
                              n_records=len(list((ex / f"{kind}-default").glob("rows_*/data_*.ckpt"))),
