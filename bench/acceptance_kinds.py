@@ -1196,6 +1196,7 @@ def run_all(a) -> int:  # noqa: C901 - one pipeline, read top to bottom
     target; capture every kind's layers once (regenerated answers) and once one layer off;
     then per kind: export, train drafter and control side by side under a time budget, export
     both with SpecForge, serve (the plain target with the first kind), write the table."""
+    started = time.time()
     w = Path(a.work).resolve()
     acc._claim(w)
     a.work = str(w)
@@ -1452,7 +1453,7 @@ def run_all(a) -> int:  # noqa: C901 - one pipeline, read top to bottom
         smoke = None
         if procs and not cpu and not a.no_smoke_serve:
             smoke = acc._thread(smoke_serve, kind, cfg)[0]
-        end = time.time() + a.train_budget_s
+        end = train_end(time.time(), a.train_budget_s, started, a.train_end_s)
         while any(t.is_alive() for _, t in procs):
             if time.time() > end:
                 print(f"training budget spent: stopping {kind}'s trainings", flush=True)
@@ -1677,6 +1678,13 @@ def trace_summary(path: Path, top: int = 12) -> dict:
                 kernels=by_name(kern), cpu_ops=by_name(cpu))  # fmt: skip
 
 
+def train_end(now: float, budget_s: float, started: float, end_s=None) -> float:
+    """When the trainings stop: `budget_s` after they start, or `end_s` after run-all started
+    (--train-end-s), whichever comes first."""
+    end = now + budget_s
+    return end if end_s is None else min(end, started + end_s)
+
+
 def trained(out: Path) -> bool:
     """The training in `out` ended as planned: finished, or stopped by the budget with a
     checkpoint to serve (a budget that ended it before its first, as four trainers on the
@@ -1864,6 +1872,14 @@ def main(argv=None) -> int:
     p.add_argument("--capture-kv-tokens", type=int, default=300_000)
     p.add_argument(
         "--train-budget-s", type=float, default=100, help="per kind, its runs side by side"
+    )
+    p.add_argument(
+        "--train-end-s",
+        type=float,
+        default=None,
+        help="stop the trainings at this many seconds after run-all started, sooner than "
+        "--train-budget-s would, so that a slow capture still leaves the exports and the "
+        "serving their time before the host's deadline",
     )
     p.add_argument("--log-interval", type=int, default=20)
     p.add_argument("--serve-new-tokens", type=int, default=256)
