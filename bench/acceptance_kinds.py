@@ -1104,9 +1104,8 @@ def spent(capture: str, i: int, kinds) -> bool:
     return capture == "template" or i == len(kinds) - 1
 
 
-def disk_plan(
-    index: dict, hidden: int, kinds, template: bool, ref_batch, slots: dict, speculators=False
-) -> list:
+def disk_plan(index: dict, hidden: int, kinds, template: bool, ref_batch, slots: dict,
+              speculators=False, overlap=False) -> list:  # fmt: skip
     """What run-all holds on disk at each kind's peak, from the default capture's index:
     the captures (default, layer-off control, EAGLE-3's template control: the same samples, at
     `slots` tensors of H a row each: their layers and final states), each released once no
@@ -1114,7 +1113,9 @@ def disk_plan(
     with `ref_batch`, EAGLE-3's SpecForge capture of the same ids, whose records keep the rows
     of its padded batches (each batch of `ref_batch` consecutive samples padded to its
     longest); with `speculators`, EAGLE-3's `--to speculators` export too (the aux layers and
-    the final state, stacked). [(kind, bytes at its peak, {what: bytes})]."""
+    the final state, stacked); with `overlap` (run-all --overlap), SpecForge's capture and the
+    default's EAGLE-3 export are written while every capture is still held.
+    [(kind, bytes at its peak, {what: bytes})]."""
     lengths = index["samples"]["length"]
     T = sum(lengths)
     row = lambda n: n * hidden * 2 + 16  # noqa: E731
@@ -1122,10 +1123,17 @@ def disk_plan(
     held["default"] = sum(index["shards"]["bytes"])  # measured
     if template:
         held["template"] = T * row(slots["template"])
+    padded = ref_batch and sum(max(lengths[j : j + ref_batch]) * len(lengths[j : j + ref_batch])
+                               for j in range(0, len(lengths), ref_batch))  # fmt: skip
+    first = dict(held)  # before any export: every capture (the overlap's moment)
     out = []
     for i, kind in enumerate(kinds):
         eagle = kind == "eagle3"
         written, peak = {}, {}
+        if eagle and ref_batch and overlap:
+            ref = {"export default": T * row(EXPORT_SLOTS[kind]),
+                   "SpecForge capture": padded * row(EXPORT_SLOTS[kind])}  # fmt: skip
+            peak = {**first, **ref}
         if eagle and speculators:  # written first, from the default capture
             written["export speculators"] = T * row(EXPORT_SLOTS[kind])
         for c in ["default", "layer_off"] + (["template"] if eagle and template else []):
@@ -1135,8 +1143,6 @@ def disk_plan(
             if spent(c, i, kinds):
                 held.pop(c, None)
         if eagle and ref_batch:
-            padded = sum(max(lengths[j : j + ref_batch]) * len(lengths[j : j + ref_batch])
-                         for j in range(0, len(lengths), ref_batch))  # fmt: skip
             now = {**held, **written, "SpecForge capture": padded * row(EXPORT_SLOTS[kind])}
             peak = max(peak, now, key=lambda d: sum(d.values()))
         out.append((kind, sum(peak.values()), peak))
@@ -1144,11 +1150,11 @@ def disk_plan(
 
 
 def check_disk(w: Path, index: dict, hidden: int, kinds, template: bool, ref_batch, slots: dict,
-               free_gb=None, speculators=False) -> dict:  # fmt: skip
+               free_gb=None, speculators=False, overlap=False) -> dict:  # fmt: skip
     """Refuse a plan whose peak does not fit the disk under the work folder (the GPU host's
     is 64 GB), before the controls' captures and the trainings spend the host's time:
     naming the peak, the free space and what fits."""
-    plan = disk_plan(index, hidden, kinds, template, ref_batch, slots, speculators)
+    plan = disk_plan(index, hidden, kinds, template, ref_batch, slots, speculators, overlap)
     held = sum(index["shards"]["bytes"])  # the default capture is on disk already
     free = free_gb * 1e9 if free_gb is not None else shutil.disk_usage(w).free + held
     kind, peak, parts = max(plan, key=lambda x: x[1])
@@ -1169,7 +1175,7 @@ def check_disk(w: Path, index: dict, hidden: int, kinds, template: bool, ref_bat
 
 
 def plan_capture(capture: Path, kinds, template: bool, ref_batch, speculators: bool, disk_gb,
-                 w: Path) -> dict:  # fmt: skip
+                 w: Path, overlap=False) -> dict:  # fmt: skip
     """check_disk for run-all's plan from its first capture (its index and manifest: lengths,
     bytes, layers, final states, the model's depth and width); the controls' capture as run-all
     makes it (the kinds' layers one off, post_norm where a kind trains on it)."""
@@ -1188,7 +1194,8 @@ def plan_capture(capture: Path, kinds, template: bool, ref_batch, speculators: b
     slots = dict(default=len(man["layers"]) + len(man.get("final") or []),
                  layer_off=len({x for k in kinds for x in off_by_one(default[k])}) + ctl_final,
                  template=len(default["eagle3"]) + 1)  # fmt: skip
-    return check_disk(w, idx, hidden, kinds, template, ref_batch, slots, disk_gb, speculators)
+    return check_disk(w, idx, hidden, kinds, template, ref_batch, slots, disk_gb, speculators,
+                      overlap)  # fmt: skip
 
 
 def run_all(a) -> int:  # noqa: C901 - one pipeline, read top to bottom
@@ -1245,25 +1252,78 @@ def run_all(a) -> int:  # noqa: C901 - one pipeline, read top to bottom
                *(lay(k, off_by_one(default[k])) for k in kinds)]  # fmt: skip
     P.facts["disk"] = plan_capture(ds / "default", kinds, template,
                                    a.reference_batch if a.reference_python else None,
-                                   a.speculators, a.disk_gb, w)  # fmt: skip
+                                   a.speculators, a.disk_gb, w, a.overlap)  # fmt: skip
     hsd = _py("-m", "hsdump")
     msgs = ex / "messages" / "conversations.jsonl"
     run("export-messages", [*hsd, "export", ds / "default", ex / "messages", "--to",
                               "messages", "--no-progress"], env=env, done=msgs)  # fmt: skip
-    run("extract-layer_off",
-          _py("extract.py", *common, f"dataset.path={msgs}", "dataset.format=messages",
-              "regenerate=none", *control,
-              *([] if cpu else [f"engine.max_total_tokens={a.capture_kv_tokens}"]),
-              f"output.dir={ds / 'layer_off'}"),
-          env=env, done=ds / "layer_off" / "index.json")  # fmt: skip
-    if template:  # EAGLE-3's wrong-template control: the same conversations, another template
-        run("extract-template",
+    ref = w / "ref"
+    rc_py = HERE / "reference_capture.py"
+
+    def export_records(name, src, kind, check=True):
+        return run(f"export-{name}", [*hsd, "export", ds / src, ex / name, "--to", "specforge",
+                                 "--kind", kind, "--no-progress"], env=env,
+              done=ex / name / "hsdump_export.json", check=check)  # fmt: skip
+
+    def capture_layer_off(check=True):
+        return run("extract-layer_off",
+              _py("extract.py", *common, f"dataset.path={msgs}", "dataset.format=messages",
+                  "regenerate=none", *control,
+                  *([] if cpu else [f"engine.max_total_tokens={a.capture_kv_tokens}"]),
+                  f"output.dir={ds / 'layer_off'}"),
+              env=env, done=ds / "layer_off" / "index.json", check=check)  # fmt: skip
+
+    def capture_template(check=True):  # EAGLE-3's wrong-template control: another template
+        return run("extract-template",
               _py(HERE / "acceptance.py", "extract-unchecked", *common, f"dataset.path={msgs}",
                   "dataset.format=messages", "regenerate=none", "capture.kinds=[eagle3]",
                   "capture.final=[post_norm]", f"model.chat_template={WRONG_TEMPLATE}",
                   *([] if cpu else [f"engine.max_total_tokens={a.capture_kv_tokens}"]),
                   f"output.dir={ds / 'template'}"),
-              env=env, done=ds / "template" / "index.json")  # fmt: skip
+              env=env, done=ds / "template" / "index.json", check=check)  # fmt: skip
+
+    def reference_ids(check=True):  # the drafter's token ids, before the capture is released
+        ref.mkdir(parents=True, exist_ok=True)
+        return run("reference-ids", _py(rc_py, "ids", ds / "default", ref / "ids.jsonl"),
+              env=env, done=ref / "ids.jsonl", check=check)  # fmt: skip
+
+    def reference_capture(kind, check=True):
+        """SpecForge's own offline capture (its SGLang pin, in its own interpreter) of the
+        drafter's token ids at the same serving ids (the default export's)"""
+        ids = export_facts(ex / f"{kind}-default")["serving_ids"]
+        return run("reference-capture",
+              _py(rc_py, "specforge", ref / "ids.jsonl", ex / f"{kind}-specforge",
+                  "--model", target, "--layers", ",".join(map(str, ids)),
+                  "--python", a.reference_python, "--batch", a.reference_batch,
+                  "--device", "cpu" if cpu else "cuda",
+                  # hsdump's GPU preset's backend (the offline host's bundles drop FA3)
+                  *([] if cpu else ["--attention-backend", "triton"])),
+              env=env, done=ex / f"{kind}-specforge" / "reference_capture.json",
+              check=check)  # fmt: skip
+
+    def reference_first():  # the overlap's: the ids, the default export, SpecForge's capture
+        if (
+            reference_ids(False) == 0
+            and export_records("eagle3-default", "default", "eagle3", False) == 0
+        ):
+            reference_capture("eagle3", False)
+
+    if a.overlap:  # the controls' captures and SpecForge's side by side, then alone what failed
+        overlap(P, [
+            ({"extract-layer_off": (ds / "layer_off" / "index.json", [ds / "layer_off"])},
+             lambda: capture_layer_off(False)),
+            *([({"extract-template": (ds / "template" / "index.json", [ds / "template"])},
+                lambda: capture_template(False))] if template else []),
+            *([({"reference-ids": (ref / "ids.jsonl", [ref / "ids.jsonl"]),
+                 "export-eagle3-default": (ex / "eagle3-default" / "hsdump_export.json",
+                                           [ex / "eagle3-default"]),
+                 "reference-capture": (ex / "eagle3-specforge" / "reference_capture.json",
+                                       [ex / "eagle3-specforge"])}, reference_first)]
+              if "eagle3" in kinds and a.reference_python else []),
+        ])  # fmt: skip
+    capture_layer_off()  # what the overlap left undone (all of it without --overlap), alone
+    if template:
+        capture_template()
     P.facts.update(acc.env_facts(), datasets=acc.dataset_facts(ds), sizing=dict(
         samples=a.samples, epochs=a.epochs, eval_samples=a.eval_samples,
         train_budget_s=a.train_budget_s, heldout=a.serve_limit or "all",
@@ -1369,12 +1429,8 @@ def run_all(a) -> int:  # noqa: C901 - one pipeline, read top to bottom
         names = {f"{kind}-default": "default", f"{kind}-layer_off": "layer_off"}
         if kind == "eagle3" and template:
             names[f"{kind}-template"] = "template"
-        ref = w / "ref"
-        rc_py = HERE / "reference_capture.py"
-        if kind == "eagle3" and a.reference_python:  # its ids, before the capture is released
-            ref.mkdir(parents=True, exist_ok=True)
-            run("reference-ids", _py(rc_py, "ids", ds / "default", ref / "ids.jsonl"),
-                  env=env, done=ref / "ids.jsonl")  # fmt: skip
+        if kind == "eagle3" and a.reference_python:
+            reference_ids()
         spec = kind == "eagle3" and a.speculators  # speculators' own EAGLE-3 trainer too
         if spec:
             run("export-eagle3-speculators",
@@ -1382,9 +1438,7 @@ def run_all(a) -> int:  # noqa: C901 - one pipeline, read top to bottom
                    "speculators", "--kind", "eagle3", "--no-progress"], env=env,
                   done=ex / "eagle3-speculators" / "hsdump_export.json")  # fmt: skip
         for name, src in names.items():
-            run(f"export-{name}", [*hsd, "export", ds / src, ex / name, "--to", "specforge",
-                                     "--kind", kind, "--no-progress"], env=env,
-                  done=ex / name / "hsdump_export.json")  # fmt: skip
+            export_records(name, src, kind)
             # a capture no later step reads goes at once (disk_plan counts on it): the
             # template control's after its export, the others after the last kind's (their
             # index and manifest stay: the facts, and a resumed run's markers)
@@ -1393,17 +1447,9 @@ def run_all(a) -> int:  # noqa: C901 - one pipeline, read top to bottom
                 shutil.rmtree(ds / src / "shards", ignore_errors=True)
         ids = export_facts(ex / f"{kind}-default")["serving_ids"]
         if kind == "eagle3" and a.reference_python:
-            # SpecForge's own offline capture (its SGLang pin, in its own interpreter) of the
-            # drafter's token ids at the same serving ids: trained, exported and served like the
-            # drafter; the table's eagle3-specforge line is hsdump's drafter minus this one
-            run("reference-capture",
-                  _py(rc_py, "specforge", ref / "ids.jsonl", ex / f"{kind}-specforge",
-                      "--model", target, "--layers", ",".join(map(str, ids)),
-                      "--python", a.reference_python, "--batch", a.reference_batch,
-                      "--device", "cpu" if cpu else "cuda",
-                      # hsdump's GPU preset's backend (the offline host's bundles drop FA3)
-                      *([] if cpu else ["--attention-backend", "triton"])),
-                  env=env, done=ex / f"{kind}-specforge" / "reference_capture.json")  # fmt: skip
+            # the table's eagle3-specforge line is hsdump's drafter minus this one, trained,
+            # exported and served like the drafter
+            reference_capture(kind)
             names[f"{kind}-specforge"] = "specforge"
         cfg = w / "draft" / f"{kind}.json"  # the control is served with the default's ids
         cfg.parent.mkdir(parents=True, exist_ok=True)
@@ -1678,6 +1724,43 @@ def trace_summary(path: Path, top: int = 12) -> dict:
                 kernels=by_name(kern), cpu_ops=by_name(cpu))  # fmt: skip
 
 
+def overlap(P, jobs) -> None:
+    """run-all's independent steps side by side (--overlap). A job is ({each step's name: (the
+    file that marks it done, the outputs it writes)}, a call that runs those steps unchecked,
+    one after the other), each job in its own thread. A step that failed, or that a job which
+    raised left without its mark, has its outputs removed, its failure struck from the
+    pipeline's and its log kept as NAME-overlapped.log, so that run-all's own sequence, which
+    skips what is done, runs it again alone."""
+    with P.lock:
+        before = len(P.failed)
+    ts = [(steps, *acc._thread(fn)) for steps, fn in jobs]
+    for _steps, t, _box in ts:
+        t.join()
+    with P.lock:
+        failed = P.failed[before:]
+        del P.failed[before:]
+    again = []
+    for steps, _t, box in ts:
+        bad = [s for s, (done, _) in steps.items()
+               if s in failed or ("error" in box and not Path(done).exists())]  # fmt: skip
+        if not bad:
+            continue
+        again += bad
+        print(f"overlap: {bad} failed beside the others ({box.get('error', 'exit status')}): "
+              "run again alone", flush=True)  # fmt: skip
+        for s in bad:
+            for o in map(Path, steps[s][1]):
+                if o.is_dir():
+                    shutil.rmtree(o, ignore_errors=True)
+                else:
+                    o.unlink(missing_ok=True)
+            log = P.logs / f"{s}.log"
+            if log.exists():
+                log.replace(P.logs / f"{s}-overlapped.log")
+    P.facts["overlap"] = dict(steps=[s for steps, _ in jobs for s in steps], again_alone=again)
+    P.save()
+
+
 def train_end(now: float, budget_s: float, started: float, end_s=None) -> float:
     """When the trainings stop: `budget_s` after they start, or `end_s` after run-all started
     (--train-end-s), whichever comes first."""
@@ -1816,6 +1899,7 @@ def main(argv=None) -> int:
     p.add_argument("--no-template-control", action="store_true")
     p.add_argument("--reference-batch", type=int, default=None)
     p.add_argument("--speculators", action="store_true")
+    p.add_argument("--overlap", action="store_true")
     p.add_argument("--disk-gb", type=float, default=None)
     p = sub.add_parser("check-served")
     p.add_argument("--kind", choices=KINDS, required=True)
@@ -1872,6 +1956,12 @@ def main(argv=None) -> int:
     p.add_argument("--capture-kv-tokens", type=int, default=300_000)
     p.add_argument(
         "--train-budget-s", type=float, default=100, help="per kind, its runs side by side"
+    )
+    p.add_argument(
+        "--overlap",
+        action="store_true",
+        help="capture the controls and run SpecForge's own capture side by side (each engine's "
+        "KV pool is capped), then alone whatever failed beside the others",
     )
     p.add_argument(
         "--train-end-s",
@@ -1987,7 +2077,8 @@ def main(argv=None) -> int:
         try:
             facts = plan_capture(Path(a.capture), kinds,
                                  "eagle3" in kinds and not a.no_template_control,
-                                 a.reference_batch, a.speculators, a.disk_gb, Path(a.capture))  # fmt: skip
+                                 a.reference_batch, a.speculators, a.disk_gb, Path(a.capture),
+                                 a.overlap)  # fmt: skip
         except SystemExit as e:
             print(e, file=sys.stderr)
             return 2

@@ -433,6 +433,18 @@ def test_disk_plan_refuses_a_run_the_hosts_disk_cannot_hold(tmp_path):
     p = plan("--kinds", "dflash,eagle3,dspark", "--reference-batch", "32")
     assert p.returncode == 2, p.stdout
     assert "at eagle3's step" in p.stderr and "--samples" in p.stderr, p.stderr
+    # EAGLE-3 with SpecForge's capture (equal lengths: its batches carry no padding), 4 slots a
+    # row in each control and export: one after the other, the peak is every capture beside the
+    # first export (each capture goes after its own); with --overlap, SpecForge's capture and
+    # the default's export are written while every capture is held
+    four = T * (4 * H * 2 + 16)
+    p = plan("--kinds", "eagle3", "--reference-batch", "8")
+    assert json.loads(p.stdout)["peak_gb"] == pytest.approx((capture + 3 * four) / 1e9, abs=0.06)
+    p = plan("--kinds", "eagle3", "--reference-batch", "8", "--overlap")
+    facts = json.loads(p.stdout)
+    assert facts["peak_gb"] == pytest.approx((capture + 4 * four) / 1e9, abs=0.06), facts
+    assert set(facts["peak_parts"]) == {"default", "layer_off", "template", "export default",
+                                        "SpecForge capture"}  # fmt: skip
 
 
 def _kinds(*args, timeout=120):
