@@ -323,7 +323,6 @@ def predicted_accept_length(kind: str, rows: list, tail: int = 20, upto=None) ->
 # implementation (`_compute_loss`: -sum(mask * p_target * log_softmax(logits)) over the vocabulary,
 # averaged over the rows), eager; then SpecForge's CLI as `python -m specforge.cli` runs it
 CPU_EAGLE3_LOSS = r"""
-import runpy, sys
 import torch
 import specforge.core.loss as L
 
@@ -334,8 +333,28 @@ def cpu_loss(logits, target_p, position_mask):
 
 
 L.LogSoftmaxLoss.apply = cpu_loss
+"""
+SPECFORGE_CLI = r"""
+import runpy, sys
 sys.argv = ["specforge", *sys.argv[1:]]
 runpy.run_module("specforge.cli", run_name="__main__")
+"""
+# `--head-init target-frozen`: SpecForge 0.2.0's EAGLE-3 builder freezes the drafter's
+# embedding (`freeze_embedding`, which its optimizer then leaves out: it takes the parameters
+# that require grad); the drafter's LM head, started at the target's rows, is frozen beside it,
+# as speculators' trainer keeps its own. Checkpoints and the export carry the head as before.
+FREEZE_HEAD = r"""
+import specforge.modeling.draft.base as B
+_freeze_embedding = B.Eagle3DraftModel.freeze_embedding
+
+
+def freeze_embedding_and_head(self):
+    _freeze_embedding(self)
+    self.lm_head.weight.requires_grad = False
+    print("hsdump: the drafter's LM head is frozen at the target's rows", flush=True)
+
+
+B.Eagle3DraftModel.freeze_embedding = freeze_embedding_and_head
 """
 
 
@@ -356,8 +375,8 @@ def head_init(a, cfg: dict, train_dir: Path, dest: Path) -> dict:
     from specforge.training.vocab_mapping import count_effective_feature_tokens
 
     if a.kind != "eagle3":
-        raise SystemExit(f"--head-init target is EAGLE-3's (its drafter has an LM head of its "
-                         f"own); {a.kind} reads the target's: leave it at random")  # fmt: skip
+        raise SystemExit(f"--head-init {a.head_init} is EAGLE-3's (its drafter has an LM head "
+                         f"of its own); {a.kind} reads the target's: leave it at random")  # fmt: skip
     conf = load_draft_config_source(str(a.draft_config))
     vocab, draft_vocab = int(conf.vocab_size), int(conf.draft_vocab_size)
     if draft_vocab < vocab:
@@ -392,12 +411,15 @@ def train(a) -> int:
     out.mkdir(parents=True, exist_ok=True)
     train_dir, eval_dir, n = split_records(Path(a.data), out / "records", a.eval_samples)
     cfg = run_config(a, a.kind, train_dir, eval_dir, n, out)
-    if getattr(a, "head_init", "random") == "target":
+    init = getattr(a, "head_init", "random")
+    if init.startswith("target"):
         cfg["model"].update(head_init(a, cfg, train_dir, out / "head-init"))
     (out / "run.json").write_text(json.dumps(cfg, indent=1) + "\n")
     cmd = _py("-m", "specforge.cli", "train", "--config", out / "run.json")
-    if a.cpu and a.kind == "eagle3":  # the CPU rehearsal: its loss without the Triton kernel
-        cmd = _py("-c", CPU_EAGLE3_LOSS, "train", "--config", out / "run.json")
+    patches = ([CPU_EAGLE3_LOSS] if a.cpu and a.kind == "eagle3" else []) + (
+        [FREEZE_HEAD] if init == "target-frozen" else [])  # fmt: skip
+    if patches:  # the CPU rehearsal's loss without the Triton kernel; the frozen head
+        cmd = _py("-c", "".join(patches) + SPECFORGE_CLI, "train", "--config", out / "run.json")
     print("specforge train --config " + str(out / "run.json"), flush=True)
     log = out / "train.log"
     # a budget stop (SIGTERM to the process group) reaches SpecForge, which unwinds and exits;
@@ -1840,12 +1862,13 @@ def main(argv=None) -> int:
         p.add_argument(
             "--head-init",
             default="random",
-            choices=("random", "target"),
+            choices=("random", "target", "target-frozen"),
             help="EAGLE-3's drafter LM head at the start: random (SpecForge's own start) or "
             "the target's rows for the draft vocabulary (speculators' start), a warm start "
-            "through SpecForge's model.draft_checkpoint_path; on SmolLM2 at 1e-3 the target's "
-            "head was no better than a random one (held-out accuracy 0.309 and 0.320 at step 300, "
-            "the H200 probe of 2026-12-04)",
+            "through SpecForge's model.draft_checkpoint_path; target-frozen: started there and "
+            "never trained, as speculators' trainer keeps it. On SmolLM2 at 1e-3 the trained "
+            "target's head was no better than a random one (held-out accuracy 0.309 and 0.320 at "
+            "step 300, the H200 probe of 2026-12-04); the frozen one has not run on a GPU",
         )
         p.add_argument("--num-workers", type=int, default=4)
         p.add_argument("--cpu", action="store_true", help="SpecForge's DDP (NO_SHARD) on gloo")

@@ -264,7 +264,8 @@ def test_prediction_runs_the_drafter_as_its_trainer_did(tmp_path, monkeypatch, k
 
 
 @pytest.mark.engine
-def test_eagle3_training_options_reach_specforges_trainer(tmp_path, monkeypatch):
+@pytest.mark.parametrize("init", ["target", "target-frozen"])
+def test_eagle3_training_options_reach_specforges_trainer(tmp_path, monkeypatch, init):
     """EAGLE-3's options for closing the gap to speculators' trainer, each seen in what
     SpecForge's trainer ran: `draft-config --fc-norm` (its drafter has the three norms),
     `train --ttt-length 3` (it unrolled three draft steps), and
@@ -277,7 +278,8 @@ def test_eagle3_training_options_reach_specforges_trainer(tmp_path, monkeypatch)
     that step is the target's rows at the ids of the map the trainer itself used, moved by
     no more than one step at this rate (a random head, a head the trainer did not load, or a
     map that differs from the trainer's would be far off), and every supervised token of the
-    records is in that map."""
+    records is in that map. `--head-init target-frozen` (speculators' trainer keeps its head
+    fixed): the head is the target's rows exactly after the step, while the fc moved."""
     import torch
     from safetensors import safe_open
 
@@ -301,7 +303,7 @@ def test_eagle3_training_options_reach_specforges_trainer(tmp_path, monkeypatch)
     step("train", "--kind", "eagle3", "--target", target, "--data", ex, "--draft-config", cfg,
          "--out", out, "--max-steps", 1, "--eval-samples", 0, "--batch-size", 2,
          "--save-interval", 1, "--num-workers", 0, "--log-interval", 1, "--cpu",
-         "--learning-rate", lr, "--head-init", "target", "--ttt-length", 3)  # fmt: skip
+         "--learning-rate", lr, "--head-init", init, "--ttt-length", 3)  # fmt: skip
     # --ttt-length 3: SpecForge unrolled three draft steps (its log has their accuracies only)
     logged = [r for r in re.findall(r"'(acc_\d+)'", (out / "train.log").read_text())]
     assert sorted(set(logged)) == ["acc_0", "acc_1", "acc_2"], sorted(set(logged))
@@ -325,6 +327,17 @@ def test_eagle3_training_options_reach_specforges_trainer(tmp_path, monkeypatch)
     # 0.25 by 0.002: 4x the rate bounds both (0.0022 seen)
     assert moved <= 4 * lr, moved
     assert head.abs().mean().item() > 4 * lr  # so a head not started there is far off
+    with safe_open(str(Path(model["draft_checkpoint_path"]) / "model.safetensors"), "pt") as f:
+        fc0 = f.get_tensor("fc.weight").float()  # the warm start's fc, before the step
+    fc_moved = (state["fc.weight"].float() - fc0).abs().max().item()
+    assert fc_moved > lr / 4, fc_moved  # the step trained the rest of the drafter
+    start = head.to(torch.bfloat16).float()  # the warm start's head, as the drafter holds it
+    frozen = (state["lm_head.weight"].float() - start).abs().max().item()
+    if init == "target-frozen":  # the optimizer never had the head: bit for bit the start
+        assert frozen == 0.0, frozen
+        assert "LM head is frozen" in (out / "train.log").read_text()
+    else:
+        assert frozen > 0.0  # trained: the one step moved it
 
 
 def _serve(accepted, steps, algorithm=None, tps=100.0):
