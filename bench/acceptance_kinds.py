@@ -356,6 +356,68 @@ def freeze_embedding_and_head(self):
 
 B.Eagle3DraftModel.freeze_embedding = freeze_embedding_and_head
 """
+# `--optimizer muon`: speculators' optimizer in SpecForge 0.2.0's BF16Optimizer, which builds
+# AdamW (no weight decay) over fp32 master copies of the trainable parameters and has no key
+# to change it. Here its masters are split as speculators splits them (Muon, momentum 0.95,
+# weight decay 0.1, its RMS matched to AdamW's, on every 2-D matrix but an embedding, a head,
+# a codebook or DSpark's Markov factors;
+# AdamW, weight decay 0.01, on the rest) into one optimizer that SpecForge's scheduler, clip,
+# state_dict and checkpoints drive as they drive its AdamW.
+MUON = r"""
+import inspect
+import torch
+import specforge.optimizer as O
+
+
+class MuonAdamW(torch.optim.Optimizer):
+    def __init__(self, named, lr):
+        muon = [p for n, p in named if p.ndim == 2 and min(p.shape) > 1
+                and not any(h in n for h in ("embed_tokens", "lm_head", "codebook",
+                                             "markov_w1", "markov_w2"))]
+        rest = [p for n, p in named if all(p is not q for q in muon)]
+        self._inner = []
+        if muon:
+            self._inner.append(torch.optim.Muon(muon, lr=lr, weight_decay=0.1, momentum=0.95,
+                                                adjust_lr_fn="match_rms_adamw"))
+        if rest:
+            self._inner.append(torch.optim.AdamW(rest, lr=lr, weight_decay=0.01))
+        super().__init__([g for o in self._inner for g in o.param_groups], {"lr": lr})
+        self._link()
+        print(f"hsdump: Muon on {len(muon)} matrices, AdamW on {len(rest)} tensors", flush=True)
+
+    def _link(self):  # the inner optimizers step the groups and the state this one holds
+        i = 0
+        for o in self._inner:
+            o.param_groups = self.param_groups[i : i + len(o.param_groups)]
+            o.state = self.state
+            i += len(o.param_groups)
+
+    def load_state_dict(self, state_dict):
+        super().load_state_dict(state_dict)
+        self._link()
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        for o in self._inner:
+            o.step()
+
+
+_init = O.BF16Optimizer.__init__
+
+
+def init_muon(self, model, lr, *args, **kwargs):
+    _init(self, model, lr, *args, **kwargs)
+    a = inspect.signature(_init).bind(self, model, lr, *args, **kwargs)
+    a.apply_defaults()
+    a = a.arguments
+    names = [n for n, p in model.named_parameters() if p.requires_grad]  # as its masters
+    self.optimizer = MuonAdamW(list(zip(names, self.fp32_params)), lr)
+    self.scheduler = type(self.scheduler)(self.optimizer, total_steps=a["total_steps"],
+                                          warmup_steps=int(a["warmup_ratio"] * a["total_steps"]))
+
+
+O.BF16Optimizer.__init__ = init_muon
+"""
 
 
 def head_init(a, cfg: dict, train_dir: Path, dest: Path) -> dict:
@@ -417,8 +479,9 @@ def train(a) -> int:
     (out / "run.json").write_text(json.dumps(cfg, indent=1) + "\n")
     cmd = _py("-m", "specforge.cli", "train", "--config", out / "run.json")
     patches = ([CPU_EAGLE3_LOSS] if a.cpu and a.kind == "eagle3" else []) + (
-        [FREEZE_HEAD] if init == "target-frozen" else [])  # fmt: skip
-    if patches:  # the CPU rehearsal's loss without the Triton kernel; the frozen head
+        [FREEZE_HEAD] if init == "target-frozen" else []) + (
+        [MUON] if getattr(a, "optimizer", "adamw") == "muon" else [])  # fmt: skip
+    if patches:  # the CPU rehearsal's loss without the Triton kernel; the frozen head; Muon
         cmd = _py("-c", "".join(patches) + SPECFORGE_CLI, "train", "--config", out / "run.json")
     print("specforge train --config " + str(out / "run.json"), flush=True)
     log = out / "train.log"
@@ -1483,6 +1546,7 @@ def run_all(a) -> int:  # noqa: C901 - one pipeline, read top to bottom
                              n_records=len(list((ex / f"{kind}-default").glob("rows_*/data_*.ckpt"))),
                              side_by_side=len(names) + bool(spec))  # fmt: skip
         plan["learning_rate"] = a.learning_rate or TRAINING[kind]["learning_rate"]
+        plan["optimizer"] = a.optimizer
         if kind == "eagle3":
             plan.update(head_init=a.head_init, fc_norm=a.fc_norm,
                         ttt_length=a.ttt_length or TRAINING[kind]["ttt_length"])  # fmt: skip
@@ -1505,6 +1569,7 @@ def run_all(a) -> int:  # noqa: C901 - one pipeline, read top to bottom
                       *(["--head-init", a.head_init] if kind == "eagle3" else []),
                       *(["--ttt-length", a.ttt_length] if kind == "eagle3" and a.ttt_length
                         else []),  # fmt: skip
+                      "--optimizer", a.optimizer,
                       *(["--cpu"] if cpu else []))  # fmt: skip
             if not trained(w / "train" / name):  # a resumed run trains again what failed
                 t, box = acc._thread(P.run, f"train-{name}", cmd, env, None, False)
@@ -1858,6 +1923,14 @@ def main(argv=None) -> int:
             default=None,
             help="EAGLE-3: SpecForge's training.ttt_length, the draft steps unrolled in training "
             "(default: the recipe's 7; SGLang serves 3 here, speculators' trainer unrolls 3)",
+        )
+        p.add_argument(
+            "--optimizer",
+            default="adamw",
+            choices=("adamw", "muon"),
+            help="adamw: SpecForge 0.2.0's own (AdamW over fp32 masters, no weight decay); "
+            "muon: speculators' split in SpecForge's optimizer (Muon on the 2-D matrices, "
+            "AdamW on the rest; not run on a GPU yet)",
         )
         p.add_argument(
             "--head-init",

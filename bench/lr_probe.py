@@ -7,7 +7,8 @@ whole acceptance run (`acceptance_kinds.py run-all --learning-rate`) should take
 
 An arm is a rate with EAGLE-3's options after it: `target` (the drafter's LM head started at
 the target's, `train --head-init target`), `frozen` (started there and never trained,
-`--head-init target-frozen`), `fc_norm` (an RMSNorm per captured layer before fc,
+`--head-init target-frozen`), `muon` (speculators' optimizer split, `train --optimizer muon`),
+`fc_norm` (an RMSNorm per captured layer before fc,
 `draft-config --fc-norm`), `ttt=N` (SpecForge's ttt_length, `train --ttt-length N`). So
 `--lrs 1e-3,1e-3:fc_norm,1e-3:ttt=3` sets the recipe's drafter beside each change at one rate.
 
@@ -37,19 +38,23 @@ HERE = Path(__file__).resolve().parent
 
 
 def arm(spec: str) -> tuple:
-    """`RATE[:OPTION...]` (options: target, frozen, fc_norm, ttt=N): (rate, train's extra flags, whether the draft config has fc_norm,
+    """`RATE[:OPTION...]` (options: target, frozen, muon, fc_norm, ttt=N): (rate, train's extra flags, whether the draft config has fc_norm,
     the arm's name: the rate and its options, e.g. 0.001-fc_norm-ttt3)."""
     lr, *opts = spec.split(":")
     lr, flags, fc_norm, name = float(lr), [], False, f"{float(lr)}"
     for o in opts:
         if o in ("target", "frozen"):  # frozen: the target's head, never trained
             flags += ["--head-init", "target" if o == "target" else "target-frozen"]
+        elif o == "muon":
+            flags += ["--optimizer", "muon"]
         elif o == "fc_norm":
             fc_norm = True
         elif o.startswith("ttt=") and o[4:].isdigit():
             flags += ["--ttt-length", int(o[4:])]
         else:
-            raise SystemExit(f"--lrs {spec!r}: {o!r} is none of target, frozen, fc_norm, ttt=N")
+            raise SystemExit(
+                f"--lrs {spec!r}: {o!r} is none of target, frozen, muon, fc_norm, ttt=N"
+            )
         name += "-" + o.replace("=", "")
     return lr, flags, fc_norm, name
 

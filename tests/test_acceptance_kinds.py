@@ -264,8 +264,8 @@ def test_prediction_runs_the_drafter_as_its_trainer_did(tmp_path, monkeypatch, k
 
 
 @pytest.mark.engine
-@pytest.mark.parametrize("init", ["target", "target-frozen"])
-def test_eagle3_training_options_reach_specforges_trainer(tmp_path, monkeypatch, init):
+@pytest.mark.parametrize("init,optimizer", [("target", "adamw"), ("target-frozen", "muon")])
+def test_eagle3_training_options_reach_specforges_trainer(tmp_path, monkeypatch, init, optimizer):
     """EAGLE-3's options for closing the gap to speculators' trainer, each seen in what
     SpecForge's trainer ran: `draft-config --fc-norm` (its drafter has the three norms),
     `train --ttt-length 3` (it unrolled three draft steps), and
@@ -279,7 +279,9 @@ def test_eagle3_training_options_reach_specforges_trainer(tmp_path, monkeypatch,
     no more than one step at this rate (a random head, a head the trainer did not load, or a
     map that differs from the trainer's would be far off), and every supervised token of the
     records is in that map. `--head-init target-frozen` (speculators' trainer keeps its head
-    fixed): the head is the target's rows exactly after the step, while the fc moved."""
+    fixed): the head is the target's rows exactly after the step, while the fc moved; run
+    with `--optimizer muon` (speculators' split: Muon on the eight matrices, AdamW on the
+    norms), whose step is told from AdamW's by its size."""
     import torch
     from safetensors import safe_open
 
@@ -303,7 +305,8 @@ def test_eagle3_training_options_reach_specforges_trainer(tmp_path, monkeypatch,
     step("train", "--kind", "eagle3", "--target", target, "--data", ex, "--draft-config", cfg,
          "--out", out, "--max-steps", 1, "--eval-samples", 0, "--batch-size", 2,
          "--save-interval", 1, "--num-workers", 0, "--log-interval", 1, "--cpu",
-         "--learning-rate", lr, "--head-init", init, "--ttt-length", 3)  # fmt: skip
+         "--learning-rate", lr, "--head-init", init, "--ttt-length", 3,
+         "--optimizer", optimizer)  # fmt: skip
     # --ttt-length 3: SpecForge unrolled three draft steps (its log has their accuracies only)
     logged = [r for r in re.findall(r"'(acc_\d+)'", (out / "train.log").read_text())]
     assert sorted(set(logged)) == ["acc_0", "acc_1", "acc_2"], sorted(set(logged))
@@ -329,13 +332,23 @@ def test_eagle3_training_options_reach_specforges_trainer(tmp_path, monkeypatch,
     assert head.abs().mean().item() > 4 * lr  # so a head not started there is far off
     with safe_open(str(Path(model["draft_checkpoint_path"]) / "model.safetensors"), "pt") as f:
         fc0 = f.get_tensor("fc.weight").float()  # the warm start's fc, before the step
-    fc_moved = (state["fc.weight"].float() - fc0).abs().max().item()
-    assert fc_moved > lr / 4, fc_moved  # the step trained the rest of the drafter
+    fc_step = state["fc.weight"].float() - fc0
+    assert fc_step.abs().max().item() > lr / 4, fc_step  # the step trained the rest
+    # which optimizer took that step: AdamW's first moves every weight by about the rate
+    # (its RMS 2.0e-3 seen here), Muon's orthogonalised one, scaled to AdamW's RMS by
+    # 0.2 x sqrt(the larger side), about a fifth of it (2.9e-4 seen)
+    rms = fc_step.pow(2).mean().sqrt().item()
+    log = (out / "train.log").read_text()
+    if optimizer == "muon":
+        assert rms < lr / 2, rms
+        assert "hsdump: Muon on 8 matrices, AdamW on 7 tensors" in log  # fc, q k v o, MLP
+    else:
+        assert rms > lr / 2 and "Muon" not in log, rms
     start = head.to(torch.bfloat16).float()  # the warm start's head, as the drafter holds it
     frozen = (state["lm_head.weight"].float() - start).abs().max().item()
     if init == "target-frozen":  # the optimizer never had the head: bit for bit the start
         assert frozen == 0.0, frozen
-        assert "LM head is frozen" in (out / "train.log").read_text()
+        assert "LM head is frozen" in log
     else:
         assert frozen > 0.0  # trained: the one step moved it
 
