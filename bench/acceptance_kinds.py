@@ -358,11 +358,10 @@ B.Eagle3DraftModel.freeze_embedding = freeze_embedding_and_head
 """
 # `--optimizer muon`: speculators' optimizer in SpecForge 0.2.0's BF16Optimizer, which builds
 # AdamW (no weight decay) over fp32 master copies of the trainable parameters and has no key
-# to change it. Here its masters are split as speculators splits them (Muon, momentum 0.95,
-# weight decay 0.1, its RMS matched to AdamW's, on every 2-D matrix but an embedding, a head,
-# a codebook or DSpark's Markov factors;
-# AdamW, weight decay 0.01, on the rest) into one optimizer that SpecForge's scheduler, clip,
-# state_dict and checkpoints drive as they drive its AdamW.
+# to change it. Here its masters are split as speculators splits them: Muon (momentum 0.95,
+# weight decay 0.1, its RMS matched to AdamW's) on every 2-D matrix but an embedding, a head,
+# a codebook or DSpark's Markov factors, and AdamW (weight decay 0.01) on the rest, in one
+# optimizer that SpecForge's scheduler, clip, state_dict and checkpoints drive as its AdamW.
 MUON = r"""
 import inspect
 import torch
