@@ -368,12 +368,17 @@ import torch
 import specforge.optimizer as O
 
 
+NOT_MUON = ("embed_tokens", "lm_head", "codebook", "markov_w1", "markov_w2")
+
+
+def is_matrix(n, p):
+    return p.ndim == 2 and min(p.shape) > 1 and not any(h in n for h in NOT_MUON)
+
+
 class MuonAdamW(torch.optim.Optimizer):
     def __init__(self, named, lr):
-        muon = [p for n, p in named if p.ndim == 2 and min(p.shape) > 1
-                and not any(h in n for h in ("embed_tokens", "lm_head", "codebook",
-                                             "markov_w1", "markov_w2"))]
-        rest = [p for n, p in named if all(p is not q for q in muon)]
+        muon = [p for n, p in named if is_matrix(n, p)]
+        rest = [p for n, p in named if not is_matrix(n, p)]
         self._inner = []
         if muon:
             self._inner.append(torch.optim.Muon(muon, lr=lr, weight_decay=0.1, momentum=0.95,
