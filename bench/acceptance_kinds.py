@@ -132,12 +132,16 @@ def mask_token_id(target: str, vocab_size: int) -> int:
 
 
 def draft_config(kind: str, target: str, serving_ids, block_size: int = BLOCK_SIZE,
-                 fc_norm: bool = False) -> dict:  # fmt: skip
+                 fc_norm: bool = False, norm_before_fc: bool = False,
+                 feed_post_norm: bool = False) -> dict:  # fmt: skip
     """The drafter's config: the recipe's shape on the target's dimensions, and the SGLang
-    serving ids (`hsdump export` prints them) under the key SGLang's class reads. `fc_norm`
-    (EAGLE-3): an RMSNorm on each captured layer before the drafter's fc, which SpecForge
-    0.2.0 trains and SGLang 0.5.17 and 0.5.23 build from the same key (speculators' trainer
-    norms the concatenation instead, `norm_before_fc`); the recipe has none."""
+    serving ids (`hsdump export` prints them) under the key SGLang's class reads. EAGLE-3's
+    options, none in the recipe: `fc_norm`, an RMSNorm on each captured layer before the
+    drafter's fc, which SpecForge 0.2.0 trains and SGLang 0.5.17 and 0.5.23 build from the
+    same key; `norm_before_fc`, one RMSNorm over their concatenation (speculators' trainer's),
+    and `feed_post_norm`, each draft step fed the previous step's normed state (speculators',
+    served by SGLang's `norm_output`): SGLang builds both from these keys, SpecForge's drafter
+    has them through DRAFT_OPTIONS."""
     t = json.loads((Path(target) / "config.json").read_text())
     heads = int(t["num_attention_heads"])
     rope = t.get("rope_parameters") or {}
@@ -171,6 +175,8 @@ def draft_config(kind: str, target: str, serving_ids, block_size: int = BLOCK_SI
             draft_vocab_size=min(32000, base["vocab_size"]),
             eagle_config=dict(eagle_aux_hidden_state_layer_ids=ids),
             **({"fc_norm": True} if fc_norm else {}),
+            **({"norm_before_fc": True} if norm_before_fc else {}),
+            **({"feed_post_norm": True, "norm_output": True} if feed_post_norm else {}),
             **base,
         )
     n = base["num_hidden_layers"]
@@ -356,6 +362,62 @@ def freeze_embedding_and_head(self):
 
 B.Eagle3DraftModel.freeze_embedding = freeze_embedding_and_head
 """
+# `draft-config --norm-before-fc` and `--feed-post-norm`: two parts of speculators' EAGLE-3
+# drafter that SGLang 0.5.17 and 0.5.23 serve (LlamaForCausalLMEagle3: `norm_before_fc`, one
+# RMSNorm `input_norm` over the concatenated captured layers before fc; `norm_output`, the next
+# draft step fed the final norm's output rather than its input) and SpecForge 0.2.0's EAGLE-3
+# drafter lacks. This adds them to SpecForge's drafter when its config asks (`norm_before_fc`;
+# `feed_post_norm`, since SpecForge reads `norm_output` as "norm before the LM head", its
+# default), so its trainer, warm start and export all build the drafter SGLang serves. In
+# every SpecForge process these scripts start; without those keys the drafter is SpecForge's.
+DRAFT_OPTIONS = r"""
+import specforge.modeling.draft.llama3_eagle as E
+D = E.LlamaForCausalLMEagle3
+_draft_init, _draft_project = D.__init__, D.project_hidden_states
+_draft_backbone, _draft_logits = D.backbone, D.compute_logits
+
+
+def init_options(self, config, *args, **kwargs):
+    _draft_init(self, config, *args, **kwargs)
+    if getattr(config, "norm_before_fc", False):
+        self.input_norm = E.LlamaRMSNorm(self.target_hidden_size * 3, eps=config.rms_norm_eps)
+
+
+def project_options(self, hidden_states):
+    if getattr(self, "input_norm", None) is not None:
+        hidden_states = self.input_norm(hidden_states)
+    return _draft_project(self, hidden_states)
+
+
+def feeds_post_norm(self):
+    return bool(getattr(self.config, "feed_post_norm", False))
+
+
+def backbone_options(self, *args, **kwargs):
+    out = _draft_backbone(self, *args, **kwargs)
+    return self.norm(out) if feeds_post_norm(self) else out
+
+
+def logits_options(self, hidden_states):  # fed post-norm: the state is normed already
+    if feeds_post_norm(self):
+        return self.lm_head(hidden_states)
+    return _draft_logits(self, hidden_states)
+
+
+D.__init__, D.project_hidden_states = init_options, project_options
+D.backbone, D.compute_logits = backbone_options, logits_options
+"""
+_PATCHED = []
+
+
+def draft_options() -> None:
+    """DRAFT_OPTIONS in this process (the warm start and the contract build SpecForge's
+    drafter here), once."""
+    if not _PATCHED:
+        exec(DRAFT_OPTIONS, {})
+        _PATCHED.append(True)
+
+
 # `--optimizer muon`: speculators' optimizer in SpecForge 0.2.0's BF16Optimizer, which builds
 # AdamW (no weight decay) over fp32 master copies of the trainable parameters and has no key
 # to change it. Here its masters are split as speculators splits them: Muon (momentum 0.95,
@@ -440,6 +502,7 @@ def head_init(a, cfg: dict, train_dir: Path, dest: Path) -> dict:
     from specforge.training.model_loading import load_draft_config_source
     from specforge.training.vocab_mapping import count_effective_feature_tokens
 
+    draft_options()
     if a.kind != "eagle3":
         raise SystemExit(f"--head-init {a.head_init} is EAGLE-3's (its drafter has an LM head "
                          f"of its own); {a.kind} reads the target's: leave it at random")  # fmt: skip
@@ -482,10 +545,12 @@ def train(a) -> int:
         cfg["model"].update(head_init(a, cfg, train_dir, out / "head-init"))
     (out / "run.json").write_text(json.dumps(cfg, indent=1) + "\n")
     cmd = _py("-m", "specforge.cli", "train", "--config", out / "run.json")
-    patches = ([CPU_EAGLE3_LOSS] if a.cpu and a.kind == "eagle3" else []) + (
+    patches = ([DRAFT_OPTIONS] if a.kind == "eagle3" else []) + (
+        [CPU_EAGLE3_LOSS] if a.cpu and a.kind == "eagle3" else []) + (
         [FREEZE_HEAD] if init == "target-frozen" else []) + (
         [MUON] if getattr(a, "optimizer", "adamw") == "muon" else [])  # fmt: skip
-    if patches:  # the CPU rehearsal's loss without the Triton kernel; the frozen head; Muon
+    if patches:  # the drafter's options; the CPU rehearsal's loss without the Triton kernel;
+        # the frozen head; Muon
         cmd = _py("-c", "".join(patches) + SPECFORGE_CLI, "train", "--config", out / "run.json")
     print("specforge train --config " + str(out / "run.json"), flush=True)
     log = out / "train.log"
@@ -664,9 +729,11 @@ def export(a) -> int:
         step, ckpt = last_step(ckpt)
         if ckpt is None:
             raise SystemExit(f"{a.ckpt}: no SpecForge checkpoint")
-    cmd = _py("-m", "specforge.cli", "export", "--to", EXPORT_TO[a.kind],
-              "--checkpoint", ckpt, "--draft-config", a.draft_config, "--output-dir", a.out)  # fmt: skip
-    print(" ".join(map(str, cmd[1:])), flush=True)
+    args = ["export", "--to", EXPORT_TO[a.kind], "--checkpoint", ckpt,
+            "--draft-config", a.draft_config, "--output-dir", a.out]  # fmt: skip
+    cmd = (_py("-c", DRAFT_OPTIONS + SPECFORGE_CLI, *args) if a.kind == "eagle3"
+           else _py("-m", "specforge.cli", *args))  # fmt: skip
+    print("specforge " + " ".join(map(str, args)), flush=True)
     rc = subprocess.call(cmd)
     if rc == 0:
         (Path(a.out) / "exported_from.json").write_text(
@@ -856,7 +923,9 @@ def check(folder):
     out = dict(cls=cls.__name__, params=sorted(params), loaded=sorted(loaded),
                tensors=sorted(weights))
     if cfg.architectures[0] == "LlamaForCausalLMEagle3":
-        out.update(aux_ids=list(cfg.eagle_config["eagle_aux_hidden_state_layer_ids"]))
+        out.update(aux_ids=list(cfg.eagle_config["eagle_aux_hidden_state_layer_ids"]),
+                   norm_before_fc=bool(model.model.norm_before_fc),
+                   norm_output=bool(model.model.norm_output))
     else:
         from sglang.srt.speculative.dflash_utils import parse_dflash_draft_config
         d = parse_dflash_draft_config(draft_hf_config=cfg)
@@ -919,6 +988,7 @@ def untrained_export(kind: str, cfg_path, work, served) -> None:
     from specforge.export.to_sglang import export_to_sglang
     from specforge.modeling.auto import AutoDraftModel, AutoDraftModelConfig
 
+    draft_options()
     model = AutoDraftModel.from_config(
         AutoDraftModelConfig.from_file(str(cfg_path)), torch_dtype=torch.bfloat16
     )
@@ -978,6 +1048,13 @@ def contract(a) -> int:
                                                      indent=1) + "\n")  # fmt: skip
             untrained_export(kind, f / "draft.json", f, str(f / "served"))
             want[str(f / "served")] = ("eagle3-fc_norm", ids)
+            # speculators' drafter: one norm over the concatenation, the normed state fed on
+            f = out / "eagle3-norm_before_fc-feed_post_norm"
+            f.mkdir(parents=True, exist_ok=True)
+            c = draft_config(kind, target, ids, norm_before_fc=True, feed_post_norm=True)
+            (f / "draft.json").write_text(json.dumps(c, indent=1) + "\n")
+            untrained_export(kind, f / "draft.json", f, str(f / "served"))
+            want[str(f / "served")] = ("eagle3-norm_before_fc-feed_post_norm", ids)
     found = sglang_load(target, list(want))
     ok = True
     for folder, (kind, ids) in want.items():
@@ -991,8 +1068,8 @@ def contract(a) -> int:
         result[kind] = dict(
             cls=r.get("cls"), serving_ids=ids, gaps=gaps, tensors=len(r.get("tensors", [])),
             params=len(r.get("params", [])), loaded=len(r.get("loaded", [])),
-            **{k: r[k] for k in ("mask_token_id", "block_size", "target_layer_ids", "aux_ids")
-               if k in r},
+            **{k: r[k] for k in ("mask_token_id", "block_size", "target_layer_ids", "aux_ids",
+                                 "norm_before_fc", "norm_output") if k in r},
         )  # fmt: skip
         ok &= not gaps
     for folder, (kind, ids) in want.items():
@@ -1543,8 +1620,8 @@ def run_all(a) -> int:  # noqa: C901 - one pipeline, read top to bottom
         cfg = w / "draft" / f"{kind}.json"  # the control is served with the default's ids
         cfg.parent.mkdir(parents=True, exist_ok=True)
         # --fc-norm is EAGLE-3's; draft_config leaves the other kinds' configs as they are
-        cfg.write_text(json.dumps(draft_config(kind, target, ids, fc_norm=a.fc_norm), indent=1)
-                       + "\n")  # fmt: skip
+        cfg.write_text(json.dumps(draft_config(kind, target, ids, **drafter_options(a)),
+                                  indent=1) + "\n")  # fmt: skip
         plan = training_plan(a, kind, probe(a, kind, P, me, target, ex / f"{kind}-default", cfg,
                                             w / "probe" / kind, env),
                              n_records=len(list((ex / f"{kind}-default").glob("rows_*/data_*.ckpt"))),
@@ -1552,7 +1629,7 @@ def run_all(a) -> int:  # noqa: C901 - one pipeline, read top to bottom
         plan["learning_rate"] = a.learning_rate or TRAINING[kind]["learning_rate"]
         plan["optimizer"] = a.optimizer
         if kind == "eagle3":
-            plan.update(head_init=a.head_init, fc_norm=a.fc_norm,
+            plan.update(head_init=a.head_init, **drafter_options(a),
                         ttt_length=a.ttt_length or TRAINING[kind]["ttt_length"])  # fmt: skip
         P.facts.setdefault("training", {})[kind] = plan
         with P.lock:  # a backend that fails in the probe is a finding, not a failed run
@@ -1878,6 +1955,26 @@ def _steps(run: Path):
 
 
 # ------------------------------------------------------------------------------- main
+DRAFTER_FLAGS = {
+    "fc_norm": "an RMSNorm per captured layer before fc",
+    "norm_before_fc": "one RMSNorm over the concatenated captured layers before fc "
+    "(speculators' trainer's)",
+    "feed_post_norm": "each draft step fed the previous step's normed state (speculators' "
+    "trainer's; served through SGLang's norm_output)",
+}
+
+
+def drafter_flags(p) -> None:
+    for k, what in DRAFTER_FLAGS.items():
+        p.add_argument("--" + k.replace("_", "-"), action="store_true", help=f"EAGLE-3: {what}")
+
+
+def drafter_options(a) -> dict:
+    """draft_config's EAGLE-3 options from draft-config's or run-all's flags (the other kinds'
+    configs take none)."""
+    return {k: getattr(a, k) for k in DRAFTER_FLAGS}
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -1887,9 +1984,7 @@ def main(argv=None) -> int:
     p.add_argument("--export", required=True, help="hsdump's export (its serving ids)")
     p.add_argument("--out", required=True)
     p.add_argument("--block-size", type=int, default=BLOCK_SIZE)
-    p.add_argument(
-        "--fc-norm", action="store_true", help="EAGLE-3: an RMSNorm per captured layer before fc"
-    )
+    drafter_flags(p)
 
     def training_flags(p, backends=("sdpa", "flex_attention")):
         p.add_argument("--epochs", type=int, default=2)
@@ -2102,11 +2197,7 @@ def main(argv=None) -> int:
         "beside the trainers (on the GPU), so that a kind SGLang cannot serve on the host is "
         "known while the drafters train",
     )
-    p.add_argument(
-        "--fc-norm",
-        action="store_true",
-        help="EAGLE-3's drafter with an RMSNorm per captured layer before fc (draft-config --fc-norm)",
-    )
+    drafter_flags(p)
     p.add_argument(
         "--no-cap-accept",
         action="store_true",
@@ -2162,7 +2253,7 @@ def main(argv=None) -> int:
     a = ap.parse_args(argv)
     if a.cmd == "draft-config":
         ids = export_facts(a.export)["serving_ids"]
-        cfg = draft_config(a.kind, a.target, ids, a.block_size, fc_norm=a.fc_norm)
+        cfg = draft_config(a.kind, a.target, ids, a.block_size, **drafter_options(a))
         Path(a.out).write_text(json.dumps(cfg, indent=1) + "\n")
         print(json.dumps(dict(out=a.out, ids=ids, arch=cfg["architectures"][0])))
         return 0

