@@ -292,7 +292,8 @@ def test_eagle3_training_options_reach_specforges_trainer(tmp_path, monkeypatch)
       draft steps after the first were fed the normed state, so their losses differ from the
       first run's while the first draft step's loss, which the feed does not reach, is the
       same to the bit (a second norm before the head, or a feed the option missed, would
-      break one)."""
+      break one); SpecForge's export of that step carries the trained `input_norm` and the
+      keys SGLang reads (`norm_before_fc`, `norm_output`)."""
     import torch
     from safetensors import safe_open
 
@@ -367,6 +368,15 @@ def test_eagle3_training_options_reach_specforges_trainer(tmp_path, monkeypatch)
             # fc, q k v o, MLP; the norms (three per layer, the one before fc, two in the layer
             # and the final one)
             assert "hsdump: Muon on 8 matrices, AdamW on 8 tensors" in log
+            # SpecForge's own export of that step, as run-all serves it: the folder SGLang loads
+            # (the contract test loads such a folder) has the trained norm and both keys
+            served = tmp_path / "served"
+            step("export", "--kind", "eagle3", "--ckpt", out / "run" / "eagle3-step1",
+                 "--draft-config", cfg, "--target", target, "--out", served)  # fmt: skip
+            c = json.loads((served / "config.json").read_text())
+            assert c["norm_before_fc"] and c["norm_output"] and c["fc_norm"], c
+            with safe_open(str(served / "model.safetensors"), "pt") as f:
+                assert torch.equal(f.get_tensor("input_norm.weight"), state["input_norm.weight"])
     # the first draft step's loss is taken before any feed: the same drafter from the same
     # start, on the same records, gives the same loss to the bit (the runs' other differences,
     # the head's freeze and the optimizer, act after it); the later steps' inputs are the fed
