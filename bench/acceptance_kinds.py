@@ -1041,20 +1041,17 @@ def contract(a) -> int:
             (nested / "config.json").write_text(json.dumps(c, indent=1) + "\n")
             shutil.copy(d / "served" / "model.safetensors", nested / "model.safetensors")
             want[str(nested)] = ("dspark-nested", ids)
-        if kind == "eagle3":  # with an RMSNorm per captured layer before fc (--fc-norm)
-            f = out / "eagle3-fc_norm"
+        # EAGLE-3's drafter options: an RMSNorm per captured layer before fc (--fc-norm);
+        # speculators' drafter, one norm over the concatenation and the normed state fed on
+        options = ({"fc_norm"}, {"norm_before_fc", "feed_post_norm"}) if kind == "eagle3" else ()
+        for opts in options:
+            name = "-".join([kind, *sorted(opts, key=list(DRAFTER_FLAGS).index)])
+            f = out / name
             f.mkdir(parents=True, exist_ok=True)
-            (f / "draft.json").write_text(json.dumps(draft_config(kind, target, ids, fc_norm=True),
-                                                     indent=1) + "\n")  # fmt: skip
-            untrained_export(kind, f / "draft.json", f, str(f / "served"))
-            want[str(f / "served")] = ("eagle3-fc_norm", ids)
-            # speculators' drafter: one norm over the concatenation, the normed state fed on
-            f = out / "eagle3-norm_before_fc-feed_post_norm"
-            f.mkdir(parents=True, exist_ok=True)
-            c = draft_config(kind, target, ids, norm_before_fc=True, feed_post_norm=True)
+            c = draft_config(kind, target, ids, **dict.fromkeys(opts, True))
             (f / "draft.json").write_text(json.dumps(c, indent=1) + "\n")
             untrained_export(kind, f / "draft.json", f, str(f / "served"))
-            want[str(f / "served")] = ("eagle3-norm_before_fc-feed_post_norm", ids)
+            want[str(f / "served")] = (name, ids)
     found = sglang_load(target, list(want))
     ok = True
     for folder, (kind, ids) in want.items():
