@@ -208,10 +208,14 @@ def export_facts(export: str) -> dict:
 
 
 # ------------------------------------------------------------------------------ train
-def split_records(export: Path, dest: Path, eval_samples: int) -> tuple:
+def split_records(export: Path, dest: Path, eval_samples: int, dtype: str = "bfloat16") -> tuple:
     """Train and eval folders of links to the export's records: the last `eval_samples`
     (in hsdump id order) are held out for SpecForge's own evaluation (its eval loop reads
-    `data.eval_hidden_states_path`), the rest are trained on."""
+    `data.eval_hidden_states_path`), the rest are trained on. For a float32 trainer (the CPU's)
+    the records are copies with their float tensors cast: SpecForge feeds them to the drafter
+    as they are stored, and a bf16 state into a float32 layer is an error."""
+    import torch
+
     files = sorted(export.glob("rows_*/data_*.ckpt"), key=lambda p: int(p.stem.split("_")[1]))
     if len(files) <= eval_samples:
         raise SystemExit(f"{export}: {len(files)} records, not more than --eval-samples")
@@ -221,7 +225,13 @@ def split_records(export: Path, dest: Path, eval_samples: int) -> tuple:
         shutil.rmtree(d, ignore_errors=True)
         d.mkdir(parents=True)
         for f in part:
-            (d / f.name).symlink_to(f.resolve())
+            if dtype == "bfloat16":
+                (d / f.name).symlink_to(f.resolve())
+                continue
+            rec = torch.load(f, map_location="cpu", weights_only=True)
+            cast = getattr(torch, dtype)
+            torch.save({k: v.to(cast) if v.is_floating_point() else v for k, v in rec.items()},
+                       d / f.name)  # fmt: skip
     return dest / "train", (dest / "eval") if eval_samples else None, len(files) - eval_samples
 
 
@@ -259,7 +269,7 @@ def run_config(a, kind: str, train_dir: Path, eval_dir, n_train: int, out: Path)
     model = dict(
         target_model_path=target,
         draft_model_config=str(Path(a.draft_config).resolve()),
-        torch_dtype="bfloat16",
+        torch_dtype=train_dtype(a),
     )
     if t.get("tie_word_embeddings"):  # SmolLM2: the LM head is the embedding
         model["lm_head_key"] = "model.embed_tokens.weight"
@@ -275,6 +285,19 @@ def run_config(a, kind: str, train_dir: Path, eval_dir, n_train: int, out: Path)
     if getattr(a, "profile_at", 0):
         cfg["profiling"] = dict(enabled=True, start_step=int(a.profile_at), num_steps=4)
     return cfg
+
+
+def train_dtype(a) -> str:
+    """The trainer's `model.torch_dtype`: `--dtype`, else bfloat16 on a GPU and, with `--cpu`,
+    float32 for DFlash and DSpark: a CPU without native bf16 (AVX2 only) runs bf16 matmuls on
+    a scalar path, 40x slower than float32 (a 129k-row LM head's forward and backward: 19.9 s
+    against 0.53 s). EAGLE-3 stays bf16: SpecForge 0.2.0 loads its target head in bf16 only."""
+    kind = getattr(a, "kind", None)
+    dtype = getattr(a, "dtype", None)
+    if dtype == "float32" and kind == "eagle3":
+        raise SystemExit("--dtype float32: SpecForge 0.2.0 loads EAGLE-3's target head in bf16 "
+                         "only, so its drafter trains in bfloat16; drop --dtype")  # fmt: skip
+    return dtype or ("float32" if a.cpu and kind in ("dflash", "dspark") else "bfloat16")
 
 
 STEP_LINE = re.compile(r"^step (\d+): (\{.*\})\s*$")
@@ -536,9 +559,10 @@ def head_init(a, cfg: dict, train_dir: Path, dest: Path) -> dict:
 
 
 def train(a) -> int:
+    dtype = train_dtype(a)  # a float32 EAGLE-3 is refused here, before anything is written
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
-    train_dir, eval_dir, n = split_records(Path(a.data), out / "records", a.eval_samples)
+    train_dir, eval_dir, n = split_records(Path(a.data), out / "records", a.eval_samples, dtype)
     cfg = run_config(a, a.kind, train_dir, eval_dir, n, out)
     init = getattr(a, "head_init", "random")
     if init.startswith("target"):
@@ -774,7 +798,7 @@ def predict(a) -> int:
     if not records:
         raise SystemExit(f"predict: no records in {a.records or data['eval_hidden_states_path']}")
     device = torch.device("cpu" if a.cpu or not torch.cuda.is_available() else "cuda")
-    dtype = torch.bfloat16
+    dtype = getattr(torch, m_cfg.get("torch_dtype", "bfloat16"))  # as the trainer ran it
     torch.manual_seed(0)
     draft = AutoDraftModel.from_pretrained(a.drafter, torch_dtype=dtype,
                                            attn_implementation=tr["attention_backend"])  # fmt: skip
@@ -2041,6 +2065,12 @@ def main(argv=None) -> int:
         )
         p.add_argument("--num-workers", type=int, default=4)
         p.add_argument("--cpu", action="store_true", help="SpecForge's DDP (NO_SHARD) on gloo")
+        p.add_argument(
+            "--dtype",
+            choices=("bfloat16", "float32"),
+            help="SpecForge's model.torch_dtype (default: bfloat16; float32 for DFlash and "
+            "DSpark with --cpu, whose bf16 matmuls are slow on a CPU without native bf16)",
+        )
         p.add_argument(
             "--attention-backend",
             default=backends[-1] if "auto" in backends else "sdpa",

@@ -244,7 +244,12 @@ def test_prediction_runs_the_drafter_as_its_trainer_did(tmp_path, monkeypatch, k
          "--save-interval", 4, "--num-workers", 0, "--log-interval", 1, "--cpu",
          "--learning-rate", 8e-4)  # fmt: skip
     # the run's --learning-rate, not the recipe's 6e-4: SpecForge's run config carries it
-    assert json.loads((out / "run.json").read_text())["training"]["learning_rate"] == 8e-4
+    run = json.loads((out / "run.json").read_text())
+    assert run["training"]["learning_rate"] == 8e-4
+    # on the CPU in float32 (bf16 matmuls without native bf16: 40x slower), its records cast
+    assert run["model"]["torch_dtype"] == "float32"
+    rec = torch.load(next((out / "records" / "train").glob("*.ckpt")), weights_only=True)
+    assert rec["hidden_states"].dtype == torch.float32, rec["hidden_states"].dtype
     # and SpecForge's scheduler ran at it: its logged rate peaks there (the recipe's would at 6e-4)
     logged = [float(x) for x in re.findall(r"'lr': ([0-9.e-]+)", (out / "train.log").read_text())]
     assert logged and max(logged) == pytest.approx(8e-4), logged
@@ -507,6 +512,21 @@ def test_disk_plan_refuses_a_run_the_hosts_disk_cannot_hold(tmp_path):
     assert facts["peak_gb"] == pytest.approx((capture + 4 * four) / 1e9, abs=0.06), facts
     assert set(facts["peak_parts"]) == {"default", "layer_off", "template", "export default",
                                         "SpecForge capture"}  # fmt: skip
+
+
+def test_float32_eagle3_is_refused_before_anything_is_written(tmp_path):
+    """`train --dtype float32 --kind eagle3`: SpecForge 0.2.0 loads EAGLE-3's target head in
+    bf16 only (a float32 drafter fails at its first step), so the run is refused at once,
+    naming the fix, and its --out folder is never made."""
+    out = tmp_path / "train"
+    p = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "acceptance_kinds.py"), "train", "--kind", "eagle3",
+         "--target", "tiny:llama", "--data", str(tmp_path / "none"), "--draft-config",
+         str(tmp_path / "none.json"), "--out", str(out), "--cpu", "--dtype", "float32"],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert p.returncode != 0 and "drop --dtype" in p.stderr and "bf16 only" in p.stderr, p.stderr
+    assert not out.exists()
 
 
 def _kinds(*args, timeout=120):
