@@ -115,7 +115,7 @@ def run_config(work: Path, target: str, draft: Path, data: str, a, kill_at: int 
         model=dict(
             target_model_path=ak.trainer_target(target, work / "target"),
             draft_model_config=str(draft),
-            torch_dtype="bfloat16",
+            torch_dtype=a.dtype,
         ),
         data=dict(
             hidden_states_path=data,
@@ -162,7 +162,12 @@ def offline(work: Path, a, env) -> dict:
 
     target = resolve_model_path("tiny:llama")
     draft = draft_files(work, target, ex, env)
-    cfg = run_config(work / "train", target, draft, str(ex), a)
+    data = str(ex)
+    if a.dtype != "bfloat16":  # SpecForge feeds the records as stored: copies in the dtype
+        import acceptance_kinds as ak
+
+        data = str(ak.split_records(ex, work / "records", 0, a.dtype)[0])
+    cfg = run_config(work / "train", target, draft, data, a)
     log = work / "train.log"
     t = time.time()
     run([sys.executable, "-m", "specforge.cli", "train", "--config", cfg], env, log=log)
@@ -304,6 +309,10 @@ def main(argv=None) -> int:
                     help="capped run: SIGKILL the trainer after this step, resume it")  # fmt: skip
     ap.add_argument("--anchors", type=int, default=16, help="DFlash's num_anchors (recipe: 512)")
     ap.add_argument("--timeout", type=float, default=1200)
+    ap.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"),
+                    help="the trainer's model.torch_dtype: float32 on the CPU (bf16 matmuls "
+                    "are 40x slower on one without native bf16); the online store hands the "
+                    "records over in it, the offline run reads float32 copies")  # fmt: skip
     ap.add_argument(
         "--specforge",
         default=os.environ.get("HSDUMP_SPECFORGE_SRC", str(CACHE / "specforge-0.2.0")),

@@ -379,6 +379,15 @@ def test_the_store_serves_each_kind_what_specforge_reads_offline_from_its_export
         assert set(got) == set(F.KEYS[kind])
         for key, t in got.items():
             assert torch.equal(t, offline[sid][key]), (sid, key)
+    # a float32 trainer (model.torch_dtype): the same tensors, the float ones in float32
+    store32 = HsdumpFeatureStore(folder, dtype="float32")
+    store32.book.refresh()
+    got, _ = store32.get(ref)
+    for key, t in got.items():
+        want = offline[sid][key]
+        assert t.dtype == (torch.float32 if want.is_floating_point() else want.dtype), key
+        assert torch.equal(t, want.to(t.dtype)), key
+    assert any(v.is_floating_point() for v in got.values())
 
 
 def test_a_killed_capture_stops_specforges_consumer(tmp_path, specforge):

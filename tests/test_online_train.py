@@ -33,6 +33,11 @@ def test_dflash_through_the_folder_trains_as_offline_across_a_trainer_kill(tmp_p
     )  # fmt: skip
     assert p.returncode == 0, (p.stdout[-2000:], p.stderr[-3000:])
     r = json.loads(out.read_text())
+    # both trainers in float32 (the CPU's: bf16 matmuls without native bf16 are 40x slower):
+    # hsdump's store hands the online one its bf16 rows cast, the offline one reads cast copies
+    for run_dir in ("offline", "capped"):
+        cfg = json.loads((tmp_path / "w" / run_dir / "train" / "run.json").read_text())
+        assert cfg["model"]["torch_dtype"] == "float32", (run_dir, cfg["model"])
     run = r["runs"]["capped"]
     assert r["consumer"] == "specforge" and r["epochs"] == 2
     # the trainer saw the offline run's batches: SpecForge's losses equal, step by step,

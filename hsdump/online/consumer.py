@@ -58,15 +58,16 @@ def consumer_config(cfg, folder: Path, plan: dict):
     return Config.model_validate(raw)
 
 
-def patch_store(folder: Path, max_length: int) -> None:
-    """SpecForge's online FeatureStore factory -> hsdump's store on `folder`."""
+def patch_store(folder: Path, max_length: int, dtype: Optional[str] = None) -> None:
+    """SpecForge's online FeatureStore factory -> hsdump's store on `folder`, handing the
+    trainer its float tensors in `dtype` (its model.torch_dtype)."""
     import specforge.training.disaggregated as disagg
 
     from hsdump.online.store import HsdumpFeatureStore
 
     def store(cfg, *, retain_on_release: bool = False):
         return HsdumpFeatureStore(
-            folder, retain_on_release=retain_on_release, max_length=max_length
+            folder, retain_on_release=retain_on_release, max_length=max_length, dtype=dtype
         )
 
     disagg._mooncake_store = store
@@ -143,7 +144,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         )
         return 2
     os.environ.update(environment(folder))
-    patch_store(folder, cfg.data.max_length)
+    patch_store(folder, cfg.data.max_length, cfg.model.torch_dtype)
     stop = threading.Event()
     if os.environ.get("RANK", "0") == "0":
         F.beat(folder / F.CONSUMER_ALIVE)

@@ -66,9 +66,18 @@ def read_sample(shard: Path, sid: int) -> dict:
 class HsdumpFeatureStore(FeatureStore):
     """SpecForge's FeatureStore over an hsdump online folder (see the module's docstring)."""
 
-    def __init__(self, folder, *, retain_on_release: bool = True, max_length: Optional[int] = None):
+    def __init__(
+        self,
+        folder,
+        *,
+        retain_on_release: bool = True,
+        max_length: Optional[int] = None,
+        dtype: Optional[str] = None,
+    ):
         """`max_length`: the trainer's data.max_length (its normalizer truncates to it, as
-        offline); None: the producer's (online.json)."""
+        offline); None: the producer's (online.json). `dtype`: the trainer's model.torch_dtype;
+        the float tensors are handed over in it (SpecForge feeds them to the drafter as they
+        come, and a bf16 state into a float32 drafter is an error); None: as stored."""
         from specforge.algorithms.builtin import builtin_algorithm_registry
 
         from hsdump.tools.export import specforge_record
@@ -87,6 +96,7 @@ class HsdumpFeatureStore(FeatureStore):
             int(max_length or self.plan["max_length"]), ttt_length=1, use_usp_preprocess=False
         )
         self._record = specforge_record
+        self.dtype = getattr(torch, dtype) if dtype else None
         self.retain_on_release = retain_on_release
         self.book = F.ShardBook(self.folder)
         self._lock = threading.Lock()
@@ -115,6 +125,8 @@ class HsdumpFeatureStore(FeatureStore):
         out = self._normalize(raw)
         wanted = names or list(sample_ref.feature_keys) or list(out)
         out = {k: out[k] for k in wanted}
+        if self.dtype is not None:
+            out = {k: v.to(self.dtype) if v.is_floating_point() else v for k, v in out.items()}
         if str(device) != "cpu":
             out = {k: v.to(device) for k, v in out.items()}
         with self._lock:
