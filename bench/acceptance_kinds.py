@@ -216,6 +216,7 @@ def split_records(export: Path, dest: Path, eval_samples: int, dtype: str = "bfl
     as they are stored, and a bf16 state into a float32 layer is an error."""
     import torch
 
+    cast = getattr(torch, dtype)
     files = sorted(export.glob("rows_*/data_*.ckpt"), key=lambda p: int(p.stem.split("_")[1]))
     if len(files) <= eval_samples:
         raise SystemExit(f"{export}: {len(files)} records, not more than --eval-samples")
@@ -229,7 +230,6 @@ def split_records(export: Path, dest: Path, eval_samples: int, dtype: str = "bfl
                 (d / f.name).symlink_to(f.resolve())
                 continue
             rec = torch.load(f, map_location="cpu", weights_only=True)
-            cast = getattr(torch, dtype)
             torch.save({k: v.to(cast) if v.is_floating_point() else v for k, v in rec.items()},
                        d / f.name)  # fmt: skip
     return dest / "train", (dest / "eval") if eval_samples else None, len(files) - eval_samples
