@@ -5,17 +5,25 @@ PY ?= python3
 VENV := .venv
 PYTHON := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
+UV := $(VENV)/bin/uv
 ARGS ?=
 
 .PHONY: setup extract test test-fast lint format test-gpu bench clean
 
 # The pinned dependencies, then hsdump itself, editable and with --no-deps (the lock's pins
-# stay): that puts the `hsdump` command in .venv/bin. The venv's own setuptools builds it when
-# it can (no download), else pip fetches one (build isolation).
-$(STAMP): requirements.lock requirements-data.txt pyproject.toml
+# stay): that puts the `hsdump` command in .venv/bin. The lock's 11 GB go in through uv (pinned
+# in requirements-setup.txt, put in the venv by pip): on the 2-core machine, from empty caches,
+# 135 s against pip's 287 s for the same packages (bench/setup_time.py), both compiling every
+# module's bytecode at install: where PYTHONDONTWRITEBYTECODE is set (this machine sets it),
+# nothing compiled at import is kept, and each of the tests' processes would compile SGLang's
+# modules again (a CI run without it was at half its tests after 20 minutes). The venv's own
+# setuptools builds hsdump when it can (no download), else pip fetches one.
+$(STAMP): requirements.lock requirements-data.txt requirements-setup.txt pyproject.toml
+	$(PY) tools/need_space.py $(VENV) 18
 	test -x $(PYTHON) || $(PY) -m venv $(VENV)
-	$(PYTHON) -m pip install --disable-pip-version-check -q -r requirements.lock
-	$(PYTHON) -m pip install --disable-pip-version-check -q --no-deps -r requirements-data.txt
+	$(PYTHON) -m pip install --disable-pip-version-check -q -r requirements-setup.txt
+	$(UV) pip install --python $(PYTHON) -q --compile-bytecode -r requirements.lock
+	$(UV) pip install --python $(PYTHON) -q --no-deps -r requirements-data.txt
 	$(PYTHON) -m pip install --disable-pip-version-check -q --no-deps -e . \
 	    $$($(PYTHON) -c 'import setuptools as s; print("--no-build-isolation" * (int(s.__version__.split(".")[0]) >= 64))' 2>/dev/null)
 	touch $(STAMP)

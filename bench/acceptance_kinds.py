@@ -301,12 +301,19 @@ def train_dtype(a) -> str:
 
 
 STEP_LINE = re.compile(r"^step (\d+): (\{.*\})\s*$")
+RESUME_LINE = re.compile(r"^hsdump: resuming from the checkpoint at step (\d+)\b")
 
 
 def trainer_metrics(log: Path) -> list:
-    """SpecForge's own `step N: {...}` lines (its tracker with report_to=none), parsed."""
+    """SpecForge's own `step N: {...}` lines (its tracker with report_to=none), parsed. After
+    `train`'s resume marker (a trainer that died, resumed from its checkpoint at step N) the
+    dead run's rows past N are dropped: the resumed run logs those steps again."""
     rows = []
     for line in log.read_text(errors="replace").splitlines():
+        r = RESUME_LINE.match(line.strip())
+        if r:
+            rows = [x for x in rows if x["step"] <= int(r.group(1))]
+            continue
         m = STEP_LINE.match(line.strip())
         if not m:
             continue
@@ -534,7 +541,11 @@ def head_init(a, cfg: dict, train_dir: Path, dest: Path) -> dict:
     if draft_vocab < vocab:
         counts = count_effective_feature_tokens(str(train_dir), max_length=a.max_length,
                                                 target_vocab_size=vocab)  # fmt: skip
-        d2t, t2d = process_token_dict_to_mappings(counts, draft_vocab, vocab)
+        # SpecForge's d2t; its t2d is `i in used_tokens` for each of the target's ids, a list
+        # scan (129k x 32k: 35 s of CPU), so it is asked for none and t2d is made from d2t
+        d2t, _ = process_token_dict_to_mappings(counts, draft_vocab, 0)
+        t2d = torch.zeros(vocab, dtype=torch.bool)
+        t2d[torch.arange(draft_vocab) + d2t] = True
     else:  # SpecForge maps nothing: the draft vocabulary is the target's
         d2t, t2d = torch.zeros(vocab, dtype=torch.long), torch.ones(vocab, dtype=torch.bool)
     # the target's head as SpecForge's trainer reads it (its own loader, on the CPU here)
@@ -582,11 +593,30 @@ def train(a) -> int:
     # this wrapper waits for that and records what it logged
     stopped = []
     signal.signal(signal.SIGTERM, lambda *_: stopped.append(time.time()))
-    rc = tee_call(cmd, log, Path(a.log_copy) if a.log_copy else None)
+    copy = Path(a.log_copy) if a.log_copy else None
+    rc, resumed = tee_call(cmd, log, copy), []
+    # a trainer that dies (a CUDA fault, a killed process) is resumed from its newest
+    # checkpoint, SpecForge's full state (weights, optimizer, data position), --retries times
+    while rc != 0 and not stopped and len(resumed) < a.retries:
+        ckpts = sorted(_steps(out / "run"))
+        if not ckpts:
+            break
+        at, path = ckpts[-1]
+        rows = trainer_metrics(log)
+        resumed.append(dict(rc=rc, last_logged_step=rows[-1]["step"] if rows else None,
+                            from_step=at, checkpoint=path.name))  # fmt: skip
+        # the warm start is in the checkpoint now (SpecForge refuses both at once)
+        cfg["model"].pop("draft_checkpoint_path", None)
+        cfg["training"]["resume_from"] = str(path.resolve())
+        (out / "run.json").write_text(json.dumps(cfg, indent=1) + "\n")
+        note = (f"hsdump: resuming from the checkpoint at step {at} ({path.name}): SpecForge's "
+                f"trainer exited {rc}; try {len(resumed)} of {a.retries}\n")  # fmt: skip
+        print(note, end="", flush=True)
+        rc = tee_call(cmd, log, copy, note=note)
     rows = trainer_metrics(log)
     # SpecForge exits 143 when the budget stops it: the run is over as planned, not failed
     by_budget = bool(stopped) and rc in (143, -signal.SIGTERM)
-    res = dict(kind=a.kind, rc=rc, stopped_by_budget=by_budget, samples=n,
+    res = dict(kind=a.kind, rc=rc, stopped_by_budget=by_budget, samples=n, resumed=resumed,
                eval_samples=a.eval_samples, config=cfg,
                steps=rows[-1]["step"] if rows else 0, last=rows[-1] if rows else None,
                eval_curve=eval_curve(rows), step_time=step_time(rows),
@@ -600,10 +630,15 @@ def train(a) -> int:
 PROGRESS = re.compile(r"(it/s|s/it)\]\s*$")
 
 
-def tee_call(cmd, log: Path, copy=None) -> int:
+def tee_call(cmd, log: Path, copy=None, note=None) -> int:
     """Run `cmd`, its output into `log` and, as it comes, into `copy` without the progress
-    bars' lines (the copy is what the GPU host's poll sends back while the run goes on)."""
-    with open(log, "w") as f, open(copy, "w") if copy else open(os.devnull, "w") as g:
+    bars' lines (the copy is what the GPU host's poll sends back while the run goes on).
+    With `note` (a resumed run) both are appended to, after that line."""
+    mode = "a" if note else "w"
+    with open(log, mode) as f, open(copy, mode) if copy else open(os.devnull, "w") as g:
+        if note:
+            f.write(note)
+            g.write(note)
         p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                              errors="replace", bufsize=1)  # fmt: skip
         for line in p.stdout:
@@ -1207,6 +1242,14 @@ def collate(res: Path) -> dict:
         r = runs.get(f"{k}-speculators")  # hsdump's data, trained by speculators instead
         if d and r:
             pairs[f"{k}-speculators"] = acc.paired({"default": d, "speculators": r})["speculators"]
+    served = {r["variant"]: r["served_step"] for r in rows}
+    for k, x in pairs.items():  # each pair's two served steps: a control whose trainer failed
+        # is served at the step it reached, not the drafter's
+        kind, _, other = k.partition("-")
+        x["served_steps"] = [served.get(f"{kind}-default"),
+                             served.get(f"{kind}-{other or 'layer_off'}")]  # fmt: skip
+        both = all(isinstance(v, int) for v in x["served_steps"])  # speculators': epochs
+        x["same_step"] = (x["served_steps"][0] == x["served_steps"][1]) if both else None
     return dict(rows=rows, drafter_minus_control=pairs)
 
 
@@ -1243,8 +1286,12 @@ def table(a) -> int:
                       f"{e['with_margin']} (median {e['median_margin']}, largest "
                       f"{e['max_margin']}); the run took the runner-up on {e['took_runner_up']}")  # fmt: skip
     for k, x in out["drafter_minus_control"].items():
+        steps = "" if x.get("same_step") is not False else (
+            f"; NOT the same step: drafter at {x['served_steps'][0]}, control at "
+            f"{x['served_steps'][1]}")  # fmt: skip
         print(f"{k}: drafter - control {x['default_minus_this']:+.3f} accept length (95 % "
-              f"bootstrap {x['ci95'][0]:+.3f}..{x['ci95'][1]:+.3f}, {x['prompts']} prompts)")  # fmt: skip
+              f"bootstrap {x['ci95'][0]:+.3f}..{x['ci95'][1]:+.3f}, {x['prompts']} prompts)"
+              f"{steps}")  # fmt: skip
     dest = Path(a.json) if getattr(a, "json", None) else res / "acceptance-kinds.json"
     tmp = dest.with_suffix(".tmp")
     tmp.write_text(json.dumps(out, indent=1) + "\n")
@@ -1711,17 +1758,23 @@ def run_all(a) -> int:  # noqa: C901 - one pipeline, read top to bottom
                 extra.append(("eagle3-speculators", "EAGLE3", w / "served" / "eagle3-speculators"))
             else:
                 P.failed.append("eagle3-speculators: no epoch checkpoint to serve")
-        # drafter and control are served from the same step (the newest both reached)
+        # drafter and controls are served from the same step (the newest all reached), but a
+        # trainer that failed (after its resumes) does not cut the others' training short: it
+        # is served at its newest checkpoint up to theirs, and its pair says not the same step
         steps = {n: dict((s, p) for s, p in _steps(w / "train" / n / "run")) for n in names}
-        common_steps = set.intersection(*(set(v) for v in steps.values()))
-        if not common_steps:
-            P.failed.append(f"{kind}: no checkpoint common to {list(names)}")
-            P.save()
+        ok = [n for n in names if trained(w / "train" / n)] or list(names)
+        served_at = served_steps(steps, ok)
+        if all(served_at[n] is None for n in ok):
+            P.failed.append(f"{kind}: no checkpoint common to {ok}")
             names = {}
-        step = max(common_steps) if common_steps else None
+        for n in [n for n in names if served_at[n] is None]:
+            P.failed.append(f"{kind}: {n} has no checkpoint to serve")
+            names.pop(n)
+        P.save()
 
-        def finish(name, kind=kind, step=step, steps=steps, cfg=cfg):
+        def finish(name, kind=kind, steps=steps, cfg=cfg, served_at=served_at):
             """SpecForge's export of the served step, DFlash's prediction, the facts."""
+            step = served_at[name]
             rows = trainer_metrics(w / "train" / name / "train.log")
             facts = dict(kind=kind, steps=rows[-1]["step"] if rows else 0, served_step=step,
                          **predicted_accept_length(kind, rows, upto=step))  # fmt: skip
@@ -1968,6 +2021,18 @@ def trained(out: Path) -> bool:
     return r.get("rc") == 0 or bool(r.get("stopped_by_budget") and any(_steps(out / "run")))
 
 
+def served_steps(steps: dict, ok: list) -> dict:
+    """The step each trainer of a kind is served from: the newest checkpoint common to the
+    trainers in `ok` (those that ended as planned), and for each other (failed) one its newest
+    checkpoint at or before that (None: none). `steps`: name -> {step: checkpoint folder}."""
+    common = set.intersection(*(set(steps[n]) for n in ok)) if ok else set()
+    if not common:
+        return {n: None for n in steps}
+    step = max(common)
+    return {n: step if n in ok else max((s for s in steps[n] if s <= step), default=None)
+            for n in steps}  # fmt: skip
+
+
 def _steps(run: Path):
     for p in run.glob("*-step*"):
         m = re.search(r"-step(\d+)$", p.name)
@@ -2099,6 +2164,12 @@ def main(argv=None) -> int:
         default=0,
         help="SpecForge's own profiler (profiling.enabled) over 4 optimizer steps from this "
         "one; its trace goes into the run folder (0: off)",
+    )
+    p.add_argument(
+        "--retries",
+        type=int,
+        default=2,
+        help="a trainer that dies is resumed from its newest checkpoint this many times",
     )
     training_flags(p)
     p = sub.add_parser("export")

@@ -189,7 +189,7 @@ class _Server:
     def takes(self, env: Dict[str, str]) -> bool:
         return self.proc.poll() is None and same_outside_hsdump(env, self.env)
 
-    def start(self, cmd, *, cwd, env, new_session, split=False) -> Forked:
+    def start(self, cmd, *, cwd, env, new_session, split=False, engine=False) -> Forked:
         paths = []
         for suffix in (".log", ".err")[: 2 if split else 1]:
             fd, path = tempfile.mkstemp(prefix="hsdump-run-", suffix=suffix)
@@ -199,6 +199,8 @@ class _Server:
         req = {"argv": [str(c) for c in cmd[1:]], "env": env, "cwd": str(cwd), "out": paths[0]}
         if split:
             req["err"] = paths[1]
+        if engine:
+            req["engine"] = True
         with self.lock:
             req["id"] = rid = next(self.ids)
             self.pending[rid] = run
@@ -243,15 +245,18 @@ def fork_server() -> Optional[_Server]:
     return _servers[-1]
 
 
-def run_python_script(cmd, *, cwd, env, timeout, wait, new_session=False, split=False):
+def run_python_script(
+    cmd, *, cwd, env, timeout, wait, new_session=False, split=False, engine=False
+):
     """`python SCRIPT ARGS` or `python -m MODULE ARGS` (cmd[0] is this interpreter): forked by
-    the server when it can take the environment, else run as `run` does; the same results."""
+    the server when it can take the environment, else run as `run` does; the same results.
+    `engine`: the run may start SGLang, so the server imports SGLang's engine first (once)."""
     server = fork_server()
     if server is None or not server.takes(env):
         return run(
             cmd, cwd=cwd, env=env, timeout=timeout, wait=wait, new_session=new_session, split=split
         )
-    p = server.start(cmd, cwd=cwd, env=env, new_session=new_session, split=split)
+    p = server.start(cmd, cwd=cwd, env=env, new_session=new_session, split=split, engine=engine)
     if not wait:
         return p
     rc, out, err = _finish(p, cmd, timeout)
@@ -304,14 +309,18 @@ def extract(
     env = clean_env(env, fault)
     # forked (tests/zygote.py), a real engine's run too: SGLang starts its scheduler processes
     # with multiprocessing's spawn (fresh interpreters), so the fork shares only the main
-    # process's imports (torch, transformers, Hydra, hsdump: 5-9 s a run on the 2-core machine)
+    # process's imports (torch, transformers, Hydra, hsdump: 5-9 s a run on the 2-core machine;
+    # SGLang's engine module and model registry, imported by the server before the first run
+    # that may start an engine: about 10 s more)
+    cmd = [sys.executable, *cmd, *overrides]
     return run_python_script(
-        [sys.executable, *cmd, *overrides],
+        cmd,
         cwd=cwd,
         env=env,
         timeout=timeout,
         wait=wait,
         new_session=new_session,
+        engine=not _no_engine(cmd, env),
     )
 
 

@@ -278,6 +278,119 @@ def test_prediction_runs_the_drafter_as_its_trainer_did(tmp_path, monkeypatch, k
         assert r["per_position_acc"][0] is None
 
 
+# a fault in SpecForge's trainer at one step, once (the marker file): the error a CUDA fault
+# raises on the GPU host, from inside SpecForge's own train_step (this file, as sitecustomize,
+# patches SpecForge's controller when the trainer imports it; $FAULT names a JSON file
+# {"at": step, "mark": path}: none, no fault)
+FAULT = r"""
+import importlib.abc, importlib.util, json, os, sys
+
+_f = os.environ.get("FAULT", "")
+AT, MARK = json.load(open(_f)).values() if _f and os.path.exists(_f) else (0, "")
+
+
+class Hook(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path, target=None):
+        if name != "specforge.training.controller":
+            return None
+        sys.meta_path.remove(self)
+        spec = importlib.util.find_spec(name)
+        run = spec.loader.exec_module
+
+        def exec_module(module):
+            run(module)
+            step = module.TrainerCore.train_step
+
+            def train_step(self, batch, ctx=None, **kw):
+                if ctx.global_step + 1 == AT and not os.path.exists(MARK):
+                    open(MARK, "w").close()
+                    raise RuntimeError("CUDA error: unspecified launch failure (the test's)")
+                return step(self, batch, ctx=ctx, **kw)
+
+            module.TrainerCore.train_step = train_step
+
+        spec.loader.exec_module = exec_module
+        return spec
+
+
+if AT:
+    sys.meta_path.insert(0, Hook())
+"""
+
+
+@pytest.mark.engine
+def test_a_trainer_that_dies_resumes_from_its_newest_checkpoint(tmp_path, monkeypatch):
+    """`train`: SpecForge's trainer died mid-run on the GPU host (a CUDA fault at step 760 of
+    2,370), which cut every drafter of its run-all to the step it had reached. Now a trainer
+    that exits non-zero is resumed from its newest checkpoint (SpecForge's own full resume:
+    weights, optimizer, data position). Here SpecForge's DFlash trainer (CPU, float32, Muon) fails
+    inside its step 3 of 4 (mid-epoch), is resumed from its step-2 checkpoint and ends at step
+    4: its losses at steps 3 and 4 equal those of the same run left alone, the log's curve holds each
+    evaluation once, and train.json says what was resumed."""
+    import torch
+
+    hook, fault = tmp_path / "hook", tmp_path / "fault.json"
+    hook.mkdir()
+    (hook / "sitecustomize.py").write_text(FAULT)
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(hook), os.environ.get("PYTHONPATH", "")]))
+    monkeypatch.setenv("FAULT", str(fault))
+    target, hidden, ex, step = _trainer_setup(tmp_path, monkeypatch)
+    g = torch.Generator().manual_seed(0)
+    for i in range(16):
+        n = 16  # one length, SDPA: nothing compiled; few anchors: a 129k-vocabulary step
+        rec = dict(input_ids=torch.randint(5, 60, (n,), generator=g),
+                   loss_mask=torch.tensor([0] * (n // 3) + [1] * (n - n // 3)),
+                   hidden_states=torch.randn(n, 5 * hidden, generator=g).to(torch.bfloat16))  # fmt: skip
+        torch.save(rec, ex / "rows_0-2000" / f"data_{i}.ckpt")
+    (ex / "hsdump_export.json").write_text(json.dumps(dict(kind="dflash",
+                                                           serving_ids=[1, 2, 3, 4, 5])))  # fmt: skip
+    cfg = tmp_path / "draft.json"
+    step("draft-config", "--kind", "dflash", "--target", target, "--export", ex, "--out", cfg)
+    args = ["--kind", "dflash", "--target", target, "--data", ex, "--draft-config", cfg,
+            "--max-steps", 4, "--eval-samples", 4, "--batch-size", 4, "--save-interval", 2,
+            "--num-workers", 0, "--log-interval", 1, "--attention-backend", "sdpa",
+            "--optimizer", "muon", "--cpu"]  # fmt: skip
+    step("train", *args, "--out", tmp_path / "alone")
+    fault.write_text(json.dumps(dict(at=3, mark=str(tmp_path / "failed-once"))))
+    out = tmp_path / "resumed"
+    p = step("train", *args, "--out", out)
+    assert (tmp_path / "failed-once").exists(), "the fault never fired: nothing was resumed"
+    log = (out / "train.log").read_text()
+    assert "unspecified launch failure (the test's)" in log
+    # Muon (the GPU runs' optimizer) in both lives: its momentum is part of what resumes
+    assert log.count("hsdump: Muon on") == 2, log[:3000]
+    assert log.count("hsdump: resuming from the checkpoint at step 2") == 1, p.stdout[-2000:]
+    # the resumed trainer started at step 3 (a fresh start would log steps 1 and 2 again, and,
+    # seeded alike, the same losses)
+    after = log.split("hsdump: resuming from the checkpoint at step 2")[1]
+    assert sorted({int(x) for x in re.findall(r"^step (\d+):", after, re.M)}) == [3, 4], after
+    t = json.loads((out / "train.json").read_text())
+    assert t["rc"] == 0 and t["steps"] == 4, {k: t[k] for k in ("rc", "steps", "resumed")}
+    assert [(r["rc"], r["from_step"]) for r in t["resumed"]] == [(1, 2)], t["resumed"]
+    assert json.loads((out / "run.json").read_text())["training"]["resume_from"].endswith("-step2")
+    assert [e["step"] for e in t["eval_curve"]] == [2, 4], t["eval_curve"]
+
+    def losses(folder):
+        got = {}
+        for line in (folder / "train.log").read_text().splitlines():
+            m = re.match(r"^step (\d+): (\{.*\})\s*$", line.strip())
+            if m and "'loss'" in m.group(2):
+                got[int(m.group(1))] = float(re.search(r"'loss': ([0-9.e+-]+)", m.group(2))[1])
+        return got
+
+    alone, resumed = losses(tmp_path / "alone"), losses(out)
+    assert sorted(alone) == [1, 2, 3, 4], alone
+    # the resumed run took up where the checkpoint left off: the same batches, the same state
+    for s in (3, 4):
+        assert resumed[s] == pytest.approx(alone[s], rel=1e-5, abs=1e-6), (s, alone, resumed)
+    # and a failure with no checkpoint before it is not resumed: it fails as before
+    fault.write_text(json.dumps(dict(at=1, mark=str(tmp_path / "failed-at-1"))))
+    with pytest.raises(AssertionError):
+        step("train", *args, "--out", tmp_path / "no-checkpoint")
+    t = json.loads((tmp_path / "no-checkpoint" / "train.json").read_text())
+    assert t["rc"] == 1 and t["resumed"] == [], t
+
+
 @pytest.mark.engine
 def test_eagle3_training_options_reach_specforges_trainer(tmp_path, monkeypatch):
     """EAGLE-3's options for closing the gap to speculators' trainer, each seen in what
@@ -348,6 +461,8 @@ def test_eagle3_training_options_reach_specforges_trainer(tmp_path, monkeypatch)
         # started at ones (as SGLang's RMSNorm), and trained: it is in the drafter's graph
         assert (state["input_norm.weight"].float() - 1).abs().max().item() > lr / 4
         assert d2t.numel() == 32000 and t2d.numel() == 129280 and int(t2d.sum()) == 32000
+        # t2d marks exactly the draft's target ids (SpecForge's rule: `i in used_tokens`)
+        assert bool(t2d[torch.arange(32000) + d2t].all())
         assert all(bool(t2d[t]) for t in supervised), "a supervised token outside the vocabulary"
         with safe_open(str(Path(target) / "model.safetensors"), "pt") as f:
             head = f.get_tensor("lm_head.weight")[torch.arange(32000) + d2t].float()
@@ -413,7 +528,9 @@ def test_table_pairs_each_drafter_with_its_controls(tmp_path):
     each control over the same prompts (layer off; EAGLE-3's wrong template and its drafter on
     SpecForge's own capture, issue 44; its drafter trained by speculators on hsdump's data),
     with a paired bootstrap interval. The drafter accepts
-    more on every prompt here, so every interval lies above 0; a lone control gives no line."""
+    more on every prompt here, so every interval lies above 0; a lone control gives no line.
+    Each pair names the two steps served; a control served from another step (its trainer
+    failed) is said to be, in the JSON and on its line."""
     res = tmp_path / "res"
     res.mkdir()
     steps = [10] * 12
@@ -440,6 +557,13 @@ def test_table_pairs_each_drafter_with_its_controls(tmp_path):
             (res / f"serve-{name}.json.gz").write_bytes(gzip.compress(json.dumps(r).encode()))
         else:
             (res / f"serve-{name}.json").write_text(json.dumps(r))
+    # the step each was served from (run-all's train-*.json): the wrong-template control's
+    # trainer failed at step 760, so it was served from its step-711 checkpoint, the others
+    # from their last; speculators' trainer counts epochs
+    served = {"default": 2370, "layer_off": 2370, "template": 711, "specforge": 2370,
+              "speculators": "epoch 5"}  # fmt: skip
+    for k, v in served.items():
+        (res / f"train-eagle3-{k}.json").write_text(json.dumps(dict(served_step=v)))
     out = tmp_path / "table.json"
     p = subprocess.run(
         [sys.executable, str(ROOT / "bench" / "acceptance_kinds.py"), "table",
@@ -460,6 +584,13 @@ def test_table_pairs_each_drafter_with_its_controls(tmp_path):
         assert 0 < x["ci95"][0] <= x["ci95"][1], (k, x)
         assert x["prompts"] == 12 and x["prompts_default_higher"] == 12
     assert "eagle3-specforge: drafter - control" in p.stdout
+    same = {k: (x["served_steps"], x["same_step"]) for k, x in pairs.items()}
+    assert same == {"eagle3": ([2370, 2370], True), "eagle3-template": ([2370, 711], False),
+                    "eagle3-specforge": ([2370, 2370], True),
+                    "eagle3-speculators": ([2370, "epoch 5"], None)}, same  # fmt: skip
+    lines = [x for x in p.stdout.splitlines() if "NOT the same step" in x]
+    assert len(lines) == 1 and lines[0].startswith("eagle3-template: drafter - control")
+    assert lines[0].endswith("NOT the same step: drafter at 2370, control at 711"), lines
     cap = next(r for r in t["rows"] if r["variant"] == "dspark-default-cap_accept")
     assert cap["ragged_verify_mode"] == "cap-accept"
     assert cap["block_accept_length"] == pytest.approx((2.7 * 30 + 1.4 * 110) / 140, abs=1e-4)

@@ -11,11 +11,12 @@ the signal that killed it). The harness uses it only for runs whose environment 
 the one this server started with in HSDUMP_* variables alone (hsdump reads those when it runs,
 not when it is imported), so what the imports saw is what the run would have seen, and in
 PYTHONFAULTHANDLER (the child enables faulthandler) and PYTHONUNBUFFERED (its output is written
-through anyway). A real engine's run imports SGLang in the child; SGLang's scheduler processes
-are spawned (fresh interpreters), not forked from it.
+through anyway). A real engine's run finds SGLang's engine imported (`preload_engine`);
+SGLang's scheduler processes are spawned (fresh interpreters), not forked from it.
 
 Protocol: one JSON object a line. In (stdin): {"id", "argv", "env", "cwd", "out",
-"new_session"} and optionally "err" (stderr's own file); argv[0] "-m" runs argv[1] as a module. Out (the stdout it started with): {"id", "pid"} when a child is forked,
+"new_session"} and optionally "err" (stderr's own file) and "engine" (true: the run may start
+SGLang, so the server imports SGLang's engine first, once: `preload_engine`); argv[0] "-m" runs argv[1] as a module. Out (the stdout it started with): {"id", "pid"} when a child is forked,
 {"pid", "rc"} when it has exited (rc as subprocess.Popen.returncode: -N for signal N).
 EOF on stdin: the test process is gone; the server exits (its children run on).
 """
@@ -52,6 +53,46 @@ def preload() -> None:
     import submitit.core.core
 
     submitit.core.core.Job._results_timeout_s = 2
+
+
+STARTED_ENV = dict(os.environ)
+IMPORT_ENV: dict = {"base": {}, "engine": {}}
+"""{name: (before, after)} for each variable that this server's imports set or changed in
+os.environ (before None: unset): "base", `preload`'s (torch's TORCHINDUCTOR_CACHE_DIR), for
+every child; "engine", `preload_engine`'s (SGLang's CUDA_CACHE_PATH, TRITON_CACHE_DIR, ...), for
+a child that may start an engine. A child whose own value is `before` gets `after`, as the same
+imports would have done in a fresh interpreter."""
+_ENGINE = []
+
+
+def note_import_env(part: str) -> None:
+    seen = {k: v for d in IMPORT_ENV.values() for k, (_, v) in d.items()}
+    IMPORT_ENV[part] = {
+        k: (STARTED_ENV.get(k), v)
+        for k, v in os.environ.items()
+        if STARTED_ENV.get(k) != v and seen.get(k) != v
+    }
+
+
+def preload_engine() -> None:
+    """SGLang's engine module and model registry, and hsdump's engine (about 10 s of CPU on the
+    2-core machine; every run that starts an engine imports them in its main process), imported
+    once, before the first request that may start an engine (`"engine": true`) is forked, so a
+    test tier that starts none never pays for it. The import starts no thread, no process and
+    installs no signal handler (checked on SGLang 0.5.23); the loggers it makes are kept by the
+    run's logging set-up (Hydra's, `disable_existing_loggers: false`). If it fails, the children
+    import for themselves, as they did before."""
+    if _ENGINE:
+        return
+    _ENGINE.append(True)
+    try:
+        import sglang.srt.entrypoints.engine  # noqa: F401
+        import sglang.srt.models.registry  # noqa: F401
+
+        import hsdump.capture.engine  # noqa: F401
+    except Exception as e:  # noqa: BLE001 (the children's own import will say what is wrong)
+        print(f"zygote: SGLang's engine not preloaded: {e!r}", file=sys.stderr)
+    note_import_env("engine")
 
 
 WEIGHTS = (".safetensors", ".bin", ".pt", ".gguf")
@@ -133,6 +174,10 @@ def child(req: dict, proto_out: int) -> None:
         os.chdir(req["cwd"])
         os.environ.clear()
         os.environ.update(req["env"])
+        for part in ("base", "engine") if req.get("engine") else ("base",):
+            for k, (was, now) in IMPORT_ENV[part].items():  # as the imports would have set them
+                if os.environ.get(k) == was:
+                    os.environ[k] = now
         if os.environ.get("PYTHONFAULTHANDLER"):  # as `python` does with the variable set
             import faulthandler
 
@@ -178,6 +223,7 @@ def child(req: dict, proto_out: int) -> None:
 
 def main() -> None:
     preload()
+    note_import_env("base")
     proto_out = os.dup(1)
     os.dup2(2, 1)  # stray prints of the server go to its stderr, never into the protocol
 
@@ -196,6 +242,8 @@ def main() -> None:
             while b"\n" in buf:
                 line, buf = buf.split(b"\n", 1)
                 req = json.loads(line)
+                if req.get("engine"):
+                    preload_engine()
                 sys.stdout.flush()
                 sys.stderr.flush()
                 pid = os.fork()

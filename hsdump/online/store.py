@@ -125,10 +125,10 @@ class HsdumpFeatureStore(FeatureStore):
         out = self._normalize(raw)
         wanted = names or list(sample_ref.feature_keys) or list(out)
         out = {k: out[k] for k in wanted}
-        if self.dtype is not None:
-            out = {k: v.to(self.dtype) if v.is_floating_point() else v for k, v in out.items()}
-        if str(device) != "cpu":
-            out = {k: v.to(device) for k, v in out.items()}
+        # one copy at most per tensor: to the trainer's device and, the float ones, its dtype
+        dev = None if str(device) == "cpu" else device
+        out = {k: v.to(device=dev, dtype=self.dtype if v.is_floating_point() else None)
+               for k, v in out.items()}  # fmt: skip
         with self._lock:
             self._leases += 1
             token = f"{sample_ref.sample_id}:{self._leases}"
