@@ -399,6 +399,16 @@ def margins_of(out) -> list:
     return rows
 
 
+def drafts_histogram(out) -> list:
+    """One request's verify steps counted by the drafted tokens each accepted (index k: the
+    steps that accepted k drafts), as SGLang reports it (meta_info's
+    spec_correct_drafts_histogram; spec_accept_histogram is its other name in 0.5.17); [] where
+    the engine reports none."""
+    m = out["meta_info"]
+    h = m.get("spec_correct_drafts_histogram") or m.get("spec_accept_histogram") or []
+    return [int(x) for x in h]
+
+
 def _first_differences(outs: dict, ref: dict, mg: dict) -> list:
     """Per prompt whose output differs from `ref`'s: the first differing position, the
     reference run's own top-1 minus top-2 logprob there, whether `outs` took its runner-up."""
@@ -536,6 +546,10 @@ def serve(a) -> int:
             res["margins_run_equal"] = f"{same}/{len(outs)}"
         # completion tokens and verify steps, per prompt
         res["per_prompt"] = {str(s): [c, v] for s, c, v in zip(sids, comp, ver)}
+        # and the verify steps by drafts accepted (where each draft step loses its share)
+        drafts = {str(s): drafts_histogram(o) for s, o in zip(sids, outs)}
+        if any(drafts.values()):
+            res["per_prompt_drafts"] = drafts
         # DSpark in cap-accept: per prompt, the accept length without its confidence head's cap
         # and the mean verify length it scheduled (SGLang's, each per verify step)
         cap = {str(s): [o["meta_info"].get(k) for k in ("spec_block_accept_length", "spec_cap_length")]

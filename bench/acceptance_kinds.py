@@ -1184,6 +1184,20 @@ def read_json(p: Path):
     return json.loads(gzip.decompress(p.read_bytes()) if p.suffix == ".gz" else p.read_text())
 
 
+def step_acceptance(per_prompt_drafts: dict) -> dict:
+    """The served run's verify steps by drafts accepted (SGLang's per-request histograms,
+    summed over the prompts) and, per draft step k, the share of the steps that reached it
+    (accepted the k - 1 drafts before) that accepted it too: what the trainer's per-position
+    accuracy predicts, step by step, if the steps are independent."""
+    n = max((len(h) for h in per_prompt_drafts.values()), default=0)
+    hist = [sum(h[k] for h in per_prompt_drafts.values() if k < len(h)) for k in range(n)]
+    reached = [sum(hist[k:]) for k in range(n)]
+    rates = [round(reached[k] / reached[k - 1], 4) for k in range(1, n) if reached[k - 1]]
+    mean = sum(k * x for k, x in enumerate(hist)) / reached[0] if n and reached[0] else None
+    return dict(histogram=hist, step_acceptance=rates,
+                accept_length=None if mean is None else round(1 + mean, 4))  # fmt: skip
+
+
 def collate(res: Path) -> dict:
     """One row per served engine; the plain run (same CUDA-graph setting) is the reference
     of `equal_to_plain` and of the speed-ups; per kind, drafter minus control per prompt."""
@@ -1204,6 +1218,8 @@ def collate(res: Path) -> dict:
         kind = None if name.startswith("plain") else name.split("-")[0]
         tr = res / f"train-{name}.json"
         pred = json.loads(tr.read_text()) if tr.exists() else {}
+        drafts = step_acceptance(r["per_prompt_drafts"]) if r.get("per_prompt_drafts") else None
+        step_acc = (pred.get("eval") or {}).get("eval/per_position_acc") or []
         row = dict(
             variant=name,
             kind=kind,
@@ -1222,6 +1238,10 @@ def collate(res: Path) -> dict:
             served_step=pred.get("served_step"),
             cuda_graphs=graphs(r),
             engine_start_s=r.get("engine_start_s"),
+            # per draft step: served (conditional on the steps before) and the trainer's
+            # held-out per-position accuracy at the served step (EAGLE-3's)
+            served_drafts=drafts,
+            trainer_step_accuracy=step_acc[:SERVED_STEPS] if kind == "eagle3" else None,
             # where its outputs leave the plain target's, and how near a tie that was there
             divergence=acc.divergence(r, same_plain or plains.get(True) or plains.get(False) or {}),
         )
@@ -1276,6 +1296,13 @@ def table(a) -> int:
             print(f"{x['variant']}: SGLANG_RAGGED_VERIFY_MODE={x['ragged_verify_mode']}: accept "
                   f"{x['accept_length']:.3f} capped by its confidence head, "
                   f"{x['block_accept_length']:.3f} without the cap")  # fmt: skip
+    for x in out["rows"]:
+        sd, acc_k = x.get("served_drafts"), x.get("trainer_step_accuracy")
+        if sd and sd["step_acceptance"]:
+            f = lambda v: "/".join("-" if y is None else f"{y:.3f}" for y in v)  # noqa: E731
+            also = f"; the trainer's held-out accuracy {f(acc_k)}" if acc_k else ""
+            print(f"{x['variant']}: per draft step, served {f(sd['step_acceptance'])} (of the "
+                  f"verify steps that reached it){also}")  # fmt: skip
     for x in out["rows"]:
         d = x.get("divergence") or {}
         for what, e in (("outputs", d), ("batch-1 outputs", d.get("batch1") or {})):

@@ -564,7 +564,9 @@ def test_table_pairs_each_drafter_with_its_controls(tmp_path):
     with a paired bootstrap interval. The drafter accepts
     more on every prompt here, so every interval lies above 0; a lone control gives no line.
     Each pair names the two steps served; a control served from another step (its trainer
-    failed) is said to be, in the JSON and on its line."""
+    failed) is said to be, in the JSON and on its line. A drafter whose engine reported its
+    verify steps by drafts accepted gets, per draft step, the served acceptance beside its
+    trainer's held-out accuracy (where the served accept length falls short of the prediction)."""
     res = tmp_path / "res"
     res.mkdir()
     steps = [10] * 12
@@ -581,6 +583,10 @@ def test_table_pairs_each_drafter_with_its_controls(tmp_path):
             _serve([12] * 12, steps, "DSPARK"), ragged_verify_mode="cap-accept"
         ),  # fmt: skip
     }
+    # SGLang's verify steps by drafts accepted, per prompt (EAGLE-3 at 3 draft steps); one
+    # prompt reports none
+    runs["eagle3-default"]["per_prompt_drafts"] = {f"p{i}": [4, 3, 2, 1] for i in range(1, 12)}
+    runs["eagle3-default"]["per_prompt_drafts"]["p0"] = []
     # SGLang's per-request figures, each per verify step: the totals weigh them by steps
     cap = runs["dspark-default-cap_accept"]
     cap["per_prompt"]["p0"][1] = 30  # 30 verify steps: 3x the weight of the others
@@ -598,6 +604,10 @@ def test_table_pairs_each_drafter_with_its_controls(tmp_path):
               "speculators": "epoch 5"}  # fmt: skip
     for k, v in served.items():
         (res / f"train-eagle3-{k}.json").write_text(json.dumps(dict(served_step=v)))
+    # the drafter's held-out accuracy per TTT step at the served step (SpecForge's eval; seven
+    # steps trained, three served)
+    ev = {"step": 2370, "eval/per_position_acc": [0.8, 0.7, 0.6, 0.5, 0.4, 0.3, 0.2]}
+    (res / "train-eagle3-default.json").write_text(json.dumps(dict(served_step=2370, eval=ev)))
     out = tmp_path / "table.json"
     p = subprocess.run(
         [sys.executable, str(ROOT / "bench" / "acceptance_kinds.py"), "table",
@@ -631,6 +641,20 @@ def test_table_pairs_each_drafter_with_its_controls(tmp_path):
     assert cap["cap_length"] == 4.0  # the prompts that report one
     assert cap["accept_length"] == 1.2 and "1.200 capped by its confidence head" in p.stdout
     assert {r["ragged_verify_mode"] for r in t["rows"] if r is not cap} == {"static"}
+    # per draft step, served: of the 110 verify steps, 66 accepted the first draft, 33 of those
+    # the second, 11 of those the third; beside the trainer's accuracy at its three served steps
+    d = next(r for r in t["rows"] if r["variant"] == "eagle3-default")
+    assert d["served_drafts"] == {
+        "histogram": [44, 33, 22, 11],
+        "step_acceptance": [0.6, 0.5, 0.3333],
+        "accept_length": 2.0,
+    }
+    assert d["trainer_step_accuracy"] == [0.8, 0.7, 0.6]
+    assert (
+        "eagle3-default: per draft step, served 0.600/0.500/0.333 (of the verify steps that "
+        "reached it); the trainer's held-out accuracy 0.800/0.700/0.600"
+    ) in p.stdout
+    assert [r["variant"] for r in t["rows"] if r["served_drafts"]] == ["eagle3-default"]
 
 
 def test_disk_plan_refuses_a_run_the_hosts_disk_cannot_hold(tmp_path):
