@@ -802,6 +802,19 @@ def export(a) -> int:
 
 
 # ----------------------------------------------------------------------------- predict
+def first_answer_tokens(loss_mask, n: int):
+    """`loss_mask` ([1, T]) with each run of supervised tokens (an answer) cut to its first
+    `n`: the span a serving of `n` new tokens drafts over. A greedy small target falls into
+    loops as its answer grows (bench/repetition.py), which a drafter drafts easily, so the
+    later tokens of long answers weigh the count toward what the serving never reaches."""
+    m, run = loss_mask.clone(), 0
+    for i, v in enumerate(loss_mask[0].tolist()):
+        run = run + 1 if v else 0
+        if run > n:
+            m[0, i] = 0
+    return m
+
+
 def predict(a) -> int:
     """DFlash's and DSpark's accept length as their trainer's own code predicts it, for the
     served drafter, greedy: SpecForge 0.2.0's DFlash strategy logs token accuracy only, and its
@@ -903,6 +916,10 @@ def predict(a) -> int:
         for f in records:
             raw = torch.load(f, map_location="cpu", weights_only=True)
             x = normalize(raw, max_len=int(data["max_length"]))
+            if a.answer_tokens:
+                x["loss_mask"] = first_answer_tokens(x["loss_mask"], a.answer_tokens)
+                if not x["loss_mask"].any():
+                    continue
             kw = dict(input_ids=x["input_ids"].to(device),
                       hidden_states=x["hidden_states"].to(device=device, dtype=dtype),
                       loss_mask=x["loss_mask"].to(device))  # fmt: skip
@@ -924,7 +941,9 @@ def predict(a) -> int:
         # SpecForge's eval/avg_acc at the same step, recounted: the drafter runs as trained
         accuracy=round(float(sums["correct"].sum() / v.sum()), 4),
         source=f"SpecForge compute_accept_len over {type(model).__name__}'s blocks, "
-        "held-out records, greedy",
+        "held-out records, greedy"
+        + (f", each answer's first {a.answer_tokens} tokens" if a.answer_tokens else ""),
+        answer_tokens=a.answer_tokens or None,
         per_position_acc=[round(float(c / x), 4) if x else None
                           for c, x in zip(sums["correct"], v)],
         accept_histogram=[int(x) for x in sums["hist"]][1:],
@@ -1821,7 +1840,8 @@ def run_all(a) -> int:  # noqa: C901 - one pipeline, read top to bottom
             if kind in ("dflash", "dspark") and (served / "config.json").exists():
                 run(f"predict-{name}",
                       _py(me, "predict", "--kind", kind, "--train", w / "train" / name,
-                          "--drafter", served, "--json", pj, *(["--cpu"] if cpu else [])),
+                          "--drafter", served, "--json", pj, *(["--cpu"] if cpu else []),
+                          "--answer-tokens", a.serve_new_tokens),
                       env=env, done=pj, check=False)  # fmt: skip
             if pj.exists():
                 x = json.loads(pj.read_text())
@@ -2213,6 +2233,9 @@ def main(argv=None) -> int:
     p.add_argument("--limit", type=int, default=None)
     p.add_argument("--json", required=True)
     p.add_argument("--cpu", action="store_true")
+    p.add_argument("--answer-tokens", type=int, default=0,
+                   help="count only the first N tokens of each supervised run (an answer), as "
+                   "serving N new tokens sees them; 0: every token")  # fmt: skip
     p = sub.add_parser("disk-plan")
     p.add_argument("--capture", required=True, help="run-all's first capture (ds/default)")
     p.add_argument("--kinds", default=",".join(KINDS))

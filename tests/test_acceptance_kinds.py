@@ -244,7 +244,8 @@ def test_prediction_runs_the_drafter_as_its_trainer_did(tmp_path, monkeypatch, k
     rows = ex / "rows_0-2000"
     g = torch.Generator().manual_seed(0)
     drafts = 15 if kind == "dflash" else 16
-    batch = 4 if kind == "dflash" else 2  # DSpark's logits over the 129k vocabulary: 8 GB at 4
+    batch = 4 if kind == "dflash" else 2  # DSpark's as on tiny:llama's 129k tokens (8 GB at 4)
+    cut = 6  # `predict --answer-tokens 6`: each answer's first 6 tokens (DFlash's run)
     if kind == "dspark":
         from safetensors import safe_open
 
@@ -252,6 +253,7 @@ def test_prediction_runs_the_drafter_as_its_trainer_did(tmp_path, monkeypatch, k
             row = f.get_tensor("lm_head.weight")[11].float()
         toward_11 = (40.0 * row / row.norm()).to(torch.bfloat16)
     blocks, share = [], []  # per held-out anchor: 1 + the run of 11s after it; and the 11s
+    blocks_cut = []  # the same over each answer's first `cut` tokens
     for i in range(16):  # answers mostly of one token, 11: a drafter learns it within 4 steps
         n = 24 + 2 * i
         mask = torch.tensor([0] * (n // 3) + [1] * (n - n // 3))
@@ -269,6 +271,10 @@ def test_prediction_runs_the_drafter_as_its_trainer_did(tmp_path, monkeypatch, k
                 run = [int(ids[a + k]) == 11 for k in range(1, drafts + 1) if a + k < n]
                 share += run
                 blocks.append(1 + (run + [False]).index(False))
+                end = n // 3 + cut  # the answer starts at n // 3
+                if a + 1 < end:
+                    run = run[: end - a - 1]
+                    blocks_cut.append(1 + (run + [False]).index(False))
     (ex / "hsdump_export.json").write_text(json.dumps(dict(kind=kind,
                                                            serving_ids=[1, 2, 3, 4, 5])))  # fmt: skip
     cfg, out, served = tmp_path / "draft.json", tmp_path / "train", tmp_path / "served"
@@ -310,6 +316,16 @@ def test_prediction_runs_the_drafter_as_its_trainer_did(tmp_path, monkeypatch, k
     assert sum(r["accept_histogram"]) == r["blocks"] and len(r["per_position_acc"]) == 16
     if kind == "dflash":  # its first slot is the anchor: no target
         assert r["per_position_acc"][0] is None
+        # each answer cut to its first tokens, as serving that many new tokens drafts over them
+        # (bench/repetition.py: a small target's later tokens loop): fewer blocks, each
+        # accepted up to the first other token or the cut
+        step("predict", "--kind", kind, "--train", out, "--drafter", served,
+             "--json", tmp_path / "p6.json", "--cpu", "--answer-tokens", cut)  # fmt: skip
+        r6 = json.loads((tmp_path / "p6.json").read_text())
+        assert r6["answer_tokens"] == cut and f"first {cut} tokens" in r6["source"], r6
+        assert r6["blocks"] == len(blocks_cut) < r["blocks"], (r6, len(blocks_cut))
+        want = sum(blocks_cut) / len(blocks_cut)
+        assert abs(r6["predicted"] - want) < 2e-3, (r6, want)
 
 
 # a fault in SpecForge's trainer at one step, once (the marker file): the error a CUDA fault
