@@ -807,12 +807,12 @@ def first_answer_tokens(loss_mask, n: int):
     `n`: the span a serving of `n` new tokens drafts over. A greedy small target falls into
     loops as its answer grows (bench/repetition.py), which a drafter drafts easily, so the
     later tokens of long answers weigh the count toward what the serving never reaches."""
-    m, run = loss_mask.clone(), 0
-    for i, v in enumerate(loss_mask[0].tolist()):
-        run = run + 1 if v else 0
-        if run > n:
-            m[0, i] = 0
-    return m
+    import torch
+
+    pos = torch.arange(loss_mask.shape[-1])
+    # each position's index within its run: its own less the last unsupervised one's before it
+    last_off = torch.where(loss_mask.bool(), -1, pos).cummax(dim=-1).values
+    return torch.where(pos - last_off > n, torch.zeros_like(loss_mask), loss_mask)
 
 
 def predict(a) -> int:

@@ -223,3 +223,22 @@ def hf_model(path, dtype):
     if key not in _cache:
         _cache[key] = reference_model(path, dtype)
     return _cache[key]
+
+
+def byte_bpe(vocab_size: int, special_tokens: list):
+    """A byte-level BPE of `vocab_size` tokens trained on a fixed synthetic text, the special
+    tokens first (ids 0, 1, ...): a small tokenizer of the real kind (`tokenizers.Tokenizer`)."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+
+    t = Tokenizer(models.BPE(unk_token=None))
+    t.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    words = [f"word{i} reply{i % 97} the quick brown fox {i * 7}" for i in range(3000)]
+    t.train_from_iterator(
+        words,
+        trainers.BpeTrainer(
+            vocab_size=vocab_size,
+            special_tokens=special_tokens,
+            initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        ),
+    )
+    return t

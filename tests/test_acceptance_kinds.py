@@ -24,7 +24,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from factories import ROOT
+from factories import ROOT, byte_bpe
 from test_export import _peer_root
 
 
@@ -174,18 +174,11 @@ def small_vocab_llama(dest: Path) -> str:
     EAGLE-3's tests keep tiny:llama: its draft vocabulary (32,000 of the target's) is a map
     only when the target has more."""
     import torch
-    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
     from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast
 
     from hsdump.tiny import tiny_config
 
-    t = Tokenizer(models.BPE(unk_token=None))
-    t.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    t.train_from_iterator(
-        [f"word{i} reply{i % 97} the quick brown fox {i * 7}" for i in range(3000)],
-        trainers.BpeTrainer(vocab_size=1000, special_tokens=["<s>", "</s>"],
-                            initial_alphabet=pre_tokenizers.ByteLevel.alphabet()),
-    )  # fmt: skip
+    t = byte_bpe(1000, ["<s>", "</s>"])
     tok = PreTrainedTokenizerFast(tokenizer_object=t, bos_token="<s>", eos_token="</s>")
     tok.save_pretrained(dest)
     torch.manual_seed(0)

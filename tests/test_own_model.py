@@ -3,7 +3,7 @@ the model's is refused before anything expensive starts (issue 31). No engine: t
 Hydra's composition and hsdump's checks; the end-to-end runs use engine=dry."""
 
 import pytest
-from factories import compose_config
+from factories import byte_bpe, compose_config
 
 from hsdump.capture.layers import ModelInfo, length_limit
 from hsdump.config import Config, DatasetConfig, EngineConfig, register_configs, to_config
@@ -169,21 +169,9 @@ def test_a_template_for_another_tokenizer_is_refused(deepseek):
 def small_chatml_bpe(tmp_path):
     """A 4,000-token BPE with ChatML's special tokens at SmolLM2's ids 0-2: another model's
     tokenizer that shares the special ids."""
-    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
-    special = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
-    t = Tokenizer(models.BPE(unk_token=None))
-    t.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    words = [f"word{i} reply{i % 97} the quick brown fox {i * 7}" for i in range(3000)]
-    t.train_from_iterator(
-        words,
-        trainers.BpeTrainer(
-            vocab_size=4000,
-            special_tokens=special,
-            initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        ),
-    )
+    t = byte_bpe(4000, ["<|endoftext|>", "<|im_start|>", "<|im_end|>"])
     tok = PreTrainedTokenizerFast(
         tokenizer_object=t, bos_token="<|im_start|>", eos_token="<|im_end|>"
     )
