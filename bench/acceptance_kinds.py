@@ -720,14 +720,20 @@ def covered(steps: list, prefixes) -> float:
     return total
 
 
-def session_fit(pipe: dict, budget_s: float, before_s: float, epochs) -> dict:
+def session_fit(
+    pipe: dict, budget_s: float, before_s: float, epochs, margin_s: float = 0.0
+) -> dict:
     """What one session's GPU time and disk hold, from a whole run-all run of one kind
     (its pipeline.json): each captured sample's cost (the captures and exports, which scale
     with the samples), each training record's per epoch (the trainers side by side, their
     evaluations included), the rest fixed (the target, SpecForge's exports, `predict`, the
     serving, the gaps) plus `before_s` (the calls before the run, the import check). For each
-    number of epochs E, the most samples N with fixed + c N + t E (N - eval) <= budget_s, and
-    the most the disk holds at the run's peak bytes a sample."""
+    number of epochs E, the most samples N with fixed + c N + t E (N - eval) <= budget_s -
+    margin_s, and the most the disk holds at the run's peak bytes a sample. Each row also says
+    when, in seconds into run-all, its trainers would end (`trainers_end_s`: the fixed part
+    before the first trainer starts, the captures, the training) and run-all would
+    (`run_all_s`: plus the fixed part after the last trainer): what `--train-end-s` and the bg
+    run's deadline are set from."""
     facts, steps = pipe["facts"], pipe["steps"]
     if len(facts.get("training", {})) != 1:
         raise SystemExit("session_fit: a run of one kind only (run-all --kinds K)")
@@ -738,19 +744,27 @@ def session_fit(pipe: dict, budget_s: float, before_s: float, epochs) -> dict:
     capture = covered(steps, ("extract-", "export-", "reference-"))
     train = covered(steps, ("train-",))
     fixed = pipe["elapsed_s"] - capture - train + before_s
+    trains = [s for s in steps if s["name"].startswith("train-") and s.get("wall_s") is not None]
+    first = min(s["start_s"] for s in trains)
+    pre = first - covered([s for s in steps if s["start_s"] < first], ("extract-", "export-",
+                                                                       "reference-"))  # fmt: skip
+    post = pipe["elapsed_s"] - max(s["start_s"] + s["wall_s"] for s in trains)
     c, t = capture / samples, train / (records * ran)
     disk = facts["disk"]
     per_byte = disk["peak_gb"] * 1e9 / samples
     fit = []
     for e in epochs:
-        n = int((budget_s - fixed + t * e * eval_n) / (c + t * e))
-        fit.append(
-            dict(epochs=e, samples=n, records=n - eval_n, steps_at_batch_8=(n - eval_n) * e // 8)
-        )
+        n = int((budget_s - margin_s - fixed + t * e * eval_n) / (c + t * e))
+        end = pre + c * n + t * e * (n - eval_n)
+        fit.append(dict(epochs=e, samples=n, records=n - eval_n,
+                        steps_at_batch_8=(n - eval_n) * e // 8,
+                        trainers_end_s=round(end), run_all_s=round(end + post)))  # fmt: skip
     return dict(kind=kind, samples=samples, records=records, epochs_run=ran,
                 capture_s=round(capture, 1), train_s=round(train, 1), fixed_s=round(fixed, 1),
                 capture_s_per_sample=round(c, 4), train_s_per_record_epoch=round(t, 4),
-                budget_s=budget_s, before_s=before_s, fit=fit,
+                budget_s=budget_s, before_s=before_s, margin_s=margin_s,
+                fixed_before_trainers_s=round(pre, 1), fixed_after_trainers_s=round(post, 1),
+                fit=fit,
                 disk_bytes_per_sample=int(per_byte),
                 disk_samples=int((disk["free_gb"] - disk["margin_gb"]) * 1e9 / per_byte))  # fmt: skip
 
@@ -2271,6 +2285,8 @@ def main(argv=None) -> int:
     p.add_argument("--before-s", type=float, default=0.0,
                    help="GPU seconds before run-all starts: the calls, the import check")  # fmt: skip
     p.add_argument("--epochs", default="1,2,5")
+    p.add_argument("--margin-s", type=float, default=0.0,
+                   help="GPU seconds kept free: a slower host, a failed start")  # fmt: skip
     p = sub.add_parser("plan", help="the backend and epochs run-all trains with, from a probe")
     p.add_argument("--kind", choices=KINDS, default="dflash")
     p.add_argument("--probe", required=True, help="a probe-KIND.json")
@@ -2436,7 +2452,7 @@ def main(argv=None) -> int:
     if a.cmd == "fit":
         pipe = json.loads((Path(a.results) / "pipeline.json").read_text())
         epochs = [int(x) for x in a.epochs.split(",")]
-        print(json.dumps(session_fit(pipe, a.budget_s, a.before_s, epochs), indent=1))
+        print(json.dumps(session_fit(pipe, a.budget_s, a.before_s, epochs, a.margin_s), indent=1))
         return 0
     if a.cmd == "plan":
         pr = json.loads(Path(a.probe).read_text())

@@ -905,10 +905,21 @@ def test_fit_counts_what_one_session_holds_from_a_whole_run(tmp_path):
     c, t = 250 / 2100, 1010 / (2000 * 5)
     for e, row in zip((1, 5), got["fit"]):
         n = int((1800 - 250 + t * e * 100) / (c + t * e))
-        assert row == dict(
-            epochs=e, samples=n, records=n - 100, steps_at_batch_8=(n - 100) * e // 8
-        )
+        # the trainers start 50 s into run-all past the captures before them (300 - 250), and
+        # run-all ends 140 s after the last of them (1,450 - 1,310)
+        end = 50 + c * n + t * e * (n - 100)
+        assert row == dict(epochs=e, samples=n, records=n - 100,
+                           steps_at_batch_8=(n - 100) * e // 8,
+                           trainers_end_s=round(end), run_all_s=round(end + 140))  # fmt: skip
         assert 250 + c * n + t * e * (n - 100) <= 1800 < 250 + c * (n + 1) + t * e * (n + 1 - 100)
+    # the run itself, fitted back: its own samples end its trainers and run-all where they ended
+    assert got["fixed_before_trainers_s"] == 50.0 and got["fixed_after_trainers_s"] == 140.0
+    assert 50 + c * 2100 + t * 5 * 2000 == pytest.approx(1310)
+    # a margin kept free is taken from the budget
+    p = subprocess.run([*cmd[:-2], "--epochs", "5", "--margin-s", "200"], capture_output=True,
+                       text=True, timeout=120)  # fmt: skip
+    assert p.returncode == 0, p.stderr
+    assert json.loads(p.stdout)["fit"][0]["samples"] == int((1600 - 250 + t * 500) / (c + t * 5))
     assert got["disk_bytes_per_sample"] == 10_000_000 and got["disk_samples"] == 5200
     pipe["facts"]["training"]["dflash"] = pipe["facts"]["training"]["dspark"]
     (res / "pipeline.json").write_text(json.dumps(pipe))
