@@ -912,9 +912,14 @@ def test_fit_counts_what_one_session_holds_from_a_whole_run(tmp_path):
                            steps_at_batch_8=(n - 100) * e // 8,
                            trainers_end_s=round(end), run_all_s=round(end + 140))  # fmt: skip
         assert 250 + c * n + t * e * (n - 100) <= 1800 < 250 + c * (n + 1) + t * e * (n + 1 - 100)
-    # the run itself, fitted back: its own samples end its trainers and run-all where they ended
     assert got["fixed_before_trainers_s"] == 50.0 and got["fixed_after_trainers_s"] == 140.0
-    assert 50 + c * 2100 + t * 5 * 2000 == pytest.approx(1310)
+    # the run itself, fitted back: its own GPU time (1,450 s and the 60 before) holds its own
+    # 2,100 samples at its 5 epochs, whose trainers and run-all end where they ended
+    p = subprocess.run([*cmd[:-6], "--budget-s", "1510.5", "--before-s", "60", "--epochs", "5"],
+                       capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert p.returncode == 0, p.stderr
+    back = json.loads(p.stdout)["fit"][0]
+    assert (back["samples"], back["trainers_end_s"], back["run_all_s"]) == (2100, 1310, 1450), back
     # a margin kept free is taken from the budget
     p = subprocess.run([*cmd[:-2], "--epochs", "5", "--margin-s", "200"], capture_output=True,
                        text=True, timeout=120)  # fmt: skip
