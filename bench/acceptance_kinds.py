@@ -720,6 +720,9 @@ def covered(steps: list, prefixes) -> float:
     return total
 
 
+TRAIN_SLACK_S, STOP_SLACK_S = 60, 80  # session_fit's --train-end-s and BG_DEADLINE_S
+
+
 def session_fit(
     pipe: dict, budget_s: float, before_s: float, epochs, margin_s: float = 0.0
 ) -> dict:
@@ -732,8 +735,12 @@ def session_fit(
     margin_s, and the most the disk holds at the run's peak bytes a sample. Each row also says
     when, in seconds into run-all, its trainers would end (`trainers_end_s`: the fixed part
     before the first trainer starts, the captures, the training) and run-all would
-    (`run_all_s`: plus the fixed part after the last trainer): what `--train-end-s` and the bg
-    run's deadline are set from."""
+    (`run_all_s`: plus the fixed part after the last trainer), and the two values to pass:
+    `train_end_s` (--train-end-s: TRAIN_SLACK_S past the trainers' end, for a slower host) and
+    `bg_deadline_s` (BG_DEADLINE_S: that stop, the fixed part after the trainers, and
+    STOP_SLACK_S for the import check before run-all and the trainers' own stop, which came 24 s
+    after --train-end-s on the H100 of 2026-12-06). A deadline set closer than that to
+    --train-end-s cut that run's last served row."""
     facts, steps = pipe["facts"], pipe["steps"]
     if len(facts.get("training", {})) != 1:
         raise SystemExit("session_fit: a run of one kind only (run-all --kinds K)")
@@ -758,7 +765,9 @@ def session_fit(
         end = pre + c * n + t * e * (n - eval_n)
         fit.append(dict(epochs=e, samples=n, records=n - eval_n,
                         steps_at_batch_8=(n - eval_n) * e // 8,
-                        trainers_end_s=round(end), run_all_s=round(end + post)))  # fmt: skip
+                        trainers_end_s=round(end), run_all_s=round(end + post),
+                        train_end_s=round(end) + TRAIN_SLACK_S,
+                        bg_deadline_s=round(end) + TRAIN_SLACK_S + round(post) + STOP_SLACK_S))  # fmt: skip
     return dict(kind=kind, samples=samples, records=records, epochs_run=ran,
                 capture_s=round(capture, 1), train_s=round(train, 1), fixed_s=round(fixed, 1),
                 capture_s_per_sample=round(c, 4), train_s_per_record_epoch=round(t, 4),
@@ -1675,7 +1684,10 @@ def run_all(a) -> int:  # noqa: C901 - one pipeline, read top to bottom
         while the others wait idle (acceptance.py serve's --ready/--go/--release); each row
         goes into the table as soon as it is measured. An engine that could not size its KV
         pool beside the others starting (`kv_pool_race`) starts again, with CUDA graphs, once
-        they are gone. The drafters whose CUDA graphs fail are served again without them,
+        they are gone; the engines start --serve-stagger-s apart so that this is rare (each
+        measures its free memory before and after loading its weights, about 30 s after its
+        start, and allocates its pool just after: on the H100, 2026-12-06, five engines started
+        together passed that point within 5 s of each other, and the fourth and fifth failed). The drafters whose CUDA graphs fail are served again without them,
         together, beside the plain target without them (`plain_eager`, their speed-ups'
         reference). On the H200, 2026-12-03, SGLang 0.5.23's EAGLE-3 draft graphs failed this
         way (its eagle_worker_v2 imports FlashMLA's backend whatever the attention backend,
@@ -1686,7 +1698,9 @@ def run_all(a) -> int:  # noqa: C901 - one pipeline, read top to bottom
         todo = [it for it in items if not (P.res / f"serve-{it[0]}.json").exists()]
         step_of = lambda n, drafter: f"serve-{n}" + ("-eager" if eager and drafter else "")  # noqa: E731
         ts = {}
-        for name, algorithm, drafter, *more in todo:
+        for i, (name, algorithm, drafter, *more) in enumerate(todo):
+            if i and a.serve_stagger_s > 0:  # one engine's KV pool sized at a time (kv_pool_race)
+                time.sleep(a.serve_stagger_s)
             cmd = [*serve_cmd(name, algorithm, drafter, eager, *more), "--ready", gate / f"ready-{name}",
                    "--go", gate / f"go-{name}", "--release", gate / "release"]  # fmt: skip
             step = step_of(name, drafter) + ("-again" if again else "")
@@ -2340,6 +2354,14 @@ def main(argv=None) -> int:
         default=3,
         help="serving engines started together, then timed one at a time (SmolLM2 with a "
         "300,000-token KV pool needs about 8 GB of an H200 each, CUDA graphs beside)",
+    )
+    p.add_argument(
+        "--serve-stagger-s",
+        type=float,
+        default=10.0,
+        help="seconds between the starts of engines started together, so that each sizes its "
+        "KV pool while no other allocates one (0: all at once; an engine that still loses the "
+        "race is served again alone)",
     )
     p.add_argument(
         "--mem-fraction",

@@ -910,7 +910,11 @@ def test_fit_counts_what_one_session_holds_from_a_whole_run(tmp_path):
         end = 50 + c * n + t * e * (n - 100)
         assert row == dict(epochs=e, samples=n, records=n - 100,
                            steps_at_batch_8=(n - 100) * e // 8,
-                           trainers_end_s=round(end), run_all_s=round(end + 140))  # fmt: skip
+                           trainers_end_s=round(end), run_all_s=round(end + 140),
+                           # what to pass: the trainers stopped 60 s past their end at the
+                           # latest, and the bg run's deadline 140 + 80 s past that stop
+                           train_end_s=round(end) + 60,
+                           bg_deadline_s=round(end) + 60 + 140 + 80)  # fmt: skip
         assert 250 + c * n + t * e * (n - 100) <= 1800 < 250 + c * (n + 1) + t * e * (n + 1 - 100)
     assert got["fixed_before_trainers_s"] == 50.0 and got["fixed_after_trainers_s"] == 140.0
     # the run itself, fitted back: its own GPU time (1,450 s and the 60 before) holds its own
@@ -920,6 +924,7 @@ def test_fit_counts_what_one_session_holds_from_a_whole_run(tmp_path):
     assert p.returncode == 0, p.stderr
     back = json.loads(p.stdout)["fit"][0]
     assert (back["samples"], back["trainers_end_s"], back["run_all_s"]) == (2100, 1310, 1450), back
+    assert (back["train_end_s"], back["bg_deadline_s"]) == (1370, 1590), back
     # a margin kept free is taken from the budget
     p = subprocess.run([*cmd[:-2], "--epochs", "5", "--margin-s", "200"], capture_output=True,
                        text=True, timeout=120)  # fmt: skip
