@@ -1687,7 +1687,8 @@ def run_all(a) -> int:  # noqa: C901 - one pipeline, read top to bottom
         they are gone; the engines start --serve-stagger-s apart so that this is rare (each
         measures its free memory before and after loading its weights, about 30 s after its
         start, and allocates its pool just after: on the H100, 2026-12-06, five engines started
-        together passed that point within 5 s of each other, and the fourth and fifth failed). The drafters whose CUDA graphs fail are served again without them,
+        together passed that point within 5 s of each other, and the third and fourth to pass it
+        failed). The drafters whose CUDA graphs fail are served again without them,
         together, beside the plain target without them (`plain_eager`, their speed-ups'
         reference). On the H200, 2026-12-03, SGLang 0.5.23's EAGLE-3 draft graphs failed this
         way (its eagle_worker_v2 imports FlashMLA's backend whatever the attention backend,
