@@ -20,7 +20,7 @@ import argparse
 import json
 from pathlib import Path
 
-from acceptance_kinds import read_json, served_name
+from acceptance_kinds import read_json, served_name, step_acceptance
 
 
 def repeated(ids: list, n: int) -> list:
@@ -36,13 +36,17 @@ def repeated(ids: list, n: int) -> list:
 
 def quarters(run: dict, n: int) -> list:
     """The run's prompts sorted by their output's repetition, in four quarters: each quarter's
-    prompts, mean repetition, and accept length (its tokens over its verify steps)."""
+    prompts, mean repetition, and accept length (its tokens over its verify steps); where the
+    engine reported each request's verify steps by drafts accepted (`per_prompt_drafts`), also
+    the quarter's share, per draft step, of the verify steps that reached the step and accepted
+    it (`step_acceptance`, as `acceptance_kinds.py table` gives it for the whole run)."""
     rows = []
+    drafts = run.get("per_prompt_drafts") or {}
     for k, (tokens, steps) in run["per_prompt"].items():
         out = run["outputs"].get(k) or []
         if steps and out:
             f = repeated(out, n)
-            rows.append((sum(f) / len(f), tokens, steps))
+            rows.append((sum(f) / len(f), tokens, steps, k))
     rows.sort()
     cut = [round(i * len(rows) / 4) for i in range(5)]
     res = []
@@ -52,6 +56,9 @@ def quarters(run: dict, n: int) -> list:
             res.append(dict(prompts=len(part),
                             repetition=round(sum(r[0] for r in part) / len(part), 4),
                             accept_length=round(sum(r[1] for r in part) / sum(r[2] for r in part), 4)))  # fmt: skip
+            hs = {r[3]: drafts[r[3]] for r in part if drafts.get(r[3])}
+            if hs:
+                res[-1]["step_acceptance"] = step_acceptance(hs)["step_acceptance"]
     return res
 
 
@@ -94,6 +101,10 @@ def main(argv=None) -> int:
             f"{name}: prompts by repetition, in quarters (repetition -> accept length): "
             + ", ".join(f"{q['repetition']:.3f} -> {q['accept_length']:.3f}" for q in qs)
         )
+        if any("step_acceptance" in q for q in qs):
+            print(f"{name}: per draft step, served (of the verify steps that reached it), by "
+                  "quarter: " + ", ".join("/".join(f"{x:.3f}" for x in q.get("step_acceptance", []))
+                                          for q in qs))  # fmt: skip
     if a.json:
         Path(a.json).write_text(json.dumps(out, indent=1) + "\n")
     return 0

@@ -47,6 +47,31 @@ def test_quarters_and_windows(tmp_path):
                             {"positions": "9-16", "repetition": 0.5}]  # fmt: skip
     assert "plain" not in r["drafters"]
     assert "eagle3-default: prompts by repetition" in p.stdout and "0.500 -> 3.000" in p.stdout
+    assert all("step_acceptance" not in q for q in qs)  # no histograms reported: none made up
+
+
+def test_step_acceptance_by_quarter(tmp_path):
+    """With SGLang's per-request histograms (verify steps by drafts accepted, 3 drafts a step),
+    each quarter's share per draft step of the verify steps that reached it and accepted it.
+    The flat answers' requests: 10 steps, 6 accepting none, 4 one (step 1: 4/10, step 2: 0/4;
+    step 3 reached by none: not given). The loops': 10 steps, 1 accepting none, 1 one, 2 two,
+    6 all three (step 1: 9/10, step 2: 8/9, step 3: 6/8)."""
+    res = tmp_path / "res"
+    res.mkdir()
+    flat = [list(range(100 * i, 100 * i + 16)) for i in range(4)]
+    loop = [[7, 8, 9, 10] + [5, 6] * 6 for _ in range(4)]
+    outs = {f"p{i}": o for i, o in enumerate(flat + loop)}
+    per = {f"p{i}": [14, 10] if i < 4 else [33, 10] for i in range(8)}
+    hist = {f"p{i}": [6, 4, 0, 0] if i < 4 else [1, 1, 2, 6] for i in range(8)}
+    drafter = dict(engine={"speculative_algorithm": "EAGLE3"}, outputs=outs, per_prompt=per,
+                   per_prompt_drafts=hist)  # fmt: skip
+    (res / "serve-eagle3-default.json").write_text(json.dumps(drafter))
+    p = _run(res, "--n", "2", "--json", str(tmp_path / "r.json"))
+    assert p.returncode == 0, p.stderr
+    qs = json.loads((tmp_path / "r.json").read_text())["drafters"]["eagle3-default"]
+    assert [q["accept_length"] for q in qs] == [1.4, 1.4, 3.3, 3.3]
+    assert [q["step_acceptance"] for q in qs] == [[0.4, 0.0]] * 2 + [[0.9, 0.8889, 0.75]] * 2
+    assert "0.400/0.000" in p.stdout and "0.900/0.889/0.750" in p.stdout
 
 
 def test_a_folder_without_serve_runs_is_refused(tmp_path):
