@@ -17,6 +17,13 @@ def _run(res, *args):
     return p
 
 
+def _answers() -> dict:
+    """Eight answers of 16 tokens: p0-p3 without a loop, p4-p7 in a loop of period 2 after 4."""
+    flat = [list(range(100 * i, 100 * i + 16)) for i in range(4)]
+    loop = [[7, 8, 9, 10] + [5, 6] * 6 for _ in range(4)]
+    return {f"p{i}": o for i, o in enumerate(flat + loop)}
+
+
 def test_quarters_and_windows(tmp_path):
     """Eight prompts: four answer without a loop (16 distinct tokens), four fall into a loop of
     period 2 after 4 tokens. With n = 2 a token repeats once the 3 tokens ending at it came
@@ -27,9 +34,7 @@ def test_quarters_and_windows(tmp_path):
     9-16 (all of the looping half's)."""
     res = tmp_path / "res"
     res.mkdir()
-    flat = [list(range(100 * i, 100 * i + 16)) for i in range(4)]
-    loop = [[7, 8, 9, 10] + [5, 6] * 6 for _ in range(4)]
-    outs = {f"p{i}": o for i, o in enumerate(flat + loop)}
+    outs = _answers()
     per = {f"p{i}": [12, 10] if i < 4 else [30, 10] for i in range(8)}
     plain = dict(engine={"speculative_algorithm": None}, outputs=outs,
                  per_prompt={k: [16, 0] for k in outs})  # fmt: skip
@@ -58,9 +63,7 @@ def test_step_acceptance_by_quarter(tmp_path):
     6 all three (step 1: 9/10, step 2: 8/9, step 3: 6/8)."""
     res = tmp_path / "res"
     res.mkdir()
-    flat = [list(range(100 * i, 100 * i + 16)) for i in range(4)]
-    loop = [[7, 8, 9, 10] + [5, 6] * 6 for _ in range(4)]
-    outs = {f"p{i}": o for i, o in enumerate(flat + loop)}
+    outs = _answers()
     per = {f"p{i}": [14, 10] if i < 4 else [33, 10] for i in range(8)}
     hist = {f"p{i}": [6, 4, 0, 0] if i < 4 else [1, 1, 2, 6] for i in range(8)}
     drafter = dict(engine={"speculative_algorithm": "EAGLE3"}, outputs=outs, per_prompt=per,
