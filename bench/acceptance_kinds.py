@@ -1507,6 +1507,16 @@ def run_all(a) -> int:  # noqa: C901 - one pipeline, read top to bottom
     then per kind: export, train drafter and control side by side under a time budget, export
     both with SpecForge, serve (the plain target with the first kind), write the table."""
     started = time.time()
+    a.train_end_s = trainers_stop(a)
+    if a.deadline_s is not None:
+        print(f"run-all ends within {a.deadline_s:.0f} s: the trainings stop by "
+              f"{a.train_end_s:.0f} s into it", flush=True)  # fmt: skip
+    if (
+        not (Path(a.data) / "heldout.jsonl").exists()
+        and not (Path(a.work) / "data" / "heldout.jsonl").exists()
+    ):
+        raise SystemExit(f"run-all: --data {a.data} holds no heldout.jsonl: "
+                         "bench/acceptance.py prepare --out DIR writes it")  # fmt: skip
     w = Path(a.work).resolve()
     acc._claim(w)
     a.work = str(w)
@@ -1629,7 +1639,8 @@ def run_all(a) -> int:  # noqa: C901 - one pipeline, read top to bottom
         capture_template()
     P.facts.update(acc.env_facts(), datasets=acc.dataset_facts(ds), sizing=dict(
         samples=a.samples, epochs=a.epochs, eval_samples=a.eval_samples,
-        train_budget_s=a.train_budget_s, heldout=a.serve_limit or "all",
+        train_budget_s=a.train_budget_s, trainers_stop_s=a.train_end_s,
+        deadline_s=a.deadline_s, heldout=a.serve_limit or "all",
         serve_new_tokens=a.serve_new_tokens))  # fmt: skip
     P.save()
 
@@ -2079,6 +2090,24 @@ def overlap(P, jobs) -> None:
     P.save()
 
 
+def trainers_stop(a):
+    """Seconds into run-all by which the trainings stop: --train-end-s, or --deadline-s less
+    --after-train-s (what follows them), whichever is sooner; None without either. A deadline
+    that leaves nothing to train is refused before any work, naming both fixes."""
+    ends = [a.train_end_s] if a.train_end_s is not None else []
+    if a.deadline_s is not None:
+        left = a.deadline_s - a.after_train_s
+        if left <= 0:
+            raise SystemExit(
+                f"run-all: --deadline-s {a.deadline_s:.0f} leaves nothing to train once "
+                f"--after-train-s {a.after_train_s:.0f} is kept for the exports and the serving: "
+                "give the run a later deadline (run-0523.sh: BG_DEADLINE_S) or keep less after "
+                "the trainings"
+            )
+        ends.append(left)
+    return min(ends) if ends else None
+
+
 def train_end(now: float, budget_s: float, started: float, end_s=None) -> float:
     """When the trainings stop: `budget_s` after they start, or `end_s` after run-all started
     (--train-end-s), whichever comes first."""
@@ -2344,6 +2373,20 @@ def main(argv=None) -> int:
         help="stop the trainings at this many seconds after run-all started, sooner than "
         "--train-budget-s would, so that a slow capture still leaves the exports and the "
         "serving their time before the host's deadline",
+    )
+    p.add_argument(
+        "--deadline-s",
+        type=float,
+        default=None,
+        help="run-all ends within this many seconds of its start (run-0523.sh's acck step passes "
+        "what its deadline leaves): the trainings stop --after-train-s before it at the latest",
+    )
+    p.add_argument(
+        "--after-train-s",
+        type=float,
+        default=300,
+        help="kept for what follows the trainings under --deadline-s: SpecForge's exports, "
+        "predict, the engines (a retry included); 233-245 s in the runs of 2026-12-04/05",
     )
     p.add_argument("--log-interval", type=int, default=20)
     p.add_argument("--serve-new-tokens", type=int, default=256)

