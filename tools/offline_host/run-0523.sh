@@ -76,7 +76,8 @@
 #                with "--speculators" one trained by speculators 0.9.0 (its wheels are in .whl-sf/),
 #                train-*.json, pipeline.json, logs/); its work folder /tmp/acck is kept, so a
 #                second call resumes; run it with `bg acck` (ACCK_LIMIT_S, default 3000; ACCK_ARGS
-#                adds run-all flags)
+#                adds run-all flags); run-all is told what the deadline leaves (--deadline-s) and
+#                stops the trainings in time for the exports and the serving
 #   collect      $OUT/bg.tgz: what the bg run has written so far (its steps, logs, JSON), and
 #                whether it is still running (bg-state.txt)
 #   poll [S]     wait up to S seconds (default 540) while the bg run goes on, packing what it has
