@@ -1272,8 +1272,9 @@ def collate(res: Path) -> dict:
             **capped(r),
             tokens_per_s_batch1=r["batch1"]["tokens_per_s"],
             tokens_per_s_batched=r["batched"]["tokens_per_s"],
-            equal_to_plain=f"{same}/{len(outs)}",
-            mean_common_prefix=round(sum(pre) / max(1, len(pre)), 3),
+            # None without a plain run to compare with (its engine failed): not 0 equal
+            equal_to_plain=f"{same}/{len(outs)}" if ref else None,
+            mean_common_prefix=round(sum(pre) / max(1, len(pre)), 3) if ref else None,
             predicted_accept_length=pred.get("predicted"),
             predicted_from=pred.get("source"),
             trained_steps=pred.get("steps"),
@@ -1285,7 +1286,9 @@ def collate(res: Path) -> dict:
             served_drafts=drafts,
             trainer_step_accuracy=step_acc[:SERVED_STEPS] if kind == "eagle3" else None,
             # where its outputs leave the plain target's, and how near a tie that was there
-            divergence=acc.divergence(r, same_plain or plains.get(True) or plains.get(False) or {}),
+            divergence=acc.divergence(r, same_plain or plains.get(True) or plains.get(False))
+            if ref
+            else None,
         )
         for k in ("batch1", "batched"):
             base = ((same_plain or {}).get(k) or {}).get("tokens_per_s")
@@ -1329,7 +1332,7 @@ def table(a) -> int:
         lines.append((x["variant"], f3(x["accept_length"]), f3(x["predicted_accept_length"]),
                       f"{x['tokens_per_s_batch1']:.0f}", f3(x["speedup_batch1"]),
                       f"{x['tokens_per_s_batched']:.0f}", f3(x["speedup_batched"]),
-                      x["equal_to_plain"]))  # fmt: skip
+                      x["equal_to_plain"] or "-"))  # fmt: skip
     w = [max(len(str(r[i])) for r in lines) for i in range(len(head))]
     for r in lines:
         print("  ".join(str(c).ljust(w[i]) for i, c in enumerate(r)))

@@ -956,3 +956,24 @@ def test_run_all_stops_the_trainings_before_its_deadline(tmp_path):
     assert p.returncode != 0 and "leaves nothing to train" in p.stderr
     assert "BG_DEADLINE_S" in p.stderr and "the trainings stop" not in p.stdout
     assert not (tmp_path / "w").exists()
+
+
+def test_without_a_plain_run_nothing_is_compared_with_it(tmp_path):
+    """A results folder whose plain engine failed (2026-12-06: its KV pool lost to the engines
+    starting beside it): the drafters' rows say nothing of plain greedy (None, printed "-"),
+    rather than 0 of 256 outputs equal to a run that did not happen."""
+    res = tmp_path / "res"
+    res.mkdir()
+    drafter = _serve([20] * 2, [10] * 2, "EAGLE3")
+    drafter["outputs"] = {"p0": [5, 6], "p1": [5, 7]}
+    (res / "serve-eagle3-layer_off.json").write_text(json.dumps(drafter))
+    out = tmp_path / "t.json"
+    p = _kinds("table", "--results", res, "--json", out)
+    (row,) = json.loads(out.read_text())["rows"]
+    assert row["accept_length"] is not None
+    assert (row["equal_to_plain"], row["mean_common_prefix"], row["divergence"]) == (
+        None,
+        None,
+        None,
+    )
+    assert "0/2" not in p.stdout and "leave plain greedy" not in p.stdout
