@@ -61,6 +61,12 @@ SERVED_STEPS = 3  # EAGLE-3's speculative_num_steps (acceptance.SPEC)
 # the smoke serve (run-all): 8 prompts of 64 tokens, its KV pool capped at 60,000 tokens (about
 # 1.4 GB of SmolLM2's) beside the trainers
 SMOKE_SIZE = dict(new_tokens=64, batch1=1, limit=8, mem_fraction=0.95, kv_tokens=60000)
+# Each served row's mem_fraction_static. Its KV pool is capped at 300,000 tokens (about 7 GB
+# of SmolLM2's), so the fraction only sets SGLang's check at its start: the memory free after
+# loading the weights, less (1 - fraction) of what was free before, must stay above 0. At 0.5
+# the engines starting beside it may allocate up to half of what was free meanwhile; at
+# 0.8 / 5 (until 2026-12-06) a sixth of it failed the check (kv_pool_race).
+SERVE_MEM_FRACTION = 0.5
 WRONG_TEMPLATE = "deepseek_v3.jinja"  # EAGLE-3's template control (acceptance.py's, 0.5.17)
 
 # SpecForge's recipes (sgl-project/SpecForge at the 0.2.0 release line):
@@ -1651,7 +1657,7 @@ def run_all(a) -> int:  # noqa: C901 - one pipeline, read top to bottom
         """A served row's command (its JSON in the results, serve-NAME.json, unless `out`);
         `size` (SMOKE_SIZE: the smoke serve's) instead of the run's prompts and KV pool."""
         size = size or dict(new_tokens=a.serve_new_tokens, batch1=a.batch1, limit=a.serve_limit,
-                            mem_fraction=a.mem_fraction or round(0.8 / a.engines_at_once, 3),
+                            mem_fraction=a.mem_fraction or SERVE_MEM_FRACTION,
                             kv_tokens=300000)  # fmt: skip
         cmd = _py(HERE / "acceptance.py", "serve", "--target", target,
                   "--heldout", data / "heldout.jsonl", "--name", name,
@@ -2414,7 +2420,8 @@ def main(argv=None) -> int:
         "--mem-fraction",
         type=float,
         default=None,
-        help="each engine's mem_fraction_static (default 0.8 / --engines-at-once; the H200 "
+        help="each engine's mem_fraction_static (default 0.5: the KV pool is capped at 300,000 "
+        "tokens, so this sets only SGLang's free-memory check at its start; the H200 "
         "runs of 2026-12-03 served 3 at 0.3)",
     )
     p.add_argument(
