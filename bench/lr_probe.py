@@ -104,6 +104,12 @@ def main(argv=None) -> int:
     p.add_argument("--max-length", type=int, default=1024)
     p.add_argument("--max-new-tokens", type=int, default=512, help="regeneration (GPU)")
     p.add_argument("--num-workers", type=int, default=4)
+    p.add_argument(
+        "--attention-backend",
+        default="sdpa",
+        choices=("sdpa", "flex_attention"),
+        help="SpecForge's draft attention (sdpa is EAGLE-3's faster, flex_attention DSpark's)",
+    )
     a = p.parse_args(argv)
     arms = [arm(x) for x in a.lrs.split(",")]
     w, res = Path(a.work), Path(a.out)
@@ -138,7 +144,7 @@ def main(argv=None) -> int:
                      "--max-steps", a.steps, "--epochs", 1000, "--eval-samples", a.eval_samples,
                      "--batch-size", a.batch_size, "--max-length", a.max_length,
                      "--num-workers", a.num_workers, "--log-interval", 20,
-                     "--save-interval", a.eval_every, "--attention-backend", "sdpa",
+                     "--save-interval", a.eval_every, "--attention-backend", a.attention_backend,
                      "--learning-rate", lr, *flags,
                      "--log-copy", res / f"sf-train-lr{name}.log",
                      *(["--cpu"] if cpu else []))  # fmt: skip
@@ -146,6 +152,7 @@ def main(argv=None) -> int:
     for t in ts:
         t.join()
     got = dict(kind=a.kind, samples=a.samples, steps=a.steps, batch_size=a.batch_size,
+               attention_backend=a.attention_backend,
                recipe_lr=ak.TRAINING[a.kind]["learning_rate"], steps_run=P.steps,
                rates=summary(res, a.kind, [name for *_, name in arms]))  # fmt: skip
     (res / "lr-probe.json").write_text(json.dumps(got, indent=1) + "\n")
