@@ -65,7 +65,8 @@ SMOKE_SIZE = dict(new_tokens=64, batch1=1, limit=8, mem_fraction=0.95, kv_tokens
 # of SmolLM2's), so the fraction only sets SGLang's check at its start: the memory free after
 # loading the weights, less (1 - fraction) of what was free before, must stay above 0. At 0.5
 # the engines starting beside it may allocate up to half of what was free meanwhile; at
-# 0.8 / 5 (until 2026-12-06) a sixth of it failed the check (kv_pool_race).
+# 0.8 / 5 (until 2026-12-06) they could allocate only about a sixth, and two of five engines
+# started together failed the check (kv_pool_race).
 SERVE_MEM_FRACTION = 0.5
 WRONG_TEMPLATE = "deepseek_v3.jinja"  # EAGLE-3's template control (acceptance.py's, 0.5.17)
 
