@@ -177,7 +177,7 @@ def draft_config(kind: str, target: str, serving_ids, block_size: int = BLOCK_SI
     ids = [int(x) for x in serving_ids]
     if kind == "eagle3":
         return dict(
-            architectures=["LlamaForCausalLMEagle3"],
+            architectures=[DRAFT_ARCH[kind]],
             model_type="llama",
             draft_vocab_size=min(32000, base["vocab_size"]),
             eagle_config=dict(eagle_aux_hidden_state_layer_ids=ids),
@@ -188,7 +188,7 @@ def draft_config(kind: str, target: str, serving_ids, block_size: int = BLOCK_SI
         )
     n = base["num_hidden_layers"]
     cfg = dict(
-        architectures=["DFlashDraftModel" if kind == "dflash" else "DSparkDraftModel"],
+        architectures=[DRAFT_ARCH[kind]],
         model_type="qwen3",
         block_size=int(block_size),
         layer_types=["full_attention"] * n,
@@ -208,6 +208,19 @@ def draft_config(kind: str, target: str, serving_ids, block_size: int = BLOCK_SI
         # 0.2.0 reads and exports them under dflash_config: both places, the same values
         cfg.update(DSPARK_HEAD)
     return cfg
+
+
+DRAFT_ARCH = {"eagle3": "LlamaForCausalLMEagle3", "dflash": "DFlashDraftModel",
+              "dspark": "DSparkDraftModel"}  # fmt: skip
+
+
+def write_draft_config(kind, target, export, out, a, block_size: int = BLOCK_SIZE) -> list:
+    """`draft_config` on an export's serving ids (the layers it holds) with the run's drafter
+    options, written to `out`: the ids."""
+    ids = export_facts(export)["serving_ids"]
+    cfg = draft_config(kind, target, ids, block_size, **drafter_options(a))
+    Path(out).write_text(json.dumps(cfg, indent=1) + "\n")
+    return ids
 
 
 def export_facts(export: str) -> dict:
@@ -1301,11 +1314,16 @@ def collate(res: Path) -> dict:
             base = ((same_plain or {}).get(k) or {}).get("tokens_per_s")
             row[f"speedup_{k}"] = round(row[f"tokens_per_s_{k}"] / base, 3) if base else None
         rows.append(row)
-    pairs = {}
+    pairs, own_layers = {}, {}
     for k in KINDS:
         d, c, t = (runs.get(f"{k}-{v}") for v in ("default", "layer_off", "template"))
         if d and c:
             pairs[k] = acc.paired({"default": d, "layer_off": c})["layer_off"]
+        o = runs.get(f"{k}-layer_off_own")  # the control on the layers it trained on
+        if d and o:
+            pairs[f"{k}-layer_off_own"] = acc.paired({"default": d, "own": o})["own"]
+        if c and o:  # what reading the drafter's layers (one off its own) cost the control
+            own_layers[k] = acc.paired({"default": o, "off": c})["off"]
         if d and t:  # EAGLE-3's wrong-template control
             pairs[f"{k}-template"] = acc.paired({"default": d, "template": t})["template"]
         r = runs.get(f"{k}-specforge")  # the same ids captured by SpecForge's own capture
@@ -1322,7 +1340,7 @@ def collate(res: Path) -> dict:
                              served.get(f"{kind}-{other or 'layer_off'}")]  # fmt: skip
         both = all(isinstance(v, int) for v in x["served_steps"])  # speculators': epochs
         x["same_step"] = (x["served_steps"][0] == x["served_steps"][1]) if both else None
-    return dict(rows=rows, drafter_minus_control=pairs)
+    return dict(rows=rows, drafter_minus_control=pairs, control_own_minus_off=own_layers)
 
 
 def table(a) -> int:
@@ -1371,6 +1389,10 @@ def table(a) -> int:
         print(f"{k}: drafter - control {x['default_minus_this']:+.3f} accept length (95 % "
               f"bootstrap {x['ci95'][0]:+.3f}..{x['ci95'][1]:+.3f}, {x['prompts']} prompts)"
               f"{steps}")  # fmt: skip
+    for k, x in out["control_own_minus_off"].items():
+        print(f"{k}: the control on its own layers - on the drafter's {x['default_minus_this']:+.3f} "
+              f"accept length (95 % bootstrap {x['ci95'][0]:+.3f}..{x['ci95'][1]:+.3f}, "
+              f"{x['prompts']} prompts)")  # fmt: skip
     dest = Path(a.json) if getattr(a, "json", None) else res / "acceptance-kinds.json"
     tmp = dest.with_suffix(".tmp")
     tmp.write_text(json.dumps(out, indent=1) + "\n")
@@ -1900,11 +1922,30 @@ def run_all(a) -> int:  # noqa: C901 - one pipeline, read top to bottom
                              source=x["source"], per_position_acc=x["per_position_acc"],
                              tau_probabilistic_heldout=x.get("tau_probabilistic"))  # fmt: skip
             (P.res / f"train-{name}.json").write_text(json.dumps(facts, indent=1) + "\n")
+            if a.control_own_layers and name == f"{kind}-layer_off":
+                own_layers(name, kind, steps[name][step], facts)
+
+        def own_layers(name, kind, ckpt, facts):
+            """The control's step exported again by SpecForge with a draft config on its own
+            export's serving ids (the layers it trained on; the row above reads the
+            drafter's): served as NAME_own, its facts the control's."""
+            c = w / "draft" / f"{name}_own.json"
+            ids = write_draft_config(kind, target, ex / name, c, a)
+            served = w / "served" / f"{name}_own"
+            run(f"sf-export-{name}_own",
+                  _py(me, "export", "--kind", kind, "--ckpt", ckpt, "--draft-config", c,
+                      "--out", served, "--target", target),
+                  env=env, done=served / "config.json", check=False)  # fmt: skip
+            (P.res / f"train-{name}_own.json").write_text(
+                json.dumps(dict(facts, serving_ids=ids), indent=1) + "\n")  # fmt: skip
 
         # side by side: each is mostly its interpreter's imports (21-25 s on the H200 host)
         for t, _ in [acc._thread(finish, n) for n in names]:
             t.join()
         names = {n: v for n, v in names.items() if (w / "served" / n / "config.json").exists()}
+        own = w / "served" / f"{kind}-layer_off_own"
+        if a.control_own_layers and (own / "config.json").exists():
+            extra.append((own.name, ALGORITHM[kind], own))
         if kind == "dspark" and f"{kind}-default" in names and not a.no_cap_accept:
             # its confidence head at work: SGLang builds it in cap-accept mode only, where it
             # caps each request's accepted drafts (the static rows verify every draft)
@@ -2446,6 +2487,13 @@ def main(argv=None) -> int:
         "confidence head capping each request's accepted drafts)",
     )
     p.add_argument(
+        "--control-own-layers",
+        action="store_true",
+        help="serve each layer-off control a second time on the layers it was trained on "
+        "(`KIND-layer_off_own`): beside its row on the drafter's layers, what reading the "
+        "layers one off costs it when served; the table pairs the two",
+    )
+    p.add_argument(
         "--no-template-control",
         action="store_true",
         help="skip EAGLE-3's wrong-template control (its capture, training and serving)",
@@ -2493,10 +2541,8 @@ def main(argv=None) -> int:
     training_flags(p, backends=("sdpa", "flex_attention", "auto"))
     a = ap.parse_args(argv)
     if a.cmd == "draft-config":
-        ids = export_facts(a.export)["serving_ids"]
-        cfg = draft_config(a.kind, a.target, ids, a.block_size, **drafter_options(a))
-        Path(a.out).write_text(json.dumps(cfg, indent=1) + "\n")
-        print(json.dumps(dict(out=a.out, ids=ids, arch=cfg["architectures"][0])))
+        ids = write_draft_config(a.kind, a.target, a.export, a.out, a, a.block_size)
+        print(json.dumps(dict(out=a.out, ids=ids, arch=DRAFT_ARCH[a.kind])))
         return 0
     if a.cmd == "train":
         return train(a)

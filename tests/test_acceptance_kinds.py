@@ -307,6 +307,23 @@ def test_prediction_runs_the_drafter_as_its_trainer_did(tmp_path, monkeypatch, k
     assert abs(r["accuracy"] - sum(share) / len(share)) < tol_acc, (r, sum(share) / len(share))
     assert abs(r["predicted"] - sum(blocks) / len(blocks)) < tol_len, (r, sum(blocks) / len(blocks))
     assert sum(r["accept_histogram"]) == r["blocks"] and len(r["per_position_acc"]) == 16
+    # run-all --control-own-layers: the same checkpoint exported again on another export's
+    # serving ids (a layer-off control's own): the same weights, only the layers SGLang's
+    # class reads (dflash_config.target_layer_ids, the contract test's key) differ
+    ex_own = tmp_path / "ex-own"
+    ex_own.mkdir()
+    (ex_own / "hsdump_export.json").write_text(json.dumps(dict(kind=kind,
+                                                               serving_ids=[2, 3, 4, 5, 6])))  # fmt: skip
+    cfg_own, own = tmp_path / "draft-own.json", tmp_path / "served-own"
+    step("draft-config", "--kind", kind, "--target", target, "--export", ex_own, "--out", cfg_own)
+    step("export", "--kind", kind, "--ckpt", out / "run", "--draft-config", cfg_own,
+         "--out", own, "--target", target)  # fmt: skip
+    assert (own / "model.safetensors").read_bytes() == (served / "model.safetensors").read_bytes()
+    c, c_own = (json.loads((d / "config.json").read_text()) for d in (served, own))
+    assert c["dflash_config"]["target_layer_ids"] == [1, 2, 3, 4, 5]
+    assert c_own["dflash_config"]["target_layer_ids"] == [2, 3, 4, 5, 6]
+    c_own["dflash_config"]["target_layer_ids"] = [1, 2, 3, 4, 5]
+    assert c_own == c
     if kind == "dflash":  # its first slot is the anchor: no target
         assert r["per_position_acc"][0] is None
         # each answer cut to its first tokens, as serving that many new tokens drafts over them
@@ -956,6 +973,36 @@ def test_run_all_stops_the_trainings_before_its_deadline(tmp_path):
     assert p.returncode != 0 and "leaves nothing to train" in p.stderr
     assert "BG_DEADLINE_S" in p.stderr and "the trainings stop" not in p.stdout
     assert not (tmp_path / "w").exists()
+
+
+def test_the_control_on_its_own_layers_is_paired_with_it(tmp_path):
+    """run-all --control-own-layers serves the layer-off control a second time on the layers it
+    trained on (`KIND-layer_off_own`): the table pairs the drafter with it too, and says what
+    reading the drafter's layers cost the control (its own-layers row minus its row), over the
+    same prompts; the own row's served step is the control's (its train-*.json)."""
+    res = tmp_path / "res"
+    res.mkdir()
+    steps = [10] * 8
+    runs = {"plain": _serve([0] * 8, steps),
+            "dspark-default": _serve([6] * 8, steps, "DSPARK"),
+            "dspark-layer_off": _serve([4] * 4 + [5] * 4, steps, "DSPARK"),
+            "dspark-layer_off_own": _serve([5] * 4 + [7] * 4, steps, "DSPARK")}  # fmt: skip
+    for name, r in runs.items():
+        (res / f"serve-{name}.json").write_text(json.dumps(r))
+    for name in ("default", "layer_off", "layer_off_own"):
+        (res / f"train-dspark-{name}.json").write_text(json.dumps(dict(served_step=824)))
+    out = tmp_path / "t.json"
+    p = _kinds("table", "--results", res, "--json", out)
+    t = json.loads(out.read_text())
+    pairs, own = t["drafter_minus_control"], t["control_own_minus_off"]
+    assert sorted(pairs) == ["dspark", "dspark-layer_off_own"] and sorted(own) == ["dspark"]
+    assert pairs["dspark"]["default_minus_this"] == pytest.approx(0.6 - 0.45)
+    assert pairs["dspark-layer_off_own"]["default_minus_this"] == pytest.approx(0.0)
+    assert pairs["dspark-layer_off_own"]["served_steps"] == [824, 824]
+    x = own["dspark"]
+    assert x["default_minus_this"] == pytest.approx(0.6 - 0.45) and x["prompts"] == 8
+    assert x["prompts_default_higher"] == 8 and 0 < x["ci95"][0] <= x["ci95"][1]
+    assert "dspark: the control on its own layers - on the drafter's +0.150" in p.stdout
 
 
 def test_without_a_plain_run_nothing_is_compared_with_it(tmp_path):
