@@ -138,6 +138,10 @@ def mask_token_id(target: str, vocab_size: int) -> int:
     return int(resolve_mask_token_id(explicit=None, tokenizer=tok, embedding_vocab_size=vocab_size))
 
 
+DRAFT_ARCH = {"eagle3": "LlamaForCausalLMEagle3", "dflash": "DFlashDraftModel",
+              "dspark": "DSparkDraftModel"}  # fmt: skip
+
+
 def draft_config(kind: str, target: str, serving_ids, block_size: int = BLOCK_SIZE,
                  fc_norm: bool = False, norm_before_fc: bool = False,
                  feed_post_norm: bool = False) -> dict:  # fmt: skip
@@ -210,15 +214,11 @@ def draft_config(kind: str, target: str, serving_ids, block_size: int = BLOCK_SI
     return cfg
 
 
-DRAFT_ARCH = {"eagle3": "LlamaForCausalLMEagle3", "dflash": "DFlashDraftModel",
-              "dspark": "DSparkDraftModel"}  # fmt: skip
-
-
-def write_draft_config(kind, target, export, out, a, block_size: int = BLOCK_SIZE) -> list:
-    """`draft_config` on an export's serving ids (the layers it holds) with the run's drafter
-    options, written to `out`: the ids."""
+def write_draft_config(kind, target, export, out, block_size: int = BLOCK_SIZE, **opts) -> list:
+    """`draft_config` on an export's serving ids (the layers it holds) with the drafter options
+    `opts`, written to `out`: the ids."""
     ids = export_facts(export)["serving_ids"]
-    cfg = draft_config(kind, target, ids, block_size, **drafter_options(a))
+    cfg = draft_config(kind, target, ids, block_size, **opts)
     Path(out).write_text(json.dumps(cfg, indent=1) + "\n")
     return ids
 
@@ -1903,11 +1903,7 @@ def run_all(a) -> int:  # noqa: C901 - one pipeline, read top to bottom
                              "attention_backend"),
                          epochs=(t.get("config") or {}).get("training", {}).get("num_epochs"),
                          train_records=t.get("samples"), stopped_by_budget=t.get("stopped_by_budget"))  # fmt: skip
-            served = w / "served" / name
-            run(f"sf-export-{name}",
-                  _py(me, "export", "--kind", kind, "--ckpt", steps[name][step],
-                      "--draft-config", cfg, "--out", served, "--target", target),
-                  env=env, done=served / "config.json", check=False)  # fmt: skip
+            served = sf_export(name, kind, steps[name][step], cfg)
             pj = P.res / f"predict-{name}.json"
             if kind in ("dflash", "dspark") and (served / "config.json").exists():
                 run(f"predict-{name}",
@@ -1925,17 +1921,22 @@ def run_all(a) -> int:  # noqa: C901 - one pipeline, read top to bottom
             if a.control_own_layers and name == f"{kind}-layer_off":
                 own_layers(name, kind, steps[name][step], facts)
 
+        def sf_export(name, kind, ckpt, cfg) -> Path:
+            """SpecForge's export of a checkpoint with draft config `cfg`: served/NAME."""
+            served = w / "served" / name
+            run(f"sf-export-{name}",
+                  _py(me, "export", "--kind", kind, "--ckpt", ckpt, "--draft-config", cfg,
+                      "--out", served, "--target", target),
+                  env=env, done=served / "config.json", check=False)  # fmt: skip
+            return served
+
         def own_layers(name, kind, ckpt, facts):
             """The control's step exported again by SpecForge with a draft config on its own
             export's serving ids (the layers it trained on; the row above reads the
             drafter's): served as NAME_own, its facts the control's."""
             c = w / "draft" / f"{name}_own.json"
-            ids = write_draft_config(kind, target, ex / name, c, a)
-            served = w / "served" / f"{name}_own"
-            run(f"sf-export-{name}_own",
-                  _py(me, "export", "--kind", kind, "--ckpt", ckpt, "--draft-config", c,
-                      "--out", served, "--target", target),
-                  env=env, done=served / "config.json", check=False)  # fmt: skip
+            ids = write_draft_config(kind, target, ex / name, c, **drafter_options(a))
+            sf_export(f"{name}_own", kind, ckpt, c)
             (P.res / f"train-{name}_own.json").write_text(
                 json.dumps(dict(facts, serving_ids=ids), indent=1) + "\n")  # fmt: skip
 
@@ -2541,7 +2542,8 @@ def main(argv=None) -> int:
     training_flags(p, backends=("sdpa", "flex_attention", "auto"))
     a = ap.parse_args(argv)
     if a.cmd == "draft-config":
-        ids = write_draft_config(a.kind, a.target, a.export, a.out, a, a.block_size)
+        ids = write_draft_config(a.kind, a.target, a.export, a.out, a.block_size,
+                                 **drafter_options(a))  # fmt: skip
         print(json.dumps(dict(out=a.out, ids=ids, arch=DRAFT_ARCH[a.kind])))
         return 0
     if a.cmd == "train":
