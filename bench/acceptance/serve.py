@@ -1,0 +1,169 @@
+"""SGLang serving one row: the plain target, or the target with a drafter (EAGLE-3, DFlash,
+DSpark), greedy on the held-out prompts, batched and at batch 1
+(`python3 -m bench.acceptance.speculators serve`)."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+
+SPEC = dict(
+    speculative_algorithm="EAGLE3",
+    speculative_num_steps=3,
+    speculative_eagle_topk=1,
+    speculative_num_draft_tokens=4,
+)
+
+
+def heldout_ids(target: str, path: str, limit=None):
+    """The held-out prompts as the target's chat template renders them (generation prompt
+    on), tokenized: what SGLang gets as input_ids."""
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(target)
+    rows = [json.loads(x) for x in open(path)]
+    if limit:
+        rows = rows[:limit]
+    out = []
+    for r in rows:
+        msgs = [{"role": "user", "content": r["prompt"]}]
+        text = tok.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True)
+        out.append(tok(text, add_special_tokens=False)["input_ids"])
+    return [r["id"] for r in rows], out
+
+
+def _gen(eng, ids, sp, **kw):
+    t = time.perf_counter()
+    outs = eng.generate(input_ids=ids, sampling_params=sp, **kw)
+    return outs, time.perf_counter() - t
+
+
+def margins_of(out) -> list:
+    """Per output token of a greedy run with top_logprobs_num=2: [top-1 minus top-2 logprob,
+    the top-2 token] (how near a tie the target's choice was at each position)."""
+    rows = []
+    for top in out["meta_info"].get("output_top_logprobs") or []:
+        top = sorted(top or [], key=lambda x: -x[0])
+        if len(top) < 2:
+            rows.append([None, None])
+            continue
+        rows.append([round(float(top[0][0]) - float(top[1][0]), 5), int(top[1][1])])
+    return rows
+
+
+def drafts_histogram(out) -> list:
+    """One request's verify steps counted by the drafted tokens each accepted (index k: the
+    steps that accepted k drafts), as SGLang reports it (meta_info's
+    spec_correct_drafts_histogram; spec_accept_histogram is its other name in 0.5.17); [] where
+    the engine reports none."""
+    m = out["meta_info"]
+    h = m.get("spec_correct_drafts_histogram") or m.get("spec_accept_histogram") or []
+    return [int(x) for x in h]
+
+
+def serve(a) -> int:
+    """One engine (the plain target, or the target with --drafter), greedy on the held-out
+    prompts: all at once (accept length, outputs), then --batch1 of them one by one (tokens/s
+    at batch 1). With --ready/--go files the engine starts, says so, and waits its turn, so
+    that several engines start together and are timed one at a time."""
+    if a.device == "cpu":  # the rehearsal here: SGLang's CPU engine (no speculative path)
+        from hsdump.capture.patch import prepare_process
+
+        prepare_process("cpu")
+    if a.ragged_verify_mode:  # read by SGLang's processes (and cached): set before the engine
+        os.environ["SGLANG_RAGGED_VERIFY_MODE"] = a.ragged_verify_mode
+    from sglang.srt.entrypoints.engine import Engine
+
+    sids, prompts = heldout_ids(a.target, a.heldout, a.limit)
+    kw = dict(
+        model_path=a.target,
+        skip_tokenizer_init=True,
+        attention_backend="triton",
+        sampling_backend="pytorch",
+        disable_radix_cache=True,
+        mem_fraction_static=a.mem_fraction,
+        max_total_tokens=a.max_total_tokens,
+        random_seed=0,
+        log_level="warning",
+    )
+    if a.drafter:  # EAGLE3 at 3 steps, top-k 1; DFLASH/DSPARK at the drafter's own block
+        spec = SPEC if a.algorithm == "EAGLE3" else {"speculative_algorithm": a.algorithm}
+        kw.update(spec, speculative_draft_model_path=a.drafter)
+    if a.eager:  # 0.5.17 builds EAGLE-3 draft graphs through deep_gemm (sgl-deep-gemm)
+        kw["disable_cuda_graph"] = True
+    if a.device == "cpu":
+        kw.update(device="cpu", attention_backend="torch_native", disable_cuda_graph=True)
+    t0 = time.perf_counter()
+    eng = Engine(**kw)
+    start_s = time.perf_counter() - t0
+    sp = {"temperature": 0.0, "max_new_tokens": a.max_new_tokens}
+    res = dict(name=a.name, drafter=a.drafter, engine_start_s=round(start_s, 1), engine=kw,
+               ragged_verify_mode=os.environ.get("SGLANG_RAGGED_VERIFY_MODE", "static"))  # fmt: skip
+    try:
+        _gen(eng, prompts[:4], sp)  # warm-up (kernels, graphs)
+        if a.ready:
+            Path(a.ready).write_text("ready\n")
+        if a.go:
+            while not Path(a.go).exists():
+                time.sleep(0.2)
+        outs, wall = _gen(eng, prompts, sp)
+        comp = [int(o["meta_info"]["completion_tokens"]) for o in outs]
+        ver = [int(o["meta_info"].get("spec_verify_ct") or 0) for o in outs]
+        res["batched"] = dict(
+            prompts=len(prompts),
+            completion_tokens=sum(comp),
+            wall_s=round(wall, 3),
+            tokens_per_s=round(sum(comp) / wall, 1),
+            spec_verify_ct=sum(ver),
+            accept_length=round(sum(comp) / sum(ver), 4) if sum(ver) else None,
+        )
+        n1 = min(a.batch1, len(prompts))
+        tok1 = ver1 = 0
+        wall1 = 0.0
+        outs1 = []
+        for p in prompts[:n1]:
+            (o,), w = _gen(eng, [p], sp)
+            outs1.append(o)
+            tok1 += int(o["meta_info"]["completion_tokens"])
+            ver1 += int(o["meta_info"].get("spec_verify_ct") or 0)
+            wall1 += w
+        res["batch1"] = dict(
+            prompts=n1,
+            completion_tokens=tok1,
+            wall_s=round(wall1, 3),
+            tokens_per_s=round(tok1 / wall1, 1) if wall1 else None,
+            accept_length=round(tok1 / ver1, 4) if ver1 else None,
+        )
+        res["outputs"] = {str(s): list(o["output_ids"]) for s, o in zip(sids, outs)}
+        res["outputs_batch1"] = {str(s): list(o["output_ids"]) for s, o in zip(sids, outs1)}
+        if a.margins and not a.drafter:  # after the timings: how near a tie each choice was
+            outs_m, _ = _gen(eng, prompts, sp, return_logprob=True, top_logprobs_num=2)
+            res["plain_margins"] = {str(s): margins_of(o) for s, o in zip(sids, outs_m)}
+            same = sum(1 for o, m in zip(outs, outs_m) if o["output_ids"] == m["output_ids"])
+            res["margins_run_equal"] = f"{same}/{len(outs)}"
+        # completion tokens and verify steps, per prompt
+        res["per_prompt"] = {str(s): [c, v] for s, c, v in zip(sids, comp, ver)}
+        # and the verify steps by drafts accepted (where each draft step loses its share)
+        drafts = {str(s): drafts_histogram(o) for s, o in zip(sids, outs)}
+        if any(drafts.values()):
+            res["per_prompt_drafts"] = drafts
+        # DSpark in cap-accept: per prompt, the accept length without its confidence head's cap
+        # and the mean verify length it scheduled (SGLang's, each per verify step)
+        cap = {str(s): [o["meta_info"].get(k) for k in ("spec_block_accept_length", "spec_cap_length")]
+               for s, o in zip(sids, outs)}  # fmt: skip
+        if any(x is not None for v in cap.values() for x in v):
+            res["per_prompt_cap"] = cap
+        Path(a.json).parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(a.json).with_suffix(".tmp")
+        tmp.write_text(json.dumps(res) + "\n")
+        os.replace(tmp, a.json)
+        while a.release and not Path(a.release).exists():
+            time.sleep(0.2)
+    finally:
+        eng.shutdown()
+    b = res["batched"]
+    print(f"{a.name}: accept {b['accept_length']} batched {b['tokens_per_s']} tok/s, "
+          f"batch-1 {res['batch1']['tokens_per_s']} tok/s", flush=True)  # fmt: skip
+    return 0
