@@ -88,11 +88,21 @@ def code_files() -> list[str]:
 
 
 def cited_paths(source: str) -> list[str]:
-    """The bench/results paths cited in `source`'s text, trailing punctuation and slashes cut."""
+    """The bench/results paths cited in `source`'s text, trailing punctuation and slashes cut.
+
+    A path qualified by a commit (`1ee8ff1:bench/results/...`, as `git show` takes it) names
+    history, not the tree, and is left out; a placeholder component in capitals (`NAME`, `OUT`)
+    ends the path there."""
     found = []
     for m in CITED.finditer(source):
-        path = m.group(0).rstrip(".-/")
-        found.append(path)
+        if re.search(r"\b[0-9a-f]{7,40}:$", source[max(0, m.start() - 41) : m.start()]):
+            continue
+        parts = m.group(0).split("/")
+        for i, part in enumerate(parts[2:], start=2):
+            if re.fullmatch(r"[A-Z][A-Z0-9_]*", part):
+                parts = parts[:i]
+                break
+        found.append("/".join(parts).rstrip(".-/"))
     return found
 
 
