@@ -197,8 +197,11 @@ def test_every_results_entry_is_cited():
 def test_results_folder_size_and_no_partial_runs():
     files = results_files()
     partial = [p for p in files if "partial" in p.lower()]
-    assert len(files) <= MAX_RESULTS_FILES, f"{len(files)} tracked files in bench/results"
-    assert not partial, "partial runs tracked:\n" + "\n".join(partial)
+    problems = (
+        [f"{len(files)} tracked files in bench/results"] if len(files) > MAX_RESULTS_FILES else []
+    )
+    problems += [f"a partial run: {p}" for p in partial]
+    assert not problems, "\n".join(problems)
 
 
 def test_no_markdown_file_over_450_lines():
@@ -222,9 +225,9 @@ def test_every_report_is_in_the_index():
     reports.discard(index)
     targets = links(index)
     linked = {normalise(index, t) for t in targets}
-    assert reports <= linked, "reports not in the index:\n" + "\n".join(sorted(reports - linked))
-    broken = [t for t in targets if not resolves(index, t)]
-    assert not broken, "the index links to files that do not exist:\n" + "\n".join(broken)
+    problems = [f"not in the index: {p}" for p in sorted(reports - linked)]
+    problems += [f"the index links to nothing: {t}" for t in targets if not resolves(index, t)]
+    assert not problems, "\n".join(problems)
 
 
 def test_relative_links_in_readme_and_docs_resolve():
