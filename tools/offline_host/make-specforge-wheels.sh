@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# make-specforge-wheels.sh: .whl-sf/ (ignored), what bench/acceptance_kinds.py needs on the GPU host
+# make-specforge-wheels.sh: .whl-sf/ (ignored), what `python3 -m bench.acceptance` needs on the GPU host
 # beyond the image, the SGLang bundle and .whl/: SpecForge 0.2.0 (pure Python; its metadata pins
 # sglang 0.5.14, torch 2.11.0 and transformers 5.8.1, so it is installed with --no-deps beside the
 # bundle's 0.5.23 stack) and accelerate 1.15.0 (SpecForge's trainer imports accelerate.utils; the
@@ -17,7 +17,7 @@
 # allows torch <= 2.14.1 and transformers <= 5.19.0, the pinned stack), pydantic-settings 2.16.3
 # and python-dotenv 1.2.4: what its trainer imports beyond the image and the bundle (checked on the
 # CPU, 2026-12-03: datasets from .whl/, loguru and openai from the bundle, httpx and rich from the
-# image; its trainer trained, and bench/acceptance.py convert's folder loaded in SGLang 0.5.23's
+# image; its trainer trained, and `python3 -m bench.acceptance.speculators convert`'s folder loaded in SGLang 0.5.23's
 # LlamaForCausalLMEagle3 with every parameter filled, in hsdump's venv).
 # The host installs them with `pip install --no-index --no-deps --target /tmp/site3 .whl-sf/*.whl`
 # (run-0523.sh install).

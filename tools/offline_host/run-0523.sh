@@ -67,9 +67,10 @@
 #                session's running while the host stays up), with SHARE_GPU=1, its own
 #                OUT=/tmp/gpu523-bg and a deadline of BG_DEADLINE_S (default 1500); later steps
 #                (and later calls) run beside it; gpu_cleanup spares its processes
-#   acck         bench/acceptance_kinds.py run-all (issue 43: SpecForge-trained DFlash, EAGLE-3, DSpark
-#                drafters and their layer-off controls served by SGLang; needs .acc/data from
-#                `bench/acceptance.py prepare` and .whl-sf/ installed) -> $OUT/acck/ (the table
+#   acck         python3 -m bench.acceptance run-all (issue 43: SpecForge-trained DFlash, EAGLE-3,
+#                DSpark drafters and their layer-off controls served by SGLang; needs .acc/data from
+#                `python3 -m bench.acceptance.speculators prepare` and .whl-sf/ installed) ->
+#                $OUT/acck/ (the table
 #                acceptance-kinds.json, rewritten after every served row, serve-*.json,
 #                with ACCK_ARGS="--reference-python $PWD/tools/offline_host/python514.sh" (after
 #                install514) EAGLE-3 also trains and serves a drafter on SpecForge's own capture,
@@ -509,7 +510,7 @@ speculators.train.trainer, speculators.train.data; print('speculators imports')"
           # that run-all stops the trainings in time for the exports and the serving (ACCK_ARGS
           # may name its own, and --after-train-s)
           # shellcheck disable=SC2086
-          run_step acck "${ACCK_LIMIT_S:-3000}" python3 bench/acceptance_kinds.py run-all \
+          run_step acck "${ACCK_LIMIT_S:-3000}" python3 -m bench.acceptance run-all \
             --work $HT/acck --data .acc/data --results "$OUT/acck" \
             --deadline-s $(( $(left) - 10 )) ${ACCK_ARGS:-} ;;
         lrp)
