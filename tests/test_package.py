@@ -5,9 +5,12 @@ The fresh venv has no pip and no packages of its own; a .pth file puts the proje
 site-packages after its own, so it reuses SGLang, torch and the rest without a download while
 `hsdump` itself comes from the wheel (checked: its files, its configs, its console script).
 The extractions run on engine=dry: what is checked is the installed command (its configs, its
-Hydra runs, its sweeps, verify and export), not SGLang.
+Hydra runs, its sweeps, verify and export), not SGLang. The wheel holds every package and
+module of the checkout's hsdump/, and each imports from the install, not from this checkout
+(which the project venv's editable install would otherwise supply for a missing one).
 """
 
+import json
 import os
 import shutil
 import sysconfig
@@ -23,6 +26,40 @@ from hsdump.store.reader import HsdumpDataset
 
 SOURCES = ("pyproject.toml", "README.md", "requirements.txt", "hsdump", "conf")
 SMALL = ["output.shard_bytes=200000", "progress=false"]  # as tests/test_pipeline.py
+
+# Run by the fresh venv's python from outside the checkout: every module of the installed hsdump
+# (its files walked, not a list) imported, each module's file and every package folder printed
+# as JSON; a __main__ module is located, not run (its code is the command: run with --help).
+# argv[1]: SpecForge's wheel, appended to sys.path (hsdump.online.store imports SpecForge).
+IMPORT_ALL = """
+import importlib, importlib.util, json, sys
+from pathlib import Path
+sys.path.append(sys.argv[1])
+import hsdump
+pkg = Path(hsdump.__file__).parent
+files = {}
+for f in sorted(pkg.rglob("*.py")):
+    parts = ("hsdump",) + f.relative_to(pkg).with_suffix("").parts
+    name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+    if parts[-1] == "__main__":
+        files[name] = importlib.util.find_spec(name).origin
+    else:
+        files[name] = importlib.import_module(name).__file__
+packages = [".".join(("hsdump",) + p.parent.relative_to(pkg).parts) for p in pkg.rglob("__init__.py")]
+print(json.dumps({"files": files, "packages": sorted(packages)}))
+"""
+
+
+def checkout_modules():
+    """(module names, package names) of the checkout's hsdump/: every .py file, and every
+    folder holding an __init__.py."""
+    mods, pkgs = set(), set()
+    for f in (ROOT / "hsdump").rglob("*.py"):
+        parts = f.relative_to(ROOT).with_suffix("").parts
+        mods.add(".".join(parts[:-1] if parts[-1] == "__init__" else parts))
+        if parts[-1] == "__init__":
+            pkgs.add(".".join(parts[:-1]))
+    return mods, pkgs
 
 
 def installed_run(bin_, name, *args, cwd, timeout=600, split=False):
@@ -122,6 +159,38 @@ def test_wheel_holds_configs_templates_and_data(wheel):
         and "hsdump/corpus/templates/llama3.jinja" in names
     )
     assert f"hsdump-{__version__}.dist-info/entry_points.txt" in names
+
+
+def test_wheel_holds_every_package_and_each_module_imports_from_the_install(installed):
+    """The issue's "the wheel holds every subpackage": installed alone (--no-deps), every
+    module the install holds imports from a folder outside the checkout, each from the fresh
+    venv (a package left out of the wheel would otherwise import from this checkout through the
+    project venv's editable finder), and the install holds exactly the checkout's packages and
+    modules; the commands run."""
+    from test_export import _peer_root
+
+    bin_, work = installed
+    venv = bin_.parent
+    rc, out = installed_run(
+        bin_, "python", "-c", IMPORT_ALL, _peer_root("HSDUMP_SPECFORGE_SRC"), cwd=work
+    )
+    assert rc == 0, out[-4000:]
+    got = json.loads(out.strip().splitlines()[-1])
+    mods, pkgs = checkout_modules()
+    assert got["packages"] == sorted(pkgs), set(pkgs) ^ set(got["packages"])
+    assert sorted(got["files"]) == sorted(mods), set(mods) ^ set(got["files"])
+    assert {"hsdump.online", "hsdump.testing", "hsdump.testing.families"} <= pkgs
+    away = {
+        name: f
+        for name, f in got["files"].items()
+        if not Path(f).is_relative_to(venv) or Path(f).is_relative_to(ROOT)
+    }
+    assert not away, away
+    for cmd in (["hsdump", "--help"], ["python", "-m", "hsdump", "--help"]):
+        rc, out = installed_run(bin_, *cmd, cwd=work)
+        assert rc == 0 and "\n  extract " in out, (cmd, out[-3000:])
+    rc, out = installed_run(bin_, "python", "-m", "hsdump.online.consumer", "--help", cwd=work)
+    assert rc == 0 and "usage: python -m hsdump.online.consumer" in out, out[-3000:]
 
 
 def test_command_help_version_and_configs_outside_the_checkout(installed):
