@@ -389,7 +389,7 @@ class CheckConfig:
 
 @dataclass
 class OnlineConfig:
-    """Train while capturing (hsdump.online, docs/trainers.md "Train while you capture"): each
+    """Train while capturing (hsdump.online, docs/online.md): each
     committed sample is published to SpecForge's online consumer through `folder`, with the
     disk held under `cap_bytes`. Off while `folder` is null."""
 

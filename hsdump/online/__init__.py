@@ -1,6 +1,5 @@
 """Train while capturing: hsdump publishes each committed sample to SpecForge 0.2.0's online
-consumer through one shared folder, with the disk held under a cap (docs/trainers.md, "Train
-while you capture").
+consumer through one shared folder, with the disk held under a cap (docs/online.md).
 
 - `folder`: the folder's layout, the ref lines and the side files both sides read (no torch,
   no SpecForge): the contract.

@@ -1,6 +1,6 @@
 """`python -m hsdump export OUT DEST --to FORMAT`: write an hsdump dataset in a peer's layout.
 
-Formats (layouts read from the peers' own loaders, see docs/trainers.md, "Exports"):
+Formats (layouts read from the peers' own loaders, see docs/exporting.md):
 
   speculators     speculators 0.5-0.9: DEST/hidden_states/hs_{i}.safetensors with
                   `hidden_states` [seq, K+1, H] (K captured layers, then the verifier's final
