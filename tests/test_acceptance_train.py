@@ -191,46 +191,7 @@ def test_prediction_runs_the_drafter_as_its_trainer_did(tmp_path, monkeypatch, k
         assert abs(r6["predicted"] - want) < 2e-3, (r6, want)
 
 
-# a fault in SpecForge's trainer at one step, once (the marker file): the error a CUDA fault
-# raises on the GPU host, from inside SpecForge's own train_step (this file, as sitecustomize,
-# patches SpecForge's controller when the trainer imports it; $FAULT names a JSON file
-# {"at": step, "mark": path}: none, no fault)
-FAULT = r"""
-import importlib.abc, importlib.util, json, os, sys
-
-_f = os.environ.get("FAULT", "")
-AT, MARK = json.load(open(_f)).values() if _f and os.path.exists(_f) else (0, "")
-
-
-class Hook(importlib.abc.MetaPathFinder):
-    def find_spec(self, name, path, target=None):
-        if name != "specforge.training.controller":
-            return None
-        sys.meta_path.remove(self)
-        spec = importlib.util.find_spec(name)
-        run = spec.loader.exec_module
-
-        def exec_module(module):
-            run(module)
-            step = module.TrainerCore.train_step
-
-            def train_step(self, batch, ctx=None, **kw):
-                if ctx.global_step + 1 == AT and not os.path.exists(MARK):
-                    open(MARK, "w").close()
-                    raise RuntimeError("CUDA error: unspecified launch failure (the test's)")
-                return step(self, batch, ctx=ctx, **kw)
-
-            module.TrainerCore.train_step = train_step
-
-        spec.loader.exec_module = exec_module
-        return spec
-
-
-if AT:
-    sys.meta_path.insert(0, Hook())
-"""
-
-
+# a fault in SpecForge's trainer at one step, once: tests/specforge_fault/sitecustomize.py
 @pytest.mark.engine
 def test_a_trainer_that_dies_resumes_from_its_newest_checkpoint(tmp_path, monkeypatch):
     """`train`: SpecForge's trainer died mid-run on the GPU host (a CUDA fault at step 760 of
@@ -242,9 +203,7 @@ def test_a_trainer_that_dies_resumes_from_its_newest_checkpoint(tmp_path, monkey
     evaluation once, and train.json says what was resumed."""
     import torch
 
-    hook, fault = tmp_path / "hook", tmp_path / "fault.json"
-    hook.mkdir()
-    (hook / "sitecustomize.py").write_text(FAULT)
+    hook, fault = Path(__file__).parent / "specforge_fault", tmp_path / "fault.json"
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(hook), os.environ.get("PYTHONPATH", "")]))
     monkeypatch.setenv("FAULT", str(fault))
     target, hidden, ex, step = _trainer_setup(tmp_path, monkeypatch, small_vocab=True)
