@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import shlex
+import shutil
 import signal
 import subprocess
 import sys
@@ -186,3 +187,40 @@ def claim_work(w: Path) -> None:
         else:
             raise SystemExit(f"{w}: run-all {pid_file.read_text().strip()} still runs there")
     pid_file.write_text(f"{os.getpid()}\n")
+
+
+def overlap(P, jobs) -> None:
+    """run-all's independent steps side by side (--overlap). A job is ({each step's name: (the
+    file that marks it done, the outputs it writes)}, a call that runs those steps unchecked,
+    one after the other), each job in its own thread. A step that failed, or that a job which
+    raised left without its mark, has its outputs removed, its failure struck from the
+    pipeline's and its log kept as NAME-overlapped.log, so that run-all's own sequence, which
+    skips what is done, runs it again alone."""
+    with P.lock:
+        before = len(P.failed)
+    ts = [(steps, *run_thread(fn)) for steps, fn in jobs]
+    for _, t, _box in ts:
+        t.join()
+    with P.lock:
+        failed = P.failed[before:]
+        del P.failed[before:]
+    again = []
+    for steps, _t, box in ts:
+        bad = [s for s, (done, _) in steps.items()
+               if s in failed or ("error" in box and not Path(done).exists())]  # fmt: skip
+        if not bad:
+            continue
+        again += bad
+        print(f"overlap: {bad} failed beside the others ({box.get('error', 'exit status')}): "
+              "run again alone", flush=True)  # fmt: skip
+        for s in bad:
+            for o in map(Path, steps[s][1]):
+                if o.is_dir():
+                    shutil.rmtree(o, ignore_errors=True)
+                else:
+                    o.unlink(missing_ok=True)
+            log = P.logs / f"{s}.log"
+            if log.exists():
+                log.replace(P.logs / f"{s}-overlapped.log")
+    P.facts["overlap"] = dict(steps=[s for steps, _ in jobs for s in steps], again_alone=again)
+    P.save()

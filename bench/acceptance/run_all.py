@@ -1,5 +1,25 @@
-"""run-all: every drafter kind SGLang serves, trained by SpecForge on hsdump's exports, served
-beside the plain target (`python3 -m bench.acceptance run-all`; README.md)."""
+"""run-all: every drafter kind SGLang serves, trained by SpecForge on hsdump's exports (issue 43).
+
+SmolLM2-135M-Instruct rewrites ShareGPT prompts (`regenerate=last`); one hsdump capture of the
+union of the kinds' layers and both final states (`capture=all_kinds`) feeds EAGLE-3, DFlash and
+DSpark; a second capture, of the same rewritten conversations with every kind's layers one off,
+feeds the controls. For each kind (DFlash first, then EAGLE-3, then DSpark: the order of value;
+EAGLE-3 also gets the wrong-template control: the same conversations captured with
+deepseek_v3.jinja, hsdump's template check switched off), `hsdump export --to specforge --kind K`
+writes SpecForge 0.2.0's offline records, SpecForge's own trainer (`train`: its recipe's
+settings) trains the drafter and its control, SpecForge's own export writes the served folder
+(`--to sglang` for EAGLE-3; `--to hf` for DFlash and DSpark, which its SGLang exporter refuses),
+and SGLang serves it (`python3 -m bench.acceptance.speculators serve --algorithm
+EAGLE3|DFLASH|DSPARK`) on held-out prompts, greedy, beside the plain target. Each finished row
+goes into the results JSON at once.
+
+    python3 -m bench.acceptance.speculators prepare --train 4000 --heldout 256 --out .acc/data
+    python3 -m bench.acceptance run-all --work /tmp/acck --data .acc/data            # GPU
+
+With `--reference-python PY` (issue 44), EAGLE-3 also gets a drafter trained on SpecForge 0.2.0's
+own offline capture of the drafter's token ids (`bench/reference_capture.py specforge`, its own
+SGLang 0.5.14 in PY); the table's `eagle3-specforge` line is hsdump's drafter minus that one, per
+prompt. SpecForge is found on the Python path (README.md)."""
 
 from __future__ import annotations
 
@@ -21,7 +41,7 @@ from .drafter import (
     export_facts,
     write_draft_config,
 )
-from .pipeline import ROOT, Pipeline, claim_work, dataset_facts, env_facts, run_thread
+from .pipeline import ROOT, Pipeline, claim_work, dataset_facts, env_facts, overlap, run_thread
 from .pipeline import python_cmd as _py
 from .plan import plan_capture, spent, trace_summary, train_end, trainers_stop, training_plan
 from .specforge import (
@@ -558,40 +578,3 @@ def probe(a, kind, P, me, target, records, cfg, dest: Path, env) -> dict:
              faster=min(ok, key=ok.get) if ok else None)  # fmt: skip
     out.write_text(json.dumps(r, indent=1) + "\n")
     return r
-
-
-def overlap(P, jobs) -> None:
-    """run-all's independent steps side by side (--overlap). A job is ({each step's name: (the
-    file that marks it done, the outputs it writes)}, a call that runs those steps unchecked,
-    one after the other), each job in its own thread. A step that failed, or that a job which
-    raised left without its mark, has its outputs removed, its failure struck from the
-    pipeline's and its log kept as NAME-overlapped.log, so that run-all's own sequence, which
-    skips what is done, runs it again alone."""
-    with P.lock:
-        before = len(P.failed)
-    ts = [(steps, *run_thread(fn)) for steps, fn in jobs]
-    for _, t, _box in ts:
-        t.join()
-    with P.lock:
-        failed = P.failed[before:]
-        del P.failed[before:]
-    again = []
-    for steps, _t, box in ts:
-        bad = [s for s, (done, _) in steps.items()
-               if s in failed or ("error" in box and not Path(done).exists())]  # fmt: skip
-        if not bad:
-            continue
-        again += bad
-        print(f"overlap: {bad} failed beside the others ({box.get('error', 'exit status')}): "
-              "run again alone", flush=True)  # fmt: skip
-        for s in bad:
-            for o in map(Path, steps[s][1]):
-                if o.is_dir():
-                    shutil.rmtree(o, ignore_errors=True)
-                else:
-                    o.unlink(missing_ok=True)
-            log = P.logs / f"{s}.log"
-            if log.exists():
-                log.replace(P.logs / f"{s}-overlapped.log")
-    P.facts["overlap"] = dict(steps=[s for steps, _ in jobs for s in steps], again_alone=again)
-    P.save()
