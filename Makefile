@@ -18,7 +18,7 @@ ARGS ?=
 # nothing compiled at import is kept, and each of the tests' processes would compile SGLang's
 # modules again (a CI run without it was at half its tests after 20 minutes). The venv's own
 # setuptools builds hsdump when it can (no download), else pip fetches one.
-$(STAMP): requirements.lock requirements-data.txt requirements-setup.txt pyproject.toml
+$(STAMP): requirements.lock requirements-data.txt requirements-setup.txt pyproject.toml setup.py
 	$(PY) tools/need_space.py $(VENV) 18
 	test -x $(PYTHON) || $(PY) -m venv $(VENV)
 	$(PYTHON) -m pip install --disable-pip-version-check -q -r requirements-setup.txt

@@ -31,7 +31,7 @@ PRESET_LAYERS = [3, 31, 59]
 
 
 # SGLang 0.5.23's first INT4 forward on a fresh host JIT-builds its Marlin MoE kernels: the
-# extraction took 763 s there (docs/performance.md, "Fourth run"), past the suite's 600 s
+# extraction took 763 s there (docs/reports/2026-12-02-gpu-sglang-0523.md), past the suite's 600 s
 @pytest.mark.timeout(1800)
 @pytest.mark.parametrize("int4", [False, True], ids=["bf16", "int4"])
 def test_kimi_k25_checkpoint_through_the_preset(int4, tmp_path):

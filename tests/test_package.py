@@ -24,7 +24,7 @@ from harness import DRY
 from hsdump import __version__
 from hsdump.store.reader import HsdumpDataset
 
-SOURCES = ("pyproject.toml", "README.md", "requirements.txt", "hsdump", "conf")
+SOURCES = ("pyproject.toml", "setup.py", "README.md", "requirements.txt", "hsdump", "conf")
 SMALL = ["output.shard_bytes=200000", "progress=false"]  # as tests/test_pipeline.py
 
 # Run by the fresh venv's python from outside the checkout: every module of the installed hsdump

@@ -429,8 +429,8 @@ class CaptureEngine:
         """Generate a continuation of each (key, input_ids, sampling_params), nothing captured:
         {key: {"text", "output_ids", "finish_reason"}}. All requests are submitted at once and
         SGLang's scheduler batches them (generation holds no captured rows on the host, so
-        `inflight_tokens` does not bound it: bounded by it, 256 requests of 512 + 256 tokens
-        ran at 0.86 of SGLang's own batched generate on an H200, docs/performance.md, "Regeneration"). The
+        `inflight_tokens` does not bound it: unbounded, 256 requests of 512 + 256 tokens ran at
+        1.006 of SGLang's own batched generate on an H200, docs/reports/2026-11-30-regeneration.md). The
         caller bounds the number (regenerate.window). Raises EngineDied if SGLang died;
         returns what finished if `request_stop()` ended it early."""
         return self._run_on_loop(self._generate(list(requests)), on_stop_signal)
