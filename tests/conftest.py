@@ -36,8 +36,12 @@ SPREAD = ("test_families.py", "test_kinds.py")
 # the fast tier's slowest files, slowest first (measured 2026-12-02: each one's tests took
 # 35-95 s on a worker): the workers take units in collection order, so these start first and
 # neither worker is left alone with one of them at the end; every other file (the engine files
-# included) follows in collection order
+# included) follows in collection order. The two longest engine files lead (2026-12-06, a clean
+# clone's CI: each ~4-5 min on a worker, and test_recipes.py, last in collection order, ran at
+# the end alone): one on each worker, the rest fills in around them
 FIRST = (
+    "test_recipes.py",
+    "test_acceptance_train.py",
     "test_data.py",
     "test_package.py",
     "test_ray.py",
