@@ -199,6 +199,7 @@ def main(argv=None) -> int:
     p.add_argument("--heldout", required=True)
     p.add_argument("--plain", required=True, help="the plain row's serve JSON")
     p.add_argument("--out", required=True)
+    p.add_argument("--device", default="cuda")
     p.add_argument("rows", nargs="+", help="the drafter rows' serve JSONs")
     p = sub.add_parser("speedup", help="the speed table of a run-all with --serve-settings")
     p.add_argument("--results", required=True)
@@ -334,6 +335,12 @@ def main(argv=None) -> int:
         help="each served row also sends the prompts B at a time (e.g. 8,32)",
     )
     p.add_argument("--serve-kv-tokens", type=int, default=300000)
+    p.add_argument(
+        "--check-samples",
+        type=int,
+        default=0,
+        help="`hsdump check` this many samples of the first capture (0: none)",
+    )
     p.add_argument(
         "--no-smoke-serve",
         action="store_true",

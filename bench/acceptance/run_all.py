@@ -135,6 +135,14 @@ def run_all(a) -> int:  # noqa: C901 - one pipeline, read top to bottom
               *([f"dataset.max_samples={a.samples}"] if a.samples else []),
               f"output.dir={ds / 'default'}"),
           env=env, done=ds / "default" / "index.json")  # fmt: skip
+    if a.check_samples:  # the capture's rows against transformers on this host (hsdump check)
+        import shlex
+
+        cj = P.res / "check-default.json"
+        run("check-default", ["bash", "-c", shlex.join(map(str, [
+            *_py("-m", "hsdump"), "check", ds / "default", "--samples", a.check_samples,
+            "--json"])) + f" > {shlex.quote(str(cj))}.tmp && mv {shlex.quote(str(cj))}.tmp "
+            + shlex.quote(str(cj))], env=env, done=cj, check=False)  # fmt: skip
     template = "eagle3" in kinds and not a.no_template_control and not a.no_controls
     # the controls' capture holds what this run's kinds read: their layers one off, and the
     # post-norm final state where a kind trains on it (SpecForge's EAGLE-3 and DSpark)

@@ -51,6 +51,10 @@ def margins(a) -> int:
     target's top-1 minus top-2 log-probability (= logit margin) after the prompt and the
     common prefix, from one SGLang engine (no CUDA graphs; its numerics are the served
     model's), and whether plain's token there was the top-1."""
+    if a.device == "cpu":  # the rehearsal here: SGLang's CPU engine
+        from hsdump.capture.patch import prepare_process
+
+        prepare_process("cpu")
     from sglang.srt.entrypoints.engine import Engine
 
     from .serve import heldout_ids
@@ -68,9 +72,12 @@ def margins(a) -> int:
             p_out = plain["outputs_batch1"][sid]
             todo.append(prompt_of[sid] + p_out[:pos])
             keys.append((row["name"], sid, pos, p_out[pos], row["outputs_batch1"][sid][pos]))
-    eng = Engine(model_path=a.target, skip_tokenizer_init=True, attention_backend="triton",
-                 sampling_backend="pytorch", disable_radix_cache=True, disable_cuda_graph=True,
-                 mem_fraction_static=0.5, random_seed=0, log_level="warning")  # fmt: skip
+    kw = dict(model_path=a.target, skip_tokenizer_init=True, attention_backend="triton",
+              sampling_backend="pytorch", disable_radix_cache=True, disable_cuda_graph=True,
+              mem_fraction_static=0.5, random_seed=0, log_level="warning")  # fmt: skip
+    if a.device == "cpu":
+        kw.update(device="cpu", attention_backend="torch_native")
+    eng = Engine(**kw)
     try:
         outs = eng.generate(input_ids=todo, return_logprob=True, top_logprobs_num=2,
                             sampling_params={"temperature": 0.0, "max_new_tokens": 1}) if todo else []  # fmt: skip

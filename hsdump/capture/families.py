@@ -78,6 +78,10 @@ CPU_TEST = "CPU, tests/test_families.py"
 GPU_TEST = "GPU, tests/test_gpu.py"
 GPU_PROBE = "GPU, bench/families_probe.py --device gpu"
 V23, V17 = "0.5.23", "0.5.17"
+QWEN2_GPU17 = (
+    "GPU, `hsdump check` of model=qwen2_5_coder_1_5b's capture in the speed-up run "
+    "(bench/results/speedup-qwen-coder-1.5b-0517/)"
+)
 
 
 def _cpu(*extra: Tuple[str, str]) -> Tuple[Tuple[str, str], ...]:
@@ -102,7 +106,7 @@ FAMILIES = (
         ("LlamaForCausalLM",),
         ((V23, CPU_TEST + "; " + GPU_TEST), (V17, GPU_TEST)),
     ),
-    Family("Qwen2", ("Qwen2ForCausalLM",), _cpu()),
+    Family("Qwen2", ("Qwen2ForCausalLM",), _cpu((V17, QWEN2_GPU17))),
     Family("Qwen3", ("Qwen3ForCausalLM",), _cpu()),
     Family("Qwen3-MoE", ("Qwen3MoeForCausalLM",), _cpu()),
     Family("GLM-4.5 MoE", ("Glm4MoeForCausalLM",), _cpu()),
@@ -333,6 +337,7 @@ KIND_RULES[V17] = {
     # EAGLE-3 only (no DFlash setter in 0.5.17: SGLang refuses DFLASH/DSPARK on them)
     "MiniMaxM2ForCausalLM": _eagle3("MiniMaxM2ForCausalLM", where=READ17),
     "Gemma3ForCausalLM": _eagle3("Gemma3ForCausalLM", where=READ17),
+    "Qwen2ForCausalLM": _eagle3("Qwen2ForCausalLM", where=READ17),
 }
 """Per SGLang release, per architecture, per drafter kind: the rule of the setter SGLang calls
 for that kind. DFlash/DSpark rules exist for the verified classes whose class on that release
