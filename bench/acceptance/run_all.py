@@ -138,11 +138,14 @@ def run_all(a) -> int:  # noqa: C901 - one pipeline, read top to bottom
     if a.check_samples:  # the capture's rows against transformers on this host (hsdump check)
         import shlex
 
+        # beside the exports (the GPU has room); joined before the capture's shards go
         cj = P.res / "check-default.json"
-        run("check-default", ["bash", "-c", shlex.join(map(str, [
+        checking = run_thread(run, "check-default", ["bash", "-c", shlex.join(map(str, [
             *_py("-m", "hsdump"), "check", ds / "default", "--samples", a.check_samples,
             "--json"])) + f" > {shlex.quote(str(cj))}.tmp && mv {shlex.quote(str(cj))}.tmp "
-            + shlex.quote(str(cj))], env=env, done=cj, check=False)  # fmt: skip
+            + shlex.quote(str(cj))], env, cj, False)[0]  # fmt: skip
+    else:
+        checking = None
     template = "eagle3" in kinds and not a.no_template_control and not a.no_controls
     # the controls' capture holds what this run's kinds read: their layers one off, and the
     # post-norm final state where a kind trains on it (SpecForge's EAGLE-3 and DSpark)
@@ -353,6 +356,8 @@ def run_all(a) -> int:  # noqa: C901 - one pipeline, read top to bottom
             # a capture no later step reads goes at once (disk_plan counts on it): the
             # template control's after its export, the others after the last kind's (their
             # index and manifest stay: the facts, and a resumed run's markers)
+            if checking is not None and src == "default":
+                checking.join()
             if spent(src, i_kind, kinds) and not a.keep_exports and (ds / src / "shards").exists():
                 print(f"releasing {ds / src}'s shards (no later step reads them)", flush=True)
                 shutil.rmtree(ds / src / "shards", ignore_errors=True)
