@@ -91,3 +91,16 @@ def test_speedup_json_names_target_gpu_and_best(tmp_path):
     keys = {"variant", "batch", "prompts", "tokens_per_s", "plain_tokens_per_s",
             "speed_vs_plain", "accept_length", "steps", "topk", "draft_tokens"}  # fmt: skip
     assert all(keys <= set(r) for r in j["rows"])
+
+
+def test_recorded_run_is_its_serve_files(tmp_path):
+    """The recorded 1.5B run's speedup.json is what its gzipped serve JSONs and margins give."""
+    res = ROOT / "bench" / "results" / "speedup-qwen-coder-1.5b-0517"
+    out = tmp_path / "speedup.json"
+    assert speedup(Namespace(results=str(res), target="qwen2.5-coder:1.5b-instruct",
+                             json=str(out))) == 0  # fmt: skip
+    got, rec = json.loads(out.read_text()), json.loads((res / "speedup.json").read_text())
+    assert got["rows"] == rec["rows"] and got["costs"] == rec["costs"]
+    assert got["break_even_accept_length"] == rec["break_even_accept_length"]
+    assert {r["batch"] for r in rec["rows"]} == {1, 8, 32}
+    assert all(r["prompts"] == 128 for r in rec["rows"])

@@ -25,7 +25,20 @@ TARGETS = {
     "qwen2.5-coder:1.5b-instruct": "Qwen2.5-Coder-1.5B-Instruct (1.5B parameters; "
     "hsdump's qwen2.5-coder:1.5b-instruct, bf16 from its Q4_K/Q6_K GGUF)"
 }
-SETTING = re.compile(r"serve-(?P<name>.+-s(?P<steps>\d+)-(?P<topk>\d+)-(?P<tokens>\d+))\.json$")
+SETTING = re.compile(
+    r"serve-(?P<name>.+-s(?P<steps>\d+)-(?P<topk>\d+)-(?P<tokens>\d+))\.json(\.gz)?$"
+)
+
+
+def load(path) -> dict:
+    """A serve JSON, as written or gzipped (the recorded runs keep theirs gzipped)."""
+    import gzip
+
+    p = Path(path)
+    if not p.exists() and Path(f"{p}.gz").exists():
+        p = Path(f"{p}.gz")
+    raw = gzip.decompress(p.read_bytes()) if p.suffix == ".gz" else p.read_bytes()
+    return json.loads(raw)
 
 
 def first_difference(a: list, b: list):
@@ -59,12 +72,12 @@ def margins(a) -> int:
 
     from .serve import heldout_ids
 
-    plain = json.loads(Path(a.plain).read_text())
+    plain = load(a.plain)
     sids, prompts = heldout_ids(a.target, a.heldout)
     prompt_of = dict(zip(map(str, sids), prompts))
     todo, keys = [], []
     for f in a.rows:
-        row = json.loads(Path(f).read_text())
+        row = load(f)
         ag = agreement(plain, row)
         for sid, pos in ag["first_difference"].items():
             if pos is None:
@@ -102,16 +115,16 @@ def _pct(xs, q):
 
 def speed_rows(res: Path) -> dict:
     """The speed table from a results folder: plain's serve JSON and each setting's."""
-    plain = json.loads((res / "serve-plain.json").read_text())
+    plain = load(res / "serve-plain.json")
     mj = res / "margins.json"
     marg = json.loads(mj.read_text())["rows"] if mj.exists() else {}
     step_s = plain["batch1"]["wall_s"] / plain["batch1"]["completion_tokens"]
     rows, costs = [], []
-    for f in sorted(res.glob("serve-*.json")):
+    for f in sorted(res.glob("serve-*.json*")):
         m = SETTING.search(f.name)
         if not m:
             continue
-        row = json.loads(f.read_text())
+        row = load(f)
         steps, topk, tokens = (int(m[k]) for k in ("steps", "topk", "tokens"))
         spec = dict(steps=steps, topk=topk, draft_tokens=tokens)
         b1 = row["batch1"]
