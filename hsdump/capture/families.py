@@ -106,7 +106,11 @@ FAMILIES = (
         ("LlamaForCausalLM",),
         ((V23, CPU_TEST + "; " + GPU_TEST), (V17, GPU_TEST)),
     ),
-    Family("Qwen2", ("Qwen2ForCausalLM",), _cpu((V17, QWEN2_GPU17))),
+    Family(
+        "Qwen2",
+        ("Qwen2ForCausalLM",),
+        ((V23, "CPU, tests/test_qwen_coder.py (Qwen2.5-Coder-1.5B-Instruct)"), (V17, QWEN2_GPU17)),
+    ),
     Family("Qwen3", ("Qwen3ForCausalLM",), _cpu()),
     Family("Qwen3-MoE", ("Qwen3MoeForCausalLM",), _cpu()),
     Family("GLM-4.5 MoE", ("Glm4MoeForCausalLM",), _cpu()),
