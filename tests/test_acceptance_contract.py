@@ -173,8 +173,8 @@ def test_the_clis_name_the_documented_subcommands():
     p = module("--help", timeout=120)
     assert p.returncode == 0, p.stderr
     subs = ("draft-config", "trainer-target", "train", "export", "predict", "disk-plan",
-            "check-served", "contract", "untrained", "table", "curves", "fit", "plan", "trace",
-            "run-all")  # fmt: skip
+            "check-served", "contract", "untrained", "margins", "speedup", "table", "curves",
+            "fit", "plan", "trace", "run-all")  # fmt: skip
     assert "{" + ",".join(subs) + "}" in p.stdout, p.stdout
     p = module("--help", name="bench.acceptance.speculators", timeout=120)
     assert p.returncode == 0, p.stderr
