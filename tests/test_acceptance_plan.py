@@ -48,6 +48,11 @@ def test_disk_plan_refuses_a_run_the_hosts_disk_cannot_hold(tmp_path):
     assert facts["peak_gb"] == pytest.approx((capture + 4 * four) / 1e9, abs=0.06), facts
     assert set(facts["peak_parts"]) == {"default", "layer_off", "template", "export default",
                                         "SpecForge capture"}  # fmt: skip
+    # the drafter alone (run-all --no-controls): its capture beside its one export
+    p = plan("--kinds", "eagle3", "--no-controls")
+    facts = json.loads(p.stdout)
+    assert facts["peak_gb"] == pytest.approx((capture + four) / 1e9, abs=0.06), facts
+    assert set(facts["peak_parts"]) == {"default", "export default"}
 
 
 def _kinds(*args):

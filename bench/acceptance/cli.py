@@ -176,6 +176,7 @@ def main(argv=None) -> int:
     p.add_argument("--speculators", action="store_true")
     p.add_argument("--overlap", action="store_true")
     p.add_argument("--disk-gb", type=float, default=None)
+    p.add_argument("--no-controls", action="store_true", help="as run-all --no-controls")
     p = sub.add_parser(
         "check-served", help="SGLang's class for the folder's architecture loads it (CPU)"
     )
@@ -430,9 +431,10 @@ def main(argv=None) -> int:
         kinds = [k for k in KINDS if k in a.kinds.split(",")]
         try:
             facts = plan_capture(Path(a.capture), kinds,
-                                 "eagle3" in kinds and not a.no_template_control,
+                                 "eagle3" in kinds and not a.no_template_control
+                                 and not a.no_controls,
                                  a.reference_batch, a.speculators, a.disk_gb, Path(a.capture),
-                                 a.overlap)  # fmt: skip
+                                 a.overlap, controls=not a.no_controls)  # fmt: skip
         except SystemExit as e:
             print(e, file=sys.stderr)
             return 2

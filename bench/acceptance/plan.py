@@ -95,7 +95,7 @@ def spent(capture: str, i: int, kinds) -> bool:
 
 
 def disk_plan(index: dict, hidden: int, kinds, template: bool, ref_batch, slots: dict,
-              speculators=False, overlap=False) -> list:  # fmt: skip
+              speculators=False, overlap=False, controls=True) -> list:  # fmt: skip
     """What run-all holds on disk at each kind's peak, from the default capture's index:
     the captures (default, layer-off control, EAGLE-3's template control: the same samples, at
     `slots` tensors of H a row each: their layers and final states), each released once no
@@ -104,12 +104,14 @@ def disk_plan(index: dict, hidden: int, kinds, template: bool, ref_batch, slots:
     of its padded batches (each batch of `ref_batch` consecutive samples padded to its
     longest); with `speculators`, EAGLE-3's `--to speculators` export too (the aux layers and
     the final state, stacked); with `overlap` (run-all --overlap), SpecForge's capture and the
-    default's EAGLE-3 export are written while every capture is still held.
+    default's EAGLE-3 export are written while every capture is still held; without `controls`
+    (run-all --no-controls) there is no layer-off capture and no control's export.
     [(kind, bytes at its peak, {what: bytes})]."""
     lengths = index["samples"]["length"]
     T = sum(lengths)
     row = lambda n: n * hidden * 2 + 16  # noqa: E731
-    held = {c: T * row(slots[c]) for c in ("default", "layer_off")}
+    captures = ["default"] + (["layer_off"] if controls else [])
+    held = {c: T * row(slots[c]) for c in captures}
     held["default"] = sum(index["shards"]["bytes"])  # measured
     if template:
         held["template"] = T * row(slots["template"])
@@ -126,7 +128,7 @@ def disk_plan(index: dict, hidden: int, kinds, template: bool, ref_batch, slots:
             peak = {**first, **ref}
         if eagle and speculators:  # written first, from the default capture
             written["export speculators"] = T * row(EXPORT_SLOTS[kind])
-        for c in ["default", "layer_off"] + (["template"] if eagle and template else []):
+        for c in captures + (["template"] if eagle and template else []):
             written[f"export {c}"] = T * row(EXPORT_SLOTS[kind])
             now = {**held, **written}
             peak = max(peak, now, key=lambda d: sum(d.values()))
@@ -140,11 +142,12 @@ def disk_plan(index: dict, hidden: int, kinds, template: bool, ref_batch, slots:
 
 
 def check_disk(w: Path, index: dict, hidden: int, kinds, template: bool, ref_batch, slots: dict,
-               free_gb=None, speculators=False, overlap=False) -> dict:  # fmt: skip
+               free_gb=None, speculators=False, overlap=False, controls=True) -> dict:  # fmt: skip
     """Refuse a plan whose peak does not fit the disk under the work folder (the GPU host's
     is 64 GB), before the controls' captures and the trainings spend the host's time:
     naming the peak, the free space and what fits."""
-    plan = disk_plan(index, hidden, kinds, template, ref_batch, slots, speculators, overlap)
+    plan = disk_plan(index, hidden, kinds, template, ref_batch, slots, speculators, overlap,
+                     controls)  # fmt: skip
     held = sum(index["shards"]["bytes"])  # the default capture is on disk already
     free = free_gb * 1e9 if free_gb is not None else shutil.disk_usage(w).free + held
     kind, peak, parts = max(plan, key=lambda x: x[1])
@@ -165,7 +168,7 @@ def check_disk(w: Path, index: dict, hidden: int, kinds, template: bool, ref_bat
 
 
 def plan_capture(capture: Path, kinds, template: bool, ref_batch, speculators: bool, disk_gb,
-                 w: Path, overlap=False) -> dict:  # fmt: skip
+                 w: Path, overlap=False, controls=True) -> dict:  # fmt: skip
     """check_disk for run-all's plan from its first capture (its index and manifest: lengths,
     bytes, layers, final states, the model's depth and width); the controls' capture as run-all
     makes it (the kinds' layers one off, post_norm where a kind trains on it)."""
@@ -185,7 +188,7 @@ def plan_capture(capture: Path, kinds, template: bool, ref_batch, speculators: b
                  layer_off=len({x for k in kinds for x in off_by_one(default[k])}) + ctl_final,
                  template=len(default["eagle3"]) + 1)  # fmt: skip
     return check_disk(w, idx, hidden, kinds, template, ref_batch, slots, disk_gb, speculators,
-                      overlap)  # fmt: skip
+                      overlap, controls)  # fmt: skip
 
 
 def training_plan(a, kind: str, pr: dict, n_records: int, side_by_side: int = 2) -> dict:

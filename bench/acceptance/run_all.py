@@ -154,7 +154,8 @@ def run_all(a) -> int:  # noqa: C901 - one pipeline, read top to bottom
                *(lay(k, off_by_one(default[k])) for k in kinds)]  # fmt: skip
     P.facts["disk"] = plan_capture(ds / "default", kinds, template and not a.no_controls,
                                    a.reference_batch if a.reference_python else None,
-                                   a.speculators, a.disk_gb, w, a.overlap)  # fmt: skip
+                                   a.speculators, a.disk_gb, w, a.overlap,
+                                   controls=not a.no_controls)  # fmt: skip
     hsd = _py("-m", "hsdump")
     msgs = ex / "messages" / "conversations.jsonl"
     run("export-messages", [*hsd, "export", ds / "default", ex / "messages", "--to",
