@@ -20,6 +20,8 @@ import json
 import re
 from pathlib import Path
 
+from .table import read_json
+
 # the targets' names as the results state them
 TARGETS = {
     "qwen2.5-coder:1.5b-instruct": "Qwen2.5-Coder-1.5B-Instruct (1.5B parameters; "
@@ -32,13 +34,10 @@ SETTING = re.compile(
 
 def load(path) -> dict:
     """A serve JSON, as written or gzipped (the recorded runs keep theirs gzipped)."""
-    import gzip
-
     p = Path(path)
     if not p.exists() and Path(f"{p}.gz").exists():
         p = Path(f"{p}.gz")
-    raw = gzip.decompress(p.read_bytes()) if p.suffix == ".gz" else p.read_bytes()
-    return json.loads(raw)
+    return read_json(p)
 
 
 def first_difference(a: list, b: list):

@@ -287,6 +287,17 @@ do_install() {
   return $rc
 }
 
+stash_part() {   # NAME DIR N MAKER: DIR/pN of the checkout -> $PARTS/NAME (install joins them)
+  local name=$1 dir=$2 n=$3 maker=$4 t
+  t=$(date +%s); mkdir -p "$PARTS/$name"
+  if [ -d "$dir/p$n" ]; then
+    cp -a "$dir/p$n/." "$PARTS/$name/"
+    record "$name-$n" $? $(( $(date +%s) - t )) "$(ls "$PARTS/$name" | wc -l) file(s) stashed"
+  else
+    record "$name-$n" 1 0 "$dir/p$n is not in the checkout ($maker)"
+  fi
+}
+
 install_qwen() {   # the stashed .qwen pieces -> acck's cache (skipped when it is there)
   local w="$PARTS/qwen"
   [ -f "$w/GGUF" ] || return 0
@@ -418,23 +429,9 @@ import specforge.offline_capture.sglang_backend.model_runner
 print('torch', torch.__version__, 'sglang', sglang.__version__, 'transformers', transformers.__version__,
       'tokenizers', tokenizers.__version__, 'cuda', torch.cuda.is_available(), 'backend', b.__name__)" ) ;;
     smollm2)
-      t=$(date +%s); mkdir -p "$PARTS/smollm2"
-      if [ -d ".smollm2/p$1" ]; then
-        cp -a ".smollm2/p$1/." "$PARTS/smollm2/"
-        record "smollm2-$1" $? $(( $(date +%s) - t )) "$(ls "$PARTS"/smollm2 | wc -l) file(s) stashed"
-      else
-        record "smollm2-$1" 1 0 ".smollm2/p$1 is not in the checkout (make-smollm2.sh)"
-      fi
-      shift ;;
+      stash_part smollm2 .smollm2 "$1" make-smollm2.sh; shift ;;
     qwen)
-      t=$(date +%s); mkdir -p "$PARTS/qwen"
-      if [ -d ".qwen/p$1" ]; then
-        cp -a ".qwen/p$1/." "$PARTS/qwen/"
-        record "qwen-$1" $? $(( $(date +%s) - t )) "$(ls "$PARTS"/qwen | wc -l) file(s) stashed"
-      else
-        record "qwen-$1" 1 0 ".qwen/p$1 is not in the checkout (make-qwen-coder.sh)"
-      fi
-      shift ;;
+      stash_part qwen .qwen "$1" make-qwen-coder.sh; shift ;;
     mla|gemm|sf)   # .whl-NAME/ -> $PARTS/whl-NAME (install takes it)
       stash_wheels "$step" ".whl-$step" "$PARTS/whl-$step" make-specforge-wheels.sh ;;
     whl)
