@@ -86,10 +86,15 @@ def peer_env(specforge: str, accelerate: str) -> dict:
     return env
 
 
-def capture_args(samples: int, max_len: int, pace: float) -> list:
+def capture_args(
+    samples: int, max_len: int, pace: float, engine: str = "dry", model: str = "tiny"
+) -> list:
+    """extract.py's arguments: `engine` dry (paced at `pace` tokens/s) or cpu (SGLang's real
+    engine on the CPU), on the model preset `model`."""
+    eng = ["engine=dry", f"engine.dry_tokens_per_s={pace}"] if engine == "dry" else ["engine=cpu"]
     return [
-        "engine=dry",
-        f"engine.dry_tokens_per_s={pace}",
+        *eng,
+        f"model={model}",
         f"dataset.max_samples={samples}",
         f"dataset.max_seq_len={max_len}",
         f"capture.kinds=[{KIND}]",
@@ -147,6 +152,26 @@ def losses(log: Path) -> list:
     return [[r["step"], r["loss"]] for r in ak.trainer_metrics(log) if "loss" in r]
 
 
+def loss_diff(a: list, b: list) -> float:
+    """The largest |difference| of two runs' per-step losses (inf: other steps)."""
+    if [s for s, _ in a] != [s for s, _ in b]:
+        return float("inf")
+    return max((abs(x - y) for (_, x), (_, y) in zip(a, b)), default=0.0)
+
+
+def model_path(preset: str) -> str:
+    """The model.path of conf/model/PRESET.yaml."""
+    import yaml
+
+    return yaml.safe_load((ROOT / "conf" / "model" / f"{preset}.yaml").read_text())["path"]
+
+
+def engine_name(preset: str) -> str:
+    from importlib.metadata import version
+
+    return f"SGLang {version('sglang')} on the CPU ({model_path(preset)})"
+
+
 def acked(folder: Path) -> int:
     with sqlite3.connect(folder / "control" / "consumer.sqlite") as db:
         return db.execute("SELECT count(*) FROM acked").fetchone()[0]
@@ -155,20 +180,17 @@ def acked(folder: Path) -> int:
 def offline(work: Path, a, env) -> dict:
     """Capture, export, SpecForge's offline trainer: its losses and the drafter's ids."""
     ds, ex = work / "ds", work / "ex"
-    args = capture_args(a.samples, a.max_len, 0)
+    args = capture_args(a.samples, a.max_len, 0, a.engine, a.model)
     run([sys.executable, "extract.py", *args, f"output.dir={ds}"], env)
+    # SpecForge feeds its records to the drafter as stored: written in the trainer's dtype
     run([sys.executable, "-m", "hsdump", "export", ds, ex, "--to", "specforge", "--kind", KIND,
-         "--allow-dry", "--no-progress"], env)  # fmt: skip
+         "--dtype", a.dtype, "--no-progress", *(["--allow-dry"] if a.engine == "dry" else [])],
+        env)  # fmt: skip
     from hsdump.tiny import resolve_model_path
 
-    target = resolve_model_path("tiny:llama")
+    target = resolve_model_path(model_path(a.model))
     draft = draft_files(work, target, ex, env)
-    data = str(ex)
-    if a.dtype != "bfloat16":  # SpecForge feeds the records as stored: copies in the dtype
-        import bench.acceptance as ak
-
-        data = str(ak.split_records(ex, work / "records", 0, a.dtype)[0])
-    cfg = run_config(work / "train", target, draft, data, a)
+    cfg = run_config(work / "train", target, draft, str(ex), a)
     log = work / "train.log"
     t = time.time()
     run([sys.executable, "-m", "specforge.cli", "train", "--config", cfg], env, log=log)
@@ -208,7 +230,7 @@ def online(work: Path, a, env, off: dict, cap: int, kill_at: int = 0) -> dict:
     cfg = run_config(work / "train", off["target"], off["draft"], "unused", a, kill_at)
     sampler = Sampler(folder / "store")
     sampler.start()
-    prod = [sys.executable, "extract.py", *capture_args(a.samples, a.max_len, a.pace),
+    prod = [sys.executable, "extract.py", *capture_args(a.samples, a.max_len, a.pace, a.engine, a.model),
             "online=specforge", f"online.folder={folder}", f"online.cap_bytes={cap}",
             f"online.kind={KIND}", f"online.epochs={a.epochs}", f"online.batch_size={a.batch}",
             "online.peer_timeout_s=120"]  # fmt: skip
@@ -266,6 +288,7 @@ def online(work: Path, a, env, off: dict, cap: int, kill_at: int = 0) -> dict:
         losses=[r for r in losses(logs[0]) if not killed or r[0] <= killed["at_step"]]
         + [r for log in logs[1:] for r in losses(log)],
         trainer_killed=killed,
+        engine_starts=summary.get("engine_starts"),
     )
 
 
@@ -304,6 +327,10 @@ def main(argv=None) -> int:
     ap.add_argument("--max-len", type=int, default=256)
     ap.add_argument("--cap", type=int, default=0, help="bytes (0: 4 windows of the longest sample)")
     ap.add_argument("--pace", type=float, default=150.0, help="capture tokens/s (dry engine)")
+    ap.add_argument("--engine", default="dry", choices=("dry", "cpu"),
+                    help="dry: rows of the tiny Llama's shapes; cpu: SGLang's engine on the "
+                    "CPU, the model's own hidden states")  # fmt: skip
+    ap.add_argument("--model", default="tiny", help="the capture's conf/model preset")
     ap.add_argument("--save-interval", type=int, default=0)
     ap.add_argument("--runs", default="uncapped,capped")
     ap.add_argument("--kill-trainer-at", type=int, default=5,
@@ -343,13 +370,18 @@ def main(argv=None) -> int:
         "consumer": "specforge",
         "specforge_version": "0.2.0",
         "kind": KIND,
-        "engine": "dry (tiny:llama shapes)",
+        "engine": (
+            f"dry ({model_path(a.model)} shapes)" if a.engine == "dry" else engine_name(a.model)
+        ),
         "cap_bytes": main_run["cap_bytes"],
         "peak_bytes": main_run["peak_bytes"],
         "epochs": a.epochs,
         "samples_published": main_run["samples_published"],
         "samples_consumed": main_run["samples_consumed"],
         "loss_equal_to_offline": all(r["losses"] == off["losses"] for r in runs.values()),
+        "loss_max_abs_diff_to_offline": max(
+            loss_diff(r["losses"], off["losses"]) for r in runs.values()
+        ),  # fmt: skip
         "capture_samples_per_s_capped": c and c["capture_samples_per_s"],
         "capture_samples_per_s_uncapped": u and u["capture_samples_per_s"],
         "capped_over_uncapped": (

@@ -340,8 +340,9 @@ class Job:
 
 def run(cfg: Config, resolved_config: Optional[dict] = None, hooks=None) -> Summary:
     """`hooks` (hsdump.online.producer's): `plan(job, corpus)` orders or skips the job's
-    samples once the dataset is open; `gate(engine)` is the Gate its engine awaits before
-    each request (None: none)."""
+    samples once the dataset is open; `open_engine(start)` gives the engine (`start()` makes
+    one; the hooks keep it for the next run and close it themselves); `gate(engine)` is the
+    Gate its engine awaits before each request (None: none)."""
     t0 = time.time()
     check_output_dir(cfg.output.dir)
     model = check_model(cfg)
@@ -372,9 +373,15 @@ def run(cfg: Config, resolved_config: Optional[dict] = None, hooks=None) -> Summ
             job.writer.close()  # a second close does nothing
     if not job.todo:
         return job.summary
-    engine = start_engine(cfg, model, job)
-    gate = hooks.gate(engine) if hooks is not None else None
-    return finish(cfg, model, corpus, job, *capture(cfg, model, corpus, job, engine, gate))
+    if hooks is None:
+        engine = start_engine(cfg, model, job)
+        gate, close = None, True
+    else:  # an online run's epochs share one engine: its hooks start it once and close it
+        engine = hooks.open_engine(lambda: start_engine(cfg, model, job))
+        gate, close = hooks.gate(engine), False
+    return finish(
+        cfg, model, corpus, job, *capture(cfg, model, corpus, job, engine, gate, close=close)
+    )
 
 
 def node_layout(cfg: Config) -> NodeLayout:
@@ -703,9 +710,12 @@ def start_engine(cfg: Config, model: Model, job: Job) -> Engine:
     return engine
 
 
-def capture(cfg: Config, model: Model, corpus: Corpus, job: Job, engine: Engine, gate=None):
+def capture(
+    cfg: Config, model: Model, corpus: Corpus, job: Job, engine: Engine, gate=None, close=True
+):
     """Every sample left to do through the engine into the writer, with a progress bar; the
-    engine awaits `gate` (hsdump.capture.base.Gate) before each request.
+    engine awaits `gate` (hsdump.capture.base.Gate) before each request, and is closed at the
+    end unless `close` is false (its owner closes it).
     Returns (completed, stop signal name or None, EngineDied or None)."""
     from tqdm import tqdm
 
@@ -786,7 +796,8 @@ def capture(cfg: Config, model: Model, corpus: Corpus, job: Job, engine: Engine,
     finally:
         bar.close()
         try:
-            engine.close()
+            if close:
+                engine.close()
         finally:
             t = time.time()
             writer.close(commit=True)

@@ -728,3 +728,35 @@ def test_cli_prints_the_serving_ids(tmp_path, capsys):
     # another kind into the same DEST is another export
     assert ex.main([*argv[:4], "--kind", "dflash", "--no-progress"]) == 2
     assert "kind: 'dspark' -> 'dflash'" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("kind", ["dflash", "eagle3"])
+def test_export_writes_the_states_in_the_dtype_asked(kind, tmp_path):
+    """--dtype float32: SpecForge feeds its records to the drafter as stored, so a float32
+    (CPU) drafter takes float32 records; the values are the stored ones, cast. An export of
+    another dtype at DEST does not resume."""
+    import hsdump.tools.export as ex
+
+    ds = kinds_dataset(tmp_path / "ds")
+    a, b = tmp_path / "as-stored", tmp_path / "f32"
+    assert ex.main([str(ds), str(a), "--to", "specforge", "--kind", kind, "--no-progress"]) == 0
+    assert ex.main([str(ds), str(b), "--to", "specforge", "--kind", kind, "--no-progress",
+                    "--dtype", "float32"]) == 0  # fmt: skip
+    files = sorted(p.relative_to(a) for p in a.rglob("*.ckpt"))
+    assert files and files == sorted(p.relative_to(b) for p in b.rglob("*.ckpt"))
+    floats = 0
+    for rel in files:
+        x = torch.load(a / rel, weights_only=True)
+        y = torch.load(b / rel, weights_only=True)
+        assert set(x) == set(y)
+        for k, t in x.items():
+            if t.is_floating_point():
+                floats += 1
+                assert t.dtype == torch.bfloat16 and y[k].dtype == torch.float32, k
+                assert torch.equal(y[k], t.float()), k
+            else:
+                assert torch.equal(y[k], t), k
+    assert floats >= len(files)
+    assert json.loads((b / "hsdump_export.json").read_text())["dtype"] == "float32"
+    with pytest.raises(ex.ExportError, match="dtype: 'float32' -> None"):
+        ex.export(str(ds), str(b), "specforge", kind=kind, progress=False)

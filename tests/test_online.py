@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from factories import compose_config
+from factories import ROOT, compose_config
 from harness import extract
 from test_export import _peer_root
 
@@ -150,6 +150,7 @@ def test_capped_capture_is_consumed_once_an_epoch_and_leaves_nothing(tmp_path, s
     assert plan["quantum"] == BATCH and n >= 8
     assert 0 < c.peak <= cap, (c.peak, cap)  # sampled while it ran
     assert summary["peak_accounted_bytes"] <= cap
+    assert summary["engine_starts"] == 1  # one engine for both epochs
     # every sample once an epoch, each epoch with new ids, in SpecForge's offline order
     pub = F.published_ids(folder)
     assert len(pub) == len(set(pub)) == 2 * n == summary["samples_published"]
@@ -431,3 +432,89 @@ def test_a_killed_capture_stops_specforges_consumer(tmp_path, specforge):
     stop.set()
     t.join()
     assert F.side(done, F.FAILED) is None
+
+
+def test_each_acknowledged_id_is_written_once(tmp_path):
+    """SpecForge's resumed consumer acknowledges its ledger's samples again: acks.jsonl keeps
+    one line per id, and a shard goes once all of its samples are acknowledged."""
+    folder = tmp_path / "f"
+    ds = folder / "store" / "epoch0000"
+    (ds / "commits").mkdir(parents=True)
+    (ds / "shard-0.safetensors").write_bytes(b"x" * 10)
+    rec = {"shard": "shard-0.safetensors", "ids": [0, 1], "lengths": [3, 4], "bytes": 10}
+    (ds / "commits" / "w.jsonl").write_text(json.dumps(rec) + "\n")
+    book = F.ShardBook(folder)
+    book.refresh()
+    a, b = F.sample_id(0, 0), F.sample_id(0, 1)
+    assert book.ack([a]) == 0 and (ds / "shard-0.safetensors").exists()
+    assert book.ack([a, a]) == 0  # again, as a resumed consumer does
+    assert F.ShardBook(folder).ack([a, b]) == 10  # another process: sees a, frees the shard
+    lines, _ = F.read_lines(folder / F.ACKS)
+    assert [json.loads(x) for x in lines] == [a, b]
+
+
+def consumer(folder: Path, *args, paths=(), timeout=300):
+    import subprocess
+    import sys
+
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([*map(str, paths), str(ROOT)]))
+    env.pop("HSDUMP_FORBID_ENGINE", None)
+    cfg = ROOT / "docs" / "configs" / "online-dflash-cpu.yaml"
+    return subprocess.run(
+        [sys.executable, "-m", "hsdump.online.consumer", str(folder), "-c", str(cfg), *args],
+        cwd=folder.parent, env=env, capture_output=True, text=True, timeout=timeout,
+    )  # fmt: skip
+
+
+def test_the_trainer_says_why_it_stopped_where_the_capture_sees_it(tmp_path):
+    """Any exit of the consumer command but success writes SpecForge's consumer-failure file
+    with the reason (the capture stops at its next request): a missing module (accelerate,
+    which SpecForge's worker imports) and a drafter config on other layers are refused before
+    anything starts, naming the fix; a trainer that dies inside SpecForge is reported too."""
+    sf, ac = _peer_root("HSDUMP_SPECFORGE_SRC"), _peer_root("HSDUMP_ACCELERATE_SRC")
+    folder = tmp_path / "f"
+    (folder / "control").mkdir(parents=True)
+    plan = dict(kind=KIND, epochs=1, seed=0, serving_ids=[1, 2, 3, 4, 5], max_length=256)
+    (folder / F.PLAN).write_text(json.dumps(plan))
+    p = consumer(folder, paths=[sf])  # SpecForge, not accelerate
+    assert p.returncode == 2, p.stderr[-2000:]
+    assert "accelerate.utils cannot be imported" in p.stderr
+    assert "pip install --no-deps --target .specforge specforge==0.2.0 accelerate==1.15.0" in (
+        p.stderr
+    )
+    assert "the trainer was refused: accelerate.utils" in F.side(folder, F.CONSUMER_FAILED)
+
+    draft = tmp_path / "draft.json"
+    draft.write_text(json.dumps({"dflash_config": {"target_layer_ids": [1, 2, 3]}}))
+    p = consumer(folder, f"model.draft_model_config={draft}", paths=[sf, ac])
+    assert p.returncode == 2, p.stderr[-2000:]
+    assert "dflash_config.target_layer_ids=[1, 2, 3]" in p.stderr and "[1, 2, 3, 4, 5]" in p.stderr
+    assert "drafter trains and serves on the layers" in F.side(folder, F.CONSUMER_FAILED)
+
+    # the right layers, but no architecture: SpecForge's trainer starts (once the capture's
+    # schedule is there), then dies building the drafter
+    draft.write_text(json.dumps({"dflash_config": {"target_layer_ids": [1, 2, 3, 4, 5]}}))
+    sched = dict(version=1, total_steps=1, num_prompts=1, prompt_epochs=1, prompt_seed=0,
+                 dp_size=1, batch_size=1, accumulation_steps=1)  # fmt: skip
+    Path(str(F.refs_path(folder)) + F.SCHEDULE).write_text(json.dumps(sched))
+    p = consumer(folder, f"model.draft_model_config={draft}", paths=[sf, ac], timeout=120)
+    assert p.returncode != 0
+    assert F.side(folder, F.CONSUMER_FAILED) == (
+        "the trainer (python -m hsdump.online.consumer) died: ValueError: draft config must "
+        "name exactly one architecture; got []"
+    ), p.stderr[-2000:]
+
+
+def test_the_consumer_bounds_its_checkpoints(tmp_path, specforge):
+    """training.max_checkpoints=2 unless run.yaml sets it (SpecForge keeps every one)."""
+    from specforge.config import load_config
+
+    from hsdump.online.consumer import consumer_config
+
+    cfg = ROOT / "docs" / "configs" / "online-dflash-cpu.yaml"
+    plan = dict(kind=KIND, epochs=2, seed=3)
+    got = consumer_config(load_config(str(cfg), []), tmp_path, plan)
+    assert got.training.max_checkpoints == 2 and got.training.save_interval == 1
+    assert got.training.num_epochs == 2 and got.training.prompt_seed == 3
+    got = consumer_config(load_config(str(cfg), ["training.max_checkpoints=0"]), tmp_path, plan)
+    assert got.training.max_checkpoints == 0

@@ -211,3 +211,57 @@ def test_checked_in_config_is_what_train_writes(kind, tmp_path, monkeypatch):
         assert got["model"].pop("draft_checkpoint_path") == head
         assert got["model"].pop("vocab_mapping_path") == head + "/vocab_mapping.pt"
     assert got == json.loads(json.dumps(want))
+
+
+ONLINE = ROOT / "docs" / "online.md"
+
+
+@pytest.mark.engine
+@pytest.mark.timeout(900)
+def test_online_recipe_runs_as_written(work):
+    """docs/online.md's CPU section as written, after the DFlash page's (its target and drafter
+    config): SGLang's CPU engine captures 2 epochs into the folder, one engine for both, under
+    the page's cap, sampled here every 5 ms while it runs, beside SpecForge's own online
+    trainer with the checked-in config; every published sample is acknowledged once, nothing
+    is left, and the trainer kept its newest two checkpoints."""
+    import sqlite3
+    import threading
+
+    from hsdump.online import folder as F
+
+    recipe(work, "dflash")
+    if not (work / "docs").exists():
+        (work / "docs").symlink_to(ROOT / "docs")
+    (code,) = [c for _, c in blocks(ONLINE)]
+    cap = int(re.search(r"online.cap_bytes=(\d+)", code).group(1))
+    folder = work / "outputs" / "online"
+    peak, halt = [0], threading.Event()
+
+    def sample():
+        while not halt.wait(0.005):
+            peak[0] = max(peak[0], F.shard_bytes(folder / F.STORE))
+
+    t = threading.Thread(target=sample, daemon=True)
+    t.start()
+    try:
+        p = bash(work, code, timeout=800)
+    finally:
+        halt.set()
+        t.join()
+    check(p, "online.md's CPU block")
+    summary = json.loads((work / "outputs" / "online-capture.log").read_text().splitlines()[-1])
+    plan = json.loads((folder / F.PLAN).read_text())
+    n = plan["samples_per_epoch"]
+    assert summary["engine_starts"] == 1 and len(summary["epochs"]) == 2, summary
+    assert summary["samples_published"] == 2 * n and summary["dropped_at_end"] == 0, summary
+    with sqlite3.connect(folder / "control" / "consumer.sqlite") as db:
+        acked = db.execute("SELECT count(*) FROM acked").fetchone()[0]
+    assert acked == 2 * n
+    assert 0 < peak[0] <= cap, (peak[0], cap)
+    assert summary["gate_wait_s"] > 0, "the cap never held the capture back: lower it"
+    assert F.shard_bytes(folder / F.STORE) == 0
+    assert F.side(folder, F.DONE) is not None and F.side(folder, F.CONSUMER_FAILED) is None
+    lines, _ = F.read_lines(folder / F.ACKS)
+    assert len(lines) == len(set(lines)) == 2 * n
+    kept = sorted(d.name for d in (work / "outputs" / "online" / "run").glob("dflash-step*"))
+    assert kept == [f"dflash-step{2 * n - 1}", f"dflash-step{2 * n}"], kept

@@ -37,6 +37,10 @@ from typing import List, Optional
 
 from hsdump.online import folder as F
 
+KEEP_CHECKPOINTS = 2
+"""training.max_checkpoints when run.yaml leaves it unset: the newest two (and SpecForge's best
+one) are kept, the older deleted as each is written."""
+
 
 def consumer_config(cfg, folder: Path, plan: dict):
     """SpecForge config `cfg` as the online consumer's on `folder` (a new Config)."""
@@ -49,6 +53,10 @@ def consumer_config(cfg, folder: Path, plan: dict):
     tr = raw["training"]
     tr.update(role="consumer", num_epochs=int(plan["epochs"]), prompt_seed=int(plan["seed"]))
     tr["eval_interval"] = 0  # SpecForge evaluates offline data only
+    if "max_checkpoints" not in cfg.training.model_fields_set:
+        # resuming needs the checkpoint of the last acknowledged step (save_interval: 1 makes
+        # every step one); SpecForge keeps every checkpoint unless told: a drafter's each step
+        tr["max_checkpoints"] = KEEP_CHECKPOINTS
     raw["model"]["target_backend"] = "sglang"
     raw["deployment"] = dict(
         mode="disaggregated",
@@ -120,33 +128,109 @@ def main(argv: Optional[List[str]] = None) -> int:
             file=sys.stderr,
         )
         return 2
+    rank0 = os.environ.get("RANK", "0") == "0"
+    if rank0 and F.side(folder, F.CONSUMER_FAILED) is not None:  # an earlier attempt's
+        Path(str(F.refs_path(folder)) + F.CONSUMER_FAILED).unlink()
+    try:
+        return train(folder, a, rank0)
+    except BaseException as e:
+        # any death of the trainer, refusals included: the capture stops at its next request
+        # (not waiting out online.peer_timeout_s) and says why; both commands resume
+        code = e.code if isinstance(e, SystemExit) else None
+        if code not in (None, 0) or not isinstance(e, SystemExit):
+            why = f"{type(e).__name__}: {e}" if not isinstance(e, SystemExit) else f"exit {code}"
+            failed(folder, f"the trainer (python -m hsdump.online.consumer) died: {why}")
+        raise
+
+
+class Refused(Exception):
+    """Bad input or a missing dependency, found before the trainer starts (exit 2)."""
+
+
+def failed(folder: Path, why: str) -> None:
+    if os.environ.get("RANK", "0") == "0":
+        F.write_side(folder, F.CONSUMER_FAILED, why)
+
+
+# what SpecForge 0.2.0's worker path imports (specforge.cli._train: accelerate.utils.set_seed)
+NEEDED = ("specforge.application", "specforge.cli", "specforge.config", "accelerate.utils")
+INSTALL = (
+    "pip install --no-deps --target .specforge specforge==0.2.0 accelerate==1.15.0, then "
+    "PYTHONPATH=$PWD/.specforge (docs/online.md: SpecForge's own pins clash with SGLang's)"
+)
+
+
+def check_imports(needed=NEEDED) -> None:
+    """Every module the trainer imports, before anything starts: a Refused naming the
+    missing one and the install line."""
+    import importlib
+
+    for name in needed:
+        try:
+            importlib.import_module(name)
+        except ImportError as e:
+            raise Refused(
+                f"{name} cannot be imported here ({e}); the trainer needs SpecForge 0.2.0 and "
+                f"accelerate 1.15.0 beside hsdump: {INSTALL}"
+            ) from None
+
+
+def check_draft_ids(draft_config: Optional[str], plan: dict) -> None:
+    """The drafter config's layer ids (where SGLang reads them) must be the capture's serving
+    ids (online.json): a Refused naming both and the fix. Not checked when either is unknown."""
+    import json
+
+    from hsdump.tools.export import CONFIG_KEY
+
+    want, key = plan.get("serving_ids"), CONFIG_KEY.get(plan["kind"])
+    if want is None or key is None or not draft_config or not Path(draft_config).is_file():
+        return
+    got = json.loads(Path(draft_config).read_text())
+    for part in key.split("."):
+        got = got.get(part) if isinstance(got, dict) else None
+    if got is not None and list(got) != list(want):
+        raise Refused(
+            f"model.draft_model_config={draft_config} has {key}={list(got)}, but the capture "
+            f"serves layers {list(want)} (serving_ids in its online.json): put {list(want)} "
+            "there, so the drafter trains and serves on the layers it is fed"
+        )
+
+
+def train(folder: Path, a, rank0: bool) -> int:
     import json
 
     try:
-        from specforge.application import bind_run, resolve_run
-        from specforge.cli import _train, _worker_signal_unwind, _WorkerTermination
-        from specforge.config import load_config
-    except ImportError as e:
-        print(
-            f"SpecForge 0.2.0 cannot be imported here ({e}): run this in the trainer's "
-            "environment (pip install specforge==0.2.0, and hsdump with --no-deps)",
-            file=sys.stderr,
-        )
+        check_imports()
+    except Refused as e:
+        print(e, file=sys.stderr)
+        failed(folder, f"the trainer was refused: {e}")
         return 2
+    from specforge.application import bind_run, resolve_run
+    from specforge.cli import _train, _worker_signal_unwind, _WorkerTermination
+    from specforge.config import load_config
 
-    plan = json.loads(plan_path.read_text())
-    cfg = consumer_config(load_config(a.config, a.overrides), folder, plan)
+    plan = json.loads((folder / F.PLAN).read_text())
+    user = load_config(a.config, a.overrides)
+    cfg = consumer_config(user, folder, plan)
     if cfg.training.strategy != plan["kind"]:
-        print(
+        why = (
             f"training.strategy={cfg.training.strategy} but the capture feeds {plan['kind']} "
-            f"({plan_path}): train {plan['kind']}, or capture for {cfg.training.strategy}",
-            file=sys.stderr,
+            f"({folder / F.PLAN}): train {plan['kind']}, or capture for "
+            f"{cfg.training.strategy}"
         )
+        print(why, file=sys.stderr)
+        failed(folder, f"the trainer was refused: {why}")
+        return 2
+    try:
+        check_draft_ids(cfg.model.draft_model_config, plan)
+    except Refused as e:
+        print(e, file=sys.stderr)
+        failed(folder, f"the trainer was refused: {e}")
         return 2
     os.environ.update(environment(folder))
     patch_store(folder, cfg.data.max_length, cfg.model.torch_dtype)
     stop = threading.Event()
-    if os.environ.get("RANK", "0") == "0":
+    if rank0:
         F.beat(folder / F.CONSUMER_ALIVE)
         threading.Thread(
             target=heartbeats, args=(folder, a.producer_timeout, stop), daemon=True
@@ -154,8 +238,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     resolved = resolve_run(cfg)
     try:
         with _worker_signal_unwind():
-            _train(bind_run(resolved.config, resolved.algorithm))
+            _train(bind_run(resolved.config, resolved.algorithm))  # its value: not a status
     except _WorkerTermination as received:
+        failed(folder, f"the trainer was stopped by signal {received.signum}")
         return 128 + received.signum
     finally:
         stop.set()

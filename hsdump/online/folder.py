@@ -259,9 +259,13 @@ class ShardBook:
     def ack(self, ids: List[str]) -> int:
         """Record `ids` as acknowledged and delete the shards now wholly acknowledged; returns
         the bytes freed."""
-        if ids:
-            append_lines(self.folder / ACKS, [json.dumps(i) for i in ids])
-        new = self.read_acks()
+        seen = self.read_acks()
+        # SpecForge's resumed consumer acknowledges again what its ledger had: each id is
+        # written once (ranks acknowledging at the same time may still both write one)
+        fresh = list(dict.fromkeys(i for i in ids if i not in self.acked))
+        if fresh:
+            append_lines(self.folder / ACKS, [json.dumps(i) for i in fresh])
+        new = seen + self.read_acks() + [i for i in ids if i not in fresh]
         if any(n not in self.shard_of for n in new):
             self.refresh()
         freed = 0

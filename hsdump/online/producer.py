@@ -1,6 +1,7 @@
 """The capture side of a train-while-capturing run (`python extract.py online=specforge
 online.folder=DIR ...`): hsdump's own pipeline, once per epoch, into FOLDER/store/epochNNNN,
-with two hooks (hsdump.pipeline.run's `hooks`):
+on one engine started by the first epoch (`open_engine`), with two hooks more
+(hsdump.pipeline.run's `hooks`):
 
 - `plan(job, corpus)`: the epoch's order (`order`), the samples SpecForge would drop skipped
   (recorded, so a resumed run goes past them), the trainer's schedule written;
@@ -113,7 +114,9 @@ class Producer:
         self.writer = None
         self.engine = None
         self.plan_doc: Optional[dict] = None
-        self.stats = dict(samples_published=0, gate_wait_s=0.0, peak_accounted=0, gated=0)
+        self.stats = dict(
+            samples_published=0, gate_wait_s=0.0, peak_accounted=0, gated=0, engine_starts=0
+        )
         self._stop = threading.Event()
         self._error: Optional[BaseException] = None
         self._peer_checked = 0.0
@@ -147,8 +150,11 @@ class Producer:
             )
 
     def run(self) -> dict:
+        from hsdump.pipeline import node_layout
         from hsdump.pipeline import run as capture_run
 
+        if not node_layout(self.cfg).is_head:  # its share of the one engine, until node 0 ends
+            return dict(follower=capture_run(self._epoch_cfg(0), self.resolved).to_dict())
         self.check()
         (self.folder / "control").mkdir(parents=True, exist_ok=True)
         (self.folder / F.STORE).mkdir(parents=True, exist_ok=True)
@@ -170,6 +176,7 @@ class Producer:
                 self._drain(e)
                 summaries.append(dict(epoch=e, written=s.written, wall_s=round(time.time() - t, 3)))
                 log.info("online: epoch %d captured and published (%d written)", e, s.written)
+            self._close_engine()  # its memory to the trainer while the last windows train
             F.write_side(self.folder, F.CLOSED, "")
             stopped = self._await_trainer()
             dropped = self._cleanup()
@@ -180,6 +187,7 @@ class Producer:
                 stopped=stopped,
                 gate_wait_s=round(self.stats["gate_wait_s"], 3),
                 peak_accounted_bytes=self.stats["peak_accounted"],
+                engine_starts=self.stats["engine_starts"],
             )
         except Stop as e:
             if e.clean:  # the trainer reached its steps first: what it did not train goes
@@ -187,6 +195,7 @@ class Producer:
                 return dict(
                     stopped=str(e),
                     samples_published=self.stats["samples_published"],
+                    engine_starts=self.stats["engine_starts"],
                     dropped_at_end=self._cleanup(),
                 )
             raise
@@ -202,8 +211,11 @@ class Producer:
             )
             raise
         finally:
-            self._stop.set()
-            thread.join(timeout=5)
+            try:
+                self._close_engine()
+            finally:
+                self._stop.set()
+                thread.join(timeout=5)
 
     def _epoch_cfg(self, e: int):
         c, o = self.cfg, self.o
@@ -236,6 +248,19 @@ class Producer:
             self.pos.setdefault(self.epoch, 0)
         if self.plan_doc is None:
             self._write_plan(writer.manifest, len(order), data)
+
+    def open_engine(self, start):
+        """hsdump.pipeline's hook: one engine for every epoch, started by the first
+        (`start()`), closed by `run` when the last epoch is captured or the run stops."""
+        if self.engine is None:
+            self.engine = start()
+            self.stats["engine_starts"] += 1
+        return self.engine
+
+    def _close_engine(self) -> None:
+        engine, self.engine = self.engine, None
+        if engine is not None:
+            engine.close()
 
     def gate(self, engine):
         self.engine = engine

@@ -150,6 +150,17 @@ def specforge_record(rec: dict, final: Optional[str], pick: Optional[List[int]],
     }
 
 
+def cast_states(rec: dict, dtype: str) -> dict:
+    """`rec` with its hidden states (layers and final states) in `dtype`."""
+    import torch
+
+    to = getattr(torch, dtype)
+    out = dict(rec, hidden_states=[h.to(to) for h in rec["hidden_states"]])
+    if rec.get("final"):
+        out["final"] = {k: v.to(to) for k, v in rec["final"].items()}
+    return out
+
+
 def sample_writer(
     fmt: str,
     rec: dict,
@@ -203,7 +214,7 @@ def _prepare_dest(dest: Path, state: dict, overwrite: bool) -> None:
                     "use --overwrite to start over, or another DEST"
                 ) from None
             old = {}
-        keys = ("to", "kind", "final_state", "layers", "ids")
+        keys = ("to", "kind", "final_state", "layers", "ids", "dtype")
         old = {"kind": "eagle3", **old}  # an export from before --kind
         diff = [k for k in keys if old.get(k) != state.get(k)]
         if diff and not overwrite:
@@ -249,11 +260,15 @@ def export(
     workers: int = 8,
     kind: str = "eagle3",
     allow_partial: bool = False,
+    dtype: Optional[str] = None,
 ) -> Dict[str, int]:
     """Export dataset `src` to `dest` in format `fmt` for drafter `kind`; returns counts
     (written, skipped, bytes). A dataset of engine=dry is refused unless `allow_dry`. `workers`
     samples are written at once (threads: reading, torch and the fsync release the GIL). A
-    partial dataset (fewer samples than its run planned) is refused unless `allow_partial`."""
+    partial dataset (fewer samples than its run planned) is refused unless `allow_partial`.
+    `dtype` (float32, bfloat16, float16): the hidden states are written in it (SpecForge feeds
+    its records to the drafter as stored: a float32 drafter on the CPU needs float32 ones);
+    None: as stored."""
     if fmt not in FORMATS:
         raise ExportError(f"unknown format {fmt!r}; use one of {', '.join(FORMATS)}")
     offered = EXPORT_KINDS.get(fmt, ("eagle3",) if fmt != "messages" else None)
@@ -326,6 +341,7 @@ def export(
         "source_refused": part.refused,
         "source_planned": part.planned,
         "ids": ds.ids,
+        **({"dtype": dtype} if dtype else {}),  # an export without it: as stored
     }
     _prepare_dest(dest_p, state, overwrite)
     old = json.loads((dest_p / STATE).read_text()) if (dest_p / STATE).exists() else {}
@@ -343,6 +359,8 @@ def export(
 
     def one(sid: int, path: Path) -> int:  # read, build, write, fsync, rename: one sample
         rec = ds.get(sid)
+        if dtype:
+            rec = cast_states(rec, dtype)
         return _commit(path, sample_writer(fmt, rec, final, chosen["pick"], kind))
 
     def done(f) -> None:
@@ -611,6 +629,13 @@ def main(argv=None) -> int:
         default=8,
         help="samples written at once (default 8; memory is about 2 x this many samples)",
     )
+    p.add_argument(
+        "--dtype",
+        default=None,
+        choices=("float32", "bfloat16", "float16"),
+        help="write the hidden states in this dtype (default: as stored); SpecForge feeds its "
+        "records to the drafter as they are, so a float32 drafter (the CPU's) needs float32",
+    )
     p.add_argument("--no-progress", action="store_true")
     a = p.parse_args(argv)
     try:
@@ -627,6 +652,7 @@ def main(argv=None) -> int:
             workers=a.workers,
             kind=a.kind,
             allow_partial=a.allow_partial,
+            dtype=a.dtype,
         )
     except (Refusal, OSError) as e:  # bad input (ExportError is a Refusal), the paths named
         print(f"{prog('export')}: {e}", file=sys.stderr)
