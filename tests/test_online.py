@@ -466,37 +466,49 @@ def consumer(folder: Path, *args, paths=(), timeout=300):
     )  # fmt: skip
 
 
-def test_the_trainer_says_why_it_stopped_where_the_capture_sees_it(tmp_path):
+def test_the_trainer_says_why_it_stopped_where_the_capture_sees_it(
+    tmp_path, specforge, monkeypatch, capsys
+):
     """Any exit of the consumer command but success writes SpecForge's consumer-failure file
     with the reason (the capture stops at its next request): a missing module (accelerate,
     which SpecForge's worker imports) and a drafter config on other layers are refused before
     anything starts, naming the fix; a trainer that dies inside SpecForge is reported too."""
-    sf, ac = _peer_root("HSDUMP_SPECFORGE_SRC"), _peer_root("HSDUMP_ACCELERATE_SRC")
+    import sys
+
+    from hsdump.online.consumer import main
+
     folder = tmp_path / "f"
     (folder / "control").mkdir(parents=True)
     plan = dict(kind=KIND, epochs=1, seed=0, serving_ids=[1, 2, 3, 4, 5], max_length=256)
     (folder / F.PLAN).write_text(json.dumps(plan))
-    p = consumer(folder, paths=[sf])  # SpecForge, not accelerate
-    assert p.returncode == 2, p.stderr[-2000:]
-    assert "accelerate.utils cannot be imported" in p.stderr
-    assert "pip install --no-deps --target .specforge specforge==0.2.0 accelerate==1.15.0" in (
-        p.stderr
-    )
+    cfg = str(ROOT / "docs" / "configs" / "online-dflash-cpu.yaml")
+    assert "accelerate" not in sys.modules  # SpecForge here, accelerate not
+    assert main([str(folder), "-c", cfg]) == 2
+    err = capsys.readouterr().err
+    assert "accelerate.utils cannot be imported" in err
+    assert "pip install --no-deps --target .specforge specforge==0.2.0 accelerate==1.15.0" in err
     assert "the trainer was refused: accelerate.utils" in F.side(folder, F.CONSUMER_FAILED)
 
-    draft = tmp_path / "draft.json"
-    draft.write_text(json.dumps({"dflash_config": {"target_layer_ids": [1, 2, 3]}}))
-    p = consumer(folder, f"model.draft_model_config={draft}", paths=[sf, ac])
-    assert p.returncode == 2, p.stderr[-2000:]
-    assert "dflash_config.target_layer_ids=[1, 2, 3]" in p.stderr and "[1, 2, 3, 4, 5]" in p.stderr
-    assert "drafter trains and serves on the layers" in F.side(folder, F.CONSUMER_FAILED)
+    ac = _peer_root("HSDUMP_ACCELERATE_SRC")
+    monkeypatch.syspath_prepend(ac)
+    try:
+        draft = tmp_path / "draft.json"
+        draft.write_text(json.dumps({"dflash_config": {"target_layer_ids": [1, 2, 3]}}))
+        assert main([str(folder), "-c", cfg, f"model.draft_model_config={draft}"]) == 2
+        err = capsys.readouterr().err
+        assert "dflash_config.target_layer_ids=[1, 2, 3]" in err and "[1, 2, 3, 4, 5]" in err
+        assert "drafter trains and serves on the layers" in F.side(folder, F.CONSUMER_FAILED)
+    finally:
+        for name in [m for m in sys.modules if m.split(".")[0] == "accelerate"]:
+            del sys.modules[name]
 
     # the right layers, but no architecture: SpecForge's trainer starts (once the capture's
-    # schedule is there), then dies building the drafter
+    # schedule is there), then dies building the drafter (its own process: it starts gloo)
     draft.write_text(json.dumps({"dflash_config": {"target_layer_ids": [1, 2, 3, 4, 5]}}))
     sched = dict(version=1, total_steps=1, num_prompts=1, prompt_epochs=1, prompt_seed=0,
                  dp_size=1, batch_size=1, accumulation_steps=1)  # fmt: skip
     Path(str(F.refs_path(folder)) + F.SCHEDULE).write_text(json.dumps(sched))
+    sf = _peer_root("HSDUMP_SPECFORGE_SRC")
     p = consumer(folder, f"model.draft_model_config={draft}", paths=[sf, ac], timeout=120)
     assert p.returncode != 0
     assert F.side(folder, F.CONSUMER_FAILED) == (
