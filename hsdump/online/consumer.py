@@ -148,8 +148,9 @@ class Refused(Exception):
 
 
 def failed(folder: Path, why: str) -> None:
-    if os.environ.get("RANK", "0") == "0":
-        F.write_side(folder, F.CONSUMER_FAILED, why)
+    """SpecForge's consumer-failure file, written whole (any rank: the first one to die)."""
+    rank = os.environ.get("RANK", "0")
+    F.write_side(folder, F.CONSUMER_FAILED, why if rank == "0" else f"rank {rank}: {why}")
 
 
 # what SpecForge 0.2.0's worker path imports (specforge.cli._train: accelerate.utils.set_seed)
