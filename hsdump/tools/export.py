@@ -150,12 +150,15 @@ def specforge_record(rec: dict, final: Optional[str], pick: Optional[List[int]],
     }
 
 
-def cast_states(rec: dict, dtype: str) -> dict:
-    """`rec` with its hidden states (layers and final states) in `dtype`."""
+def cast_states(rec: dict, dtype: str, pick: Optional[List[int]] = None) -> dict:
+    """`rec` with its hidden states at positions `pick` (all when None) and its final states
+    in `dtype` (the others, which the export does not write, as they are)."""
     import torch
 
     to = getattr(torch, dtype)
-    out = dict(rec, hidden_states=[h.to(to) for h in rec["hidden_states"]])
+    keep = set(range(len(rec["hidden_states"])) if pick is None else pick)
+    hs = [h.to(to) if j in keep else h for j, h in enumerate(rec["hidden_states"])]
+    out = dict(rec, hidden_states=hs)
     if rec.get("final"):
         out["final"] = {k: v.to(to) for k, v in rec["final"].items()}
     return out
@@ -360,7 +363,7 @@ def export(
     def one(sid: int, path: Path) -> int:  # read, build, write, fsync, rename: one sample
         rec = ds.get(sid)
         if dtype:
-            rec = cast_states(rec, dtype)
+            rec = cast_states(rec, dtype, chosen["pick"])
         return _commit(path, sample_writer(fmt, rec, final, chosen["pick"], kind))
 
     def done(f) -> None:
