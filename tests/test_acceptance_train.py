@@ -212,7 +212,7 @@ def test_a_trainer_that_dies_resumes_from_its_newest_checkpoint(tmp_path, monkey
     args = ["--kind", "dflash", "--target", target, "--data", ex, "--draft-config", cfg,
             "--max-steps", 4, "--eval-samples", 4, "--batch-size", 4, "--save-interval", 2,
             "--num-workers", 0, "--log-interval", 1, "--attention-backend", "sdpa",
-            "--optimizer", "muon", "--cpu"]  # fmt: skip
+            "--optimizer", "muon", "--cpu", "--keep-checkpoints", 1]  # fmt: skip
     step("train", *args, "--out", tmp_path / "alone")
     fault.write_text(json.dumps(dict(at=3, mark=str(tmp_path / "failed-once"))))
     out = tmp_path / "resumed"
@@ -232,6 +232,11 @@ def test_a_trainer_that_dies_resumes_from_its_newest_checkpoint(tmp_path, monkey
     assert [(r["rc"], r["from_step"]) for r in t["resumed"]] == [(1, 2)], t["resumed"]
     assert json.loads((out / "run.json").read_text())["training"]["resume_from"].endswith("-step2")
     assert [e["step"] for e in t["eval_curve"]] == [2, 4], t["eval_curve"]
+    # --keep-checkpoints 1 reached SpecForge's run config (training.max_checkpoints: it keeps
+    # the newest and its best, and deletes the rest as each is written)
+    assert json.loads((out / "run.json").read_text())["training"]["max_checkpoints"] == 1
+    left = {p.name for p in (out / "run").rglob("dflash-step*") if p.is_dir()}
+    assert "dflash-step4" in left and len(left) <= 2, left
 
     def losses(folder):
         got = {}

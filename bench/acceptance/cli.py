@@ -51,6 +51,14 @@ def main(argv=None) -> int:
             "SpecForge's DFlash trainer made 340-380 steps in a 90 s budget, two at a time, "
             "so half an epoch of 2,000 samples is never reached within a budget)",
         )
+        p.add_argument(
+            "--keep-checkpoints",
+            type=int,
+            default=0,
+            help="SpecForge's training.max_checkpoints: the newest N checkpoints are kept, the "
+            "older deleted as each is written (0: SpecForge keeps every one; a 1.5B target's "
+            "EAGLE-3 run of 3,000 steps saved every 100 would fill the host's disk)",
+        )
         p.add_argument("--eval-samples", type=int, default=100)
         p.add_argument(
             "--batch-size",

@@ -396,6 +396,7 @@ def run_all(a) -> int:  # noqa: C901 - one pipeline, read top to bottom
                       "--batch-size", a.batch_size, "--max-length", a.max_length,
                       "--num-workers", a.num_workers, "--log-interval", a.log_interval,
                       "--save-interval", a.save_interval,
+                      "--keep-checkpoints", a.keep_checkpoints,
                       *(["--max-steps", a.max_steps] if a.max_steps else []),
                       *(["--learning-rate", a.learning_rate] if a.learning_rate else []),
                       *(["--head-init", a.head_init] if kind == "eagle3" else []),

@@ -75,6 +75,8 @@ def run_config(a, kind: str, train_dir: Path, eval_dir, n_train: int, out: Path)
         tr["ttt_length"] = a.ttt_length
     if a.max_steps:
         tr["max_steps"] = a.max_steps
+    if getattr(a, "keep_checkpoints", 0):
+        tr["max_checkpoints"] = a.keep_checkpoints
     if eval_dir is not None:  # with each checkpoint: the prediction of the served step
         tr["eval_interval"] = min(tr["save_interval"], a.max_steps or per_epoch)
     if a.cpu:  # FSDP needs an accelerator; SpecForge's NO_SHARD is DDP, which runs on gloo
