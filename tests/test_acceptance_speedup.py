@@ -5,6 +5,7 @@ import json
 import sys
 from argparse import Namespace
 
+import pytest
 from factories import ROOT
 
 sys.path.insert(0, str(ROOT))
@@ -31,11 +32,11 @@ def _row(name, b1_wall, b1_tokens, per_prompt, b8, outputs, batched=None):
 
 def _write(tmp_path):
     # plain: 400 tokens in 0.8 s at batch 1 -> 2 ms a step
-    plain = _row("plain", 0.8, 400, [[200, 0], [200, 0]],
+    plain = _row("plain", 0.8, 400, [[200, 0, 0.3], [200, 0, 0.5]],
                  dict(prompts=2, tokens_per_s=800.0, accept_length=None),
                  {"a": [1, 2, 3, 4], "b": [5, 6, 7, 8]})  # fmt: skip
     # drafter: the same 400 tokens in 0.5 s over 160 verify steps -> 3.125 ms a round, accept 2.5
-    fast = _row("eagle3-default-s3-1-4", 0.5, 400, [[200, 80], [200, 80]],
+    fast = _row("eagle3-default-s3-1-4", 0.5, 400, [[200, 80, 0.2], [200, 80, 0.3]],
                 dict(prompts=2, tokens_per_s=1200.0, accept_length=2.4),
                 {"a": [1, 2, 3, 4], "b": [5, 6, 9, 8]})  # fmt: skip
     slow = _row("eagle3-default-s2-1-3", 1.0, 400, [[200, 100], [200, 100]],
@@ -74,6 +75,13 @@ def test_speed_rows_cost_and_break_even(tmp_path):
     assert cost["round_ms"] == 3.125 and cost["break_even_accept_length"] == 1.562
     assert cost["accept_length_for_1_3x"] == round(1.3 * 3.125 / 2, 3)
     assert cost["greedy"]["equal"] == 1 and cost["greedy"]["prompts"] == 2
+    # each prompt's own round and step times (its wall seconds over its rounds or tokens);
+    # rows written before those were kept (two numbers a prompt) have none
+    assert cost["round_ms_by_prompt"] == dict(median=3.75, p10=2.5, p90=3.75, max=3.75)
+    assert got["plain"]["step_ms_by_prompt"] == dict(median=2.5, p10=1.5, p90=2.5, max=2.5)
+    assert (
+        "round_ms_by_prompt" not in {c["variant"]: c for c in got["costs"]}["eagle3-default-s2-1-3"]
+    )
     assert cost["greedy"]["margins_at_first_difference"]["n"] == 1
     assert cost["greedy"]["margins_at_first_difference"]["under_0_1"] == 1
 
@@ -93,9 +101,12 @@ def test_speedup_json_names_target_gpu_and_best(tmp_path):
     assert all(keys <= set(r) for r in j["rows"])
 
 
-def test_recorded_run_is_its_serve_files(tmp_path):
-    """The recorded 1.5B run's speedup.json is what its gzipped serve JSONs and margins give."""
-    res = ROOT / "bench" / "results" / "speedup-qwen-coder-1.5b-0517"
+@pytest.mark.parametrize(
+    "run", ["speedup-qwen-coder-1.5b-0517", "speedup-qwen-coder-1.5b-0517-h200"]
+)
+def test_recorded_run_is_its_serve_files(tmp_path, run):
+    """The recorded 1.5B runs' speedup.json is what their gzipped serve JSONs and margins give."""
+    res = ROOT / "bench" / "results" / run
     out = tmp_path / "speedup.json"
     assert speedup(Namespace(results=str(res), target="qwen2.5-coder:1.5b-instruct",
                              json=str(out))) == 0  # fmt: skip

@@ -34,6 +34,22 @@ def heldout_ids(target: str, path: str, limit=None):
     return [r["id"] for r in rows], out
 
 
+def host_facts() -> dict:
+    """What the host's CPU is and how busy it was just before the batch-1 timing: the rounds
+    of a speculative engine at batch 1 are partly CPU work, so two hosts with the same GPU
+    can give different round times."""
+    model = None
+    try:
+        for line in open("/proc/cpuinfo"):
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return dict(cpu_model=model, cpus=os.cpu_count(),
+                loadavg_before_batch1=[round(x, 2) for x in os.getloadavg()])  # fmt: skip
+
+
 def _gen(eng, ids, sp, **kw):
     t = time.perf_counter()
     outs = eng.generate(input_ids=ids, sampling_params=sp, **kw)
@@ -102,6 +118,10 @@ def serve(a) -> int:
         max_total_tokens=a.max_total_tokens,
         random_seed=0,
         log_level="warning",
+        # the engines started together wait idle while one is timed: SGLang's idle scheduler
+        # otherwise polls without a pause and holds a CPU thread at 100 % (its IdleSleeper),
+        # beside the timed engine's own CPU work (a speculative round's most of all)
+        sleep_on_idle=True,
     )
     if getattr(a, "attention_backend", None):
         kw["attention_backend"] = a.attention_backend
@@ -142,13 +162,15 @@ def serve(a) -> int:
             spec_verify_ct=sum(ver),
             accept_length=round(sum(comp) / sum(ver), 4) if sum(ver) else None,
         )
+        res["host"] = host_facts()
         n1 = min(a.batch1, len(prompts))
         tok1 = ver1 = 0
         wall1 = 0.0
-        outs1 = []
+        outs1, walls1 = [], []
         for p in prompts[:n1]:
             (o,), w = _gen(eng, [p], sp)
             outs1.append(o)
+            walls1.append(w)
             tok1 += int(o["meta_info"]["completion_tokens"])
             ver1 += int(o["meta_info"].get("spec_verify_ct") or 0)
             wall1 += w
@@ -159,9 +181,12 @@ def serve(a) -> int:
             tokens_per_s=round(tok1 / wall1, 1) if wall1 else None,
             accept_length=round(tok1 / ver1, 4) if ver1 else None,
         )
+        # per prompt: completion tokens, verify steps, wall seconds
         res["batch1"]["per_prompt"] = [[int(o["meta_info"]["completion_tokens"]),
-                                        int(o["meta_info"].get("spec_verify_ct") or 0)]
-                                       for o in outs1]  # fmt: skip
+                                        int(o["meta_info"].get("spec_verify_ct") or 0),
+                                        round(w, 5)]
+                                       for o, w in zip(outs1, walls1)]  # fmt: skip
+        res["host"]["loadavg_after_batch1"] = [round(x, 2) for x in os.getloadavg()]
         for b in getattr(a, "batch_sizes", None) or []:  # the prompts in groups of b at once
             res[f"batch{b}"] = in_groups(eng, prompts, sp, b)
         res["outputs"] = {str(s): list(o["output_ids"]) for s, o in zip(sids, outs)}

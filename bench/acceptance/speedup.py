@@ -112,6 +112,18 @@ def _pct(xs, q):
     return xs[min(len(xs) - 1, int(q * len(xs)))] if xs else None
 
 
+def spread(per_prompt, col: int):
+    """Milliseconds per unit (column `col` of a batch-1 run's per-prompt rows: 0 completion
+    tokens, a plain step each; 1 verify steps, a round each) over the prompts: median, p10, p90
+    and max, so that a slow stretch shows apart from a uniformly slow run. None (and no key)
+    for rows written before each prompt's wall time was kept (2026-12-07)."""
+    ms = [r[2] / r[col] * 1e3 for r in per_prompt or [] if len(r) > 2 and r[col]]
+    if not ms:
+        return None
+    return dict(median=round(_pct(ms, 0.5), 3), p10=round(_pct(ms, 0.1), 3),
+                p90=round(_pct(ms, 0.9), 3), max=round(max(ms), 3))  # fmt: skip
+
+
 def speed_rows(res: Path) -> dict:
     """The speed table from a results folder: plain's serve JSON and each setting's."""
     plain = load(res / "serve-plain.json")
@@ -127,7 +139,7 @@ def speed_rows(res: Path) -> dict:
         steps, topk, tokens = (int(m[k]) for k in ("steps", "topk", "tokens"))
         spec = dict(steps=steps, topk=topk, draft_tokens=tokens)
         b1 = row["batch1"]
-        ver = sum(v for _, v in b1.get("per_prompt") or []) or None
+        ver = sum(p[1] for p in b1.get("per_prompt") or []) or None
         round_s = b1["wall_s"] / ver if ver else None
         be = round_s / step_s if round_s else None
         costs.append(dict(variant=m["name"], **spec, plain_step_ms=round(step_s * 1e3, 3),
@@ -135,6 +147,9 @@ def speed_rows(res: Path) -> dict:
                           break_even_accept_length=round(be, 3) if be else None,
                           accept_length_for_1_3x=round(1.3 * be, 3) if be else None,
                           accept_length_for_1_5x=round(1.5 * be, 3) if be else None))  # fmt: skip
+        by_prompt = spread(b1.get("per_prompt"), 1)
+        if by_prompt:
+            costs[-1]["round_ms_by_prompt"] = by_prompt
         for key in ["batch1"] + sorted((k for k in row if re.fullmatch(r"batch\d+", k) and k != "batch1"),
                                        key=lambda k: int(k[5:])):  # fmt: skip
             r, p = row.get(key), plain.get(key)
@@ -152,8 +167,11 @@ def speed_rows(res: Path) -> dict:
             margins_at_first_difference=dict(
                 n=len(ms), median=_pct(ms, 0.5), p90=_pct(ms, 0.9), max=max(ms) if ms else None,
                 under_0_1=sum(1 for x in ms if x < 0.1), under_0_5=sum(1 for x in ms if x < 0.5)))  # fmt: skip
-    return dict(plain=dict(batch1_tokens_per_s=plain["batch1"]["tokens_per_s"],
-                           step_ms=round(step_s * 1e3, 3), engine=plain.get("engine")),
+    base = dict(batch1_tokens_per_s=plain["batch1"]["tokens_per_s"], step_ms=round(step_s * 1e3, 3))
+    by_prompt = spread(plain["batch1"].get("per_prompt"), 0)
+    if by_prompt:  # and the host's CPU, kept with it
+        base.update(step_ms_by_prompt=by_prompt, host=plain.get("host"))
+    return dict(plain=dict(base, engine=plain.get("engine")),
                 rows=rows, costs=costs)  # fmt: skip
 
 
