@@ -14,7 +14,10 @@ shapes: the folder protocol is what is measured here, not SGLang):
    `python -m hsdump.online.consumer F -c run.json`;
 3. online, capped: the same with online.cap_bytes=--cap (0: twice hsdump's floor for these
    samples and this trainer), its trainer SIGKILLed after step --kill-trainer-at (when that step
-   is acknowledged and checkpointed) and resumed with training.resume_from (0: no kill).
+   is acknowledged and checkpointed) and resumed with training.resume_from (0: no kill), and
+   with --kill-capture-at N the capture SIGKILLed once N samples are published and started
+   again with the same command. Each run counts the samples published twice, lost (published
+   but never acknowledged, less SpecForge's dropped tail) and the optimizer steps trained twice.
 
 The capture is paced (engine.dry_tokens_per_s) below the trainer's pace, so the trainer keeps
 up, and the capture throughput with and without the cap is compared at that pace. A thread
@@ -220,10 +223,20 @@ def durable_step(folder: Path):
         return None
 
 
-def online(work: Path, a, env, off: dict, cap: int, kill_at: int = 0) -> dict:
+def published_ids(folder: Path) -> list:
+    """The sample ids in the folder's refs, in their order (one per line published)."""
+    refs = folder / "control" / "refs.jsonl"
+    if not refs.exists():
+        return []
+    return [json.loads(x)["sample_id"] for x in refs.read_text().splitlines() if x.strip()]
+
+
+def online(work: Path, a, env, off: dict, cap: int, kill_at: int = 0,
+           kill_capture_at: int = 0) -> dict:  # fmt: skip
     """Producer and SpecForge's consumer side by side on one folder; `kill_at`: SIGKILL the
     trainer once it has acknowledged step `kill_at` and checkpointed it, and restart it with
-    training.resume_from=that checkpoint."""
+    training.resume_from=that checkpoint; `kill_capture_at`: SIGKILL the capture once it has
+    published that many samples, and start it again with the same command."""
     folder = work / "folder"
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
@@ -242,8 +255,19 @@ def online(work: Path, a, env, off: dict, cap: int, kill_at: int = 0) -> dict:
     logs = [work / "consumer.log"]
     cons = [sys.executable, "-m", "hsdump.online.consumer", folder, "-c", cfg]
     c = run(cons, env, log=logs[0], wait=False)
-    killed = None
-    while p.poll() is None and time.time() - t < a.timeout:
+    killed = capture_killed = None
+    plogs = [plog]
+    while time.time() - t < a.timeout:
+        if p.poll() is not None:
+            break
+        if kill_capture_at and capture_killed is None:
+            n = len(published_ids(folder))
+            if n >= kill_capture_at:  # SIGKILL mid-epoch, then the same command again
+                p.kill()
+                p.wait()
+                capture_killed = dict(at_published=n)
+                plogs.append(work / "producer-restarted.log")
+                p = run(prod, env, log=plogs[-1], wait=False)
         if kill_at and killed is None:
             step = durable_step(folder)
             ckpt = work / "train" / "run" / f"{KIND}-latest"
@@ -264,18 +288,33 @@ def online(work: Path, a, env, off: dict, cap: int, kill_at: int = 0) -> dict:
     rc_c = c.wait(timeout=a.timeout)
     peak = sampler.stop()
     if p.returncode or rc_c:
-        raise SystemExit(f"producer rc {p.returncode}: {plog.read_text()[-3000:]}\nconsumer rc "
-                         f"{rc_c}: {logs[-1].read_text()[-3000:]}")  # fmt: skip
-    out = plog.read_text()
+        raise SystemExit(f"producer rc {p.returncode}: {plogs[-1].read_text()[-3000:]}\nconsumer "
+                         f"rc {rc_c}: {logs[-1].read_text()[-3000:]}")  # fmt: skip
+    out = plogs[-1].read_text()
     summary = json.loads(out.strip().splitlines()[-1])
     capture_s = sum(e["wall_s"] for e in summary["epochs"])
     plan = json.loads((folder / "online.json").read_text())
+    ids = published_ids(folder)
+    with sqlite3.connect(folder / "control" / "consumer.sqlite") as db:
+        acked_ids = {r[0] for r in db.execute("SELECT sample_id FROM acked")}
+    expected = plan["samples_per_epoch"] * a.epochs - summary["dropped_at_end"]
+    steps = [r[0] for r in (
+        [r for r in losses(logs[0]) if not killed or r[0] <= killed["at_step"]]
+        + [r for log in logs[1:] for r in losses(log)])]  # fmt: skip
+    if capture_killed is not None:
+        capture_killed.update(restarted=True, published_after=len(ids))
     return dict(
+        # across the kills: published twice (a ref written again), lost (neither trained nor
+        # left to a tail SpecForge drops), trained twice (an optimizer step logged twice)
+        published_twice=len(ids) - len(set(ids)),
+        samples_lost=max(0, expected - len(acked_ids)),
+        steps_trained_twice=len(steps) - len(set(steps)),
+        capture_killed=capture_killed,
         cap_bytes=cap,
         peak_bytes=peak,
         peak_accounted_bytes=summary["peak_accounted_bytes"],
         peak_sampled_times=sampler.samples,
-        samples_published=summary["samples_published"],
+        samples_published=len(set(ids)),  # across a capture restart: its refs
         samples_consumed=acked(folder),
         dropped_at_end=summary["dropped_at_end"],
         samples_per_epoch=plan["samples_per_epoch"],
@@ -335,6 +374,9 @@ def main(argv=None) -> int:
     ap.add_argument("--runs", default="uncapped,capped")
     ap.add_argument("--kill-trainer-at", type=int, default=5,
                     help="capped run: SIGKILL the trainer after this step, resume it")  # fmt: skip
+    ap.add_argument("--kill-capture-at", type=int, default=0,
+                    help="capped run: SIGKILL the capture once it has published this many "
+                    "samples, then start it again with the same command (0: no kill)")  # fmt: skip
     ap.add_argument("--anchors", type=int, default=16, help="DFlash's num_anchors (recipe: 512)")
     ap.add_argument("--timeout", type=float, default=1200)
     ap.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"),
@@ -363,7 +405,8 @@ def main(argv=None) -> int:
         cap = 0
         if name == "capped":
             cap = a.cap or cap_for(work / "offline" / "ds", a)
-        runs[name] = online(work / name, a, env, off, cap, a.kill_trainer_at if cap else 0)
+        runs[name] = online(work / name, a, env, off, cap, a.kill_trainer_at if cap else 0,
+                            a.kill_capture_at if cap else 0)  # fmt: skip
     c, u = runs.get("capped"), runs.get("uncapped")
     main_run = c or u
     result = {
