@@ -1,6 +1,10 @@
 """Train while capturing, measured (issue 52): hsdump's capture feeds SpecForge 0.2.0's own
 online DFlash trainer through one folder, with and without a disk cap, beside an offline run of
 SpecForge's trainer on `hsdump export --to specforge --kind dflash` of the same samples.
+`--kind eagle3` does the same for EAGLE-3: bf16, its loss in eager torch on the CPU (SpecForge's
+is a Triton kernel: bench/acceptance/patches/cpu_eagle3_loss.py, in both trainers), and the
+online run on the vocabulary map SpecForge derived in the offline run (it derives one from
+offline data only; `model.vocab_mapping_path`).
 
     python bench/online_bench.py --out bench/results/online-cpu.json     # CPU: results/online-cpu.json
 
@@ -50,7 +54,14 @@ ROOT = Path(__file__).resolve().parents[1]
 # the repository first, and not bench/ (this script's folder), whose bench.py would shadow it
 sys.path[:] = [str(ROOT), *(p for p in sys.path if Path(p or ".").resolve() != ROOT / "bench")]
 
-KIND = "dflash"
+KIND = "dflash"  # --kind sets it
+# the online consumer with EAGLE-3's loss in eager torch: SpecForge's is a Triton kernel, and
+# this bench runs on the CPU (bench/acceptance/patches/cpu_eagle3_loss.py; one process, so the
+# patch applied here is the one its trainer runs)
+CPU_CONSUMER = (
+    "import sys; from bench.acceptance.patches import cpu_eagle3_loss; cpu_eagle3_loss.apply(); "
+    "from hsdump.online.consumer import main; sys.exit(main(sys.argv[1:]))"
+)
 CACHE = Path(os.environ.get("HSDUMP_CACHE", Path.home() / ".cache" / "hsdump")) / "peers"
 
 
@@ -101,6 +112,7 @@ def capture_args(
         f"dataset.max_samples={samples}",
         f"dataset.max_seq_len={max_len}",
         f"capture.kinds=[{KIND}]",
+        *(["capture.final=[post_norm]"] if KIND == "eagle3" else []),
         "progress=false",
     ]
 
@@ -114,8 +126,11 @@ def draft_files(work: Path, target: str, export: Path, env) -> Path:
     return path
 
 
-def run_config(work: Path, target: str, draft: Path, data: str, a, kill_at: int = 0) -> Path:
-    """SpecForge's run config (one process, CPU: NO_SHARD is DDP on gloo; sdpa attention)."""
+def run_config(work: Path, target: str, draft: Path, data: str, a, kill_at: int = 0,
+               vocab_mapping: str = "") -> Path:  # fmt: skip
+    """SpecForge's run config (one process, CPU: NO_SHARD is DDP on gloo; sdpa attention);
+    EAGLE-3's online run reads the offline run's vocabulary map (`vocab_mapping`: SpecForge
+    derives one from offline data only)."""
     import bench.acceptance as ak
 
     cfg = dict(
@@ -125,6 +140,7 @@ def run_config(work: Path, target: str, draft: Path, data: str, a, kill_at: int 
             target_model_path=ak.trainer_target(target, work / "target"),
             draft_model_config=str(draft),
             torch_dtype=a.dtype,
+            **({"vocab_mapping_path": vocab_mapping} if vocab_mapping else {}),
         ),
         data=dict(
             hidden_states_path=data,
@@ -141,7 +157,12 @@ def run_config(work: Path, target: str, draft: Path, data: str, a, kill_at: int 
             log_interval=1,
             seed=0,
             fsdp_sharding="NO_SHARD",
-            **{**ak.TRAINING[KIND], "num_anchors": a.anchors},
+            **{
+                **ak.TRAINING[KIND],
+                **(
+                    {"num_anchors": a.anchors} if KIND != "eagle3" else {"ttt_length": a.ttt_length}
+                ),
+            },
         ),
     )
     path = work / "run.json"
@@ -196,9 +217,12 @@ def offline(work: Path, a, env) -> dict:
     cfg = run_config(work / "train", target, draft, str(ex), a)
     log = work / "train.log"
     t = time.time()
-    run([sys.executable, "-m", "specforge.cli", "train", "--config", cfg], env, log=log)
+    cli = ["bench.acceptance.specforge_cli", "--cpu"] if KIND == "eagle3" else ["specforge.cli"]
+    run([sys.executable, "-m", *cli, "train", "--config", cfg], env, log=log)
+    maps = sorted((work / "train" / "cache" / "vocab_mapping").glob("*.pt"))
     return dict(losses=losses(log), train_s=round(time.time() - t, 2), target=target, draft=draft,
-                records=len(list(ex.glob("rows_*/*.ckpt"))))  # fmt: skip
+                records=len(list(ex.glob("rows_*/*.ckpt"))),
+                vocab_mapping=str(maps[0]) if maps else "")  # fmt: skip
 
 
 def cap_for(ds: Path, a) -> int:
@@ -240,7 +264,8 @@ def online(work: Path, a, env, off: dict, cap: int, kill_at: int = 0,
     folder = work / "folder"
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
-    cfg = run_config(work / "train", off["target"], off["draft"], "unused", a, kill_at)
+    cfg = run_config(work / "train", off["target"], off["draft"], "unused", a, kill_at,
+                     off["vocab_mapping"])  # fmt: skip
     sampler = Sampler(folder / "store")
     sampler.start()
     prod = [sys.executable, "extract.py", *capture_args(a.samples, a.max_len, a.pace, a.engine, a.model),
@@ -253,7 +278,8 @@ def online(work: Path, a, env, off: dict, cap: int, kill_at: int = 0,
     while not (folder / "online.json").exists() and p.poll() is None:
         time.sleep(0.05)
     logs = [work / "consumer.log"]
-    cons = [sys.executable, "-m", "hsdump.online.consumer", folder, "-c", cfg]
+    cons = [sys.executable, *(["-c", CPU_CONSUMER] if KIND == "eagle3" else
+                              ["-m", "hsdump.online.consumer"]), folder, "-c", cfg]  # fmt: skip
     c = run(cons, env, log=logs[0], wait=False)
     killed = capture_killed = None
     plogs = [plog]
@@ -377,9 +403,13 @@ def main(argv=None) -> int:
     ap.add_argument("--kill-capture-at", type=int, default=0,
                     help="capped run: SIGKILL the capture once it has published this many "
                     "samples, then start it again with the same command (0: no kill)")  # fmt: skip
+    ap.add_argument("--kind", default="dflash", choices=("dflash", "eagle3"),
+                    help="the drafter SpecForge trains (eagle3: its loss in eager torch on the "
+                    "CPU, bf16, the online run on the offline run's vocabulary map)")  # fmt: skip
+    ap.add_argument("--ttt-length", type=int, default=3, help="EAGLE-3's unrolled draft steps")
     ap.add_argument("--anchors", type=int, default=16, help="DFlash's num_anchors (recipe: 512)")
     ap.add_argument("--timeout", type=float, default=1200)
-    ap.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"),
+    ap.add_argument("--dtype", default=None, choices=("float32", "bfloat16"),
                     help="the trainer's model.torch_dtype: float32 on the CPU (bf16 matmuls "
                     "are 40x slower on one without native bf16); the online store hands the "
                     "records over in it, the offline run reads float32 copies")  # fmt: skip
@@ -392,6 +422,13 @@ def main(argv=None) -> int:
         default=os.environ.get("HSDUMP_ACCELERATE_SRC", str(CACHE / "accelerate-1.15.0")),
     )
     a = ap.parse_args(argv)  # fmt: skip
+    global KIND
+    KIND = a.kind
+    if a.dtype is None:  # SpecForge 0.2.0 loads EAGLE-3's target head in bf16 only
+        a.dtype = "bfloat16" if KIND == "eagle3" else "float32"
+    elif KIND == "eagle3" and a.dtype != "bfloat16":
+        raise SystemExit("--kind eagle3 trains in bfloat16 (SpecForge 0.2.0 loads EAGLE-3's "
+                         "target head in bf16 only): leave --dtype out or pass bfloat16")  # fmt: skip
     for root in (a.specforge, a.accelerate):
         if not Path(root).is_dir():
             raise SystemExit(f"{root}: not found; `make test` fetches it, or pass its root")

@@ -5,7 +5,8 @@ specforge --kind dflash` and trains SpecForge's offline trainer on the export; t
 runs again with `online=specforge` and a disk cap of twice hsdump's floor, beside
 `python -m hsdump.online.consumer` (SpecForge's own online consumer: its RefDistributor, SQLite
 ledger, acknowledgements per optimizer step, hsdump's store), which is SIGKILLed after its
-second acknowledged and checkpointed step and restarted with training.resume_from.
+second acknowledged and checkpointed step and restarted with training.resume_from, while the
+capture is SIGKILLed once it has published 3 samples (or more: it is polled) and started again with the same command.
 """
 
 import json
@@ -28,7 +29,8 @@ def test_dflash_through_the_folder_trains_as_offline_across_a_trainer_kill(tmp_p
     p = subprocess.run(
         [sys.executable, "bench/online_bench.py", "--out", out, "--work", tmp_path / "w",
          "--samples", "4", "--epochs", "2", "--batch", "2", "--max-len", "256",
-         "--anchors", "8", "--pace", "0", "--runs", "capped", "--kill-trainer-at", "2"],
+         "--anchors", "8", "--pace", "0", "--runs", "capped", "--kill-trainer-at", "2",
+         "--kill-capture-at", "3"],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=900,
     )  # fmt: skip
     assert p.returncode == 0, (p.stdout[-2000:], p.stderr[-3000:])
@@ -50,3 +52,8 @@ def test_dflash_through_the_folder_trains_as_offline_across_a_trainer_kill(tmp_p
     assert 0 < run["peak_bytes"] <= run["cap_bytes"]
     assert run["samples_published"] == run["samples_consumed"] == 8
     assert run["store_left_bytes"] == 0 and run["dropped_at_end"] == 0
+    # the capture SIGKILLed before its end and started again with the same command:
+    # nothing published twice, lost or trained twice
+    killed = run["capture_killed"]
+    assert 3 <= killed["at_published"] < 8 and killed["published_after"] == 8, killed
+    assert (run["published_twice"], run["samples_lost"], run["steps_trained_twice"]) == (0, 0, 0)
