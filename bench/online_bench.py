@@ -247,6 +247,17 @@ def durable_step(folder: Path):
         return None
 
 
+def bytes_published(folder: Path) -> int:
+    """Bytes of every shard the capture committed to the folder's store over the run (its
+    epochs' commit logs, which outlive the shards the trainer's acknowledgements delete): what
+    passed through the cap."""
+    from hsdump.online.folder import ShardBook
+
+    book = ShardBook(folder)
+    book.refresh()
+    return sum(dict(book.shard_of.values()).values())
+
+
 def published_ids(folder: Path) -> list:
     """The sample ids in the folder's refs, in their order (one per line published)."""
     refs = folder / "control" / "refs.jsonl"
@@ -329,7 +340,10 @@ def online(work: Path, a, env, off: dict, cap: int, kill_at: int = 0,
         + [r for log in logs[1:] for r in losses(log)])]  # fmt: skip
     if capture_killed is not None:
         capture_killed.update(restarted=True, published_after=len(ids))
+    sent = bytes_published(folder)
     return dict(
+        bytes_published=sent,
+        cap_share_of_published=round(cap / sent, 4) if cap and sent else None,
         # across the kills: published twice (a ref written again), lost (neither trained nor
         # left to a tail SpecForge drops), trained twice (an optimizer step logged twice)
         published_twice=len(ids) - len(set(ids)),
@@ -455,6 +469,7 @@ def main(argv=None) -> int:
         ),
         "cap_bytes": main_run["cap_bytes"],
         "peak_bytes": main_run["peak_bytes"],
+        "bytes_published": main_run["bytes_published"],
         "epochs": a.epochs,
         "samples_published": main_run["samples_published"],
         "samples_consumed": main_run["samples_consumed"],

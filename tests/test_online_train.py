@@ -50,6 +50,8 @@ def test_dflash_through_the_folder_trains_as_offline_across_a_trainer_kill(tmp_p
     # disk under the cap throughout (sampled every 5 ms), every sample acknowledged once
     # (its ledger's acked table), nothing left
     assert 0 < run["peak_bytes"] <= run["cap_bytes"]
+    # more passed through the folder than the cap holds: its commit logs' shards, over the run
+    assert run["bytes_published"] > run["cap_bytes"], (run["bytes_published"], run["cap_bytes"])
     assert run["samples_published"] == run["samples_consumed"] == 8
     assert run["store_left_bytes"] == 0 and run["dropped_at_end"] == 0
     # the capture SIGKILLed before its end and started again with the same command:
