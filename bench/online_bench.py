@@ -176,6 +176,22 @@ def losses(log: Path) -> list:
     return [[r["step"], r["loss"]] for r in ak.trainer_metrics(log) if "loss" in r]
 
 
+def data_wait_s(logs: list) -> float:
+    """Seconds the trainer waited for data over its logged steps (SpecForge's per-step mean
+    `perf/data_wait_time_s` of each log window times the window's steps), across its lives."""
+    import bench.acceptance as ak
+
+    total = 0.0
+    for log in logs:
+        prev = None
+        for r in ak.trainer_metrics(log):
+            if "perf/data_wait_time_s" in r:
+                steps = r["step"] - prev if prev is not None else 1
+                total += float(r["perf/data_wait_time_s"]) * max(1, steps)
+                prev = r["step"]
+    return round(total, 3)
+
+
 def loss_diff(a: list, b: list) -> float:
     """The largest |difference| of two runs' per-step losses (inf: other steps)."""
     if [s for s, _ in a] != [s for s, _ in b]:
@@ -362,6 +378,7 @@ def online(work: Path, a, env, off: dict, cap: int, kill_at: int = 0,
         capture_s=round(capture_s, 2),
         capture_samples_per_s=round(summary["samples_published"] / capture_s, 3),
         gate_wait_s=summary["gate_wait_s"],
+        trainer_data_wait_s=data_wait_s([x for x in logs if x.exists()]),
         wall_s=round(wall, 2),
         store_left_bytes=dir_bytes(folder / "store"),
         losses=[r for r in losses(logs[0]) if not killed or r[0] <= killed["at_step"]]

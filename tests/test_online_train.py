@@ -52,6 +52,8 @@ def test_dflash_through_the_folder_trains_as_offline_across_a_trainer_kill(tmp_p
     assert 0 < run["peak_bytes"] <= run["cap_bytes"]
     # more passed through the folder than the cap holds: its commit logs' shards, over the run
     assert run["bytes_published"] > run["cap_bytes"], (run["bytes_published"], run["cap_bytes"])
+    # the trainer waited for its first sample at least (SpecForge's perf/data_wait_time_s)
+    assert run["trainer_data_wait_s"] > 0, run["trainer_data_wait_s"]
     assert run["samples_published"] == run["samples_consumed"] == 8
     assert run["store_left_bytes"] == 0 and run["dropped_at_end"] == 0
     # the capture SIGKILLed before its end and started again with the same command:
