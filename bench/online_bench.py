@@ -55,6 +55,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path[:] = [str(ROOT), *(p for p in sys.path if Path(p or ".").resolve() != ROOT / "bench")]
 
 KIND = "dflash"  # --kind sets it
+DATA = []  # --data: the dataset overrides of every capture (default: the model preset's)
 # the online consumer with EAGLE-3's loss in eager torch: SpecForge's is a Triton kernel, and
 # this bench runs on the CPU (bench/acceptance/patches/cpu_eagle3_loss.py; one process, so the
 # patch applied here is the one its trainer runs)
@@ -105,10 +106,15 @@ def capture_args(
 ) -> list:
     """extract.py's arguments: `engine` dry (paced at `pace` tokens/s) or cpu (SGLang's real
     engine on the CPU), on the model preset `model`."""
-    eng = ["engine=dry", f"engine.dry_tokens_per_s={pace}"] if engine == "dry" else ["engine=cpu"]
+    eng = (
+        ["engine=dry", f"engine.dry_tokens_per_s={pace}"]
+        if engine == "dry"
+        else [f"engine={engine}"]
+    )
     return [
         *eng,
         f"model={model}",
+        *DATA,
         f"dataset.max_samples={samples}",
         f"dataset.max_seq_len={max_len}",
         f"capture.kinds=[{KIND}]",
@@ -206,10 +212,17 @@ def model_path(preset: str) -> str:
     return yaml.safe_load((ROOT / "conf" / "model" / f"{preset}.yaml").read_text())["path"]
 
 
-def engine_name(preset: str) -> str:
+def engine_name(preset: str, engine: str = "cpu") -> str:
     from importlib.metadata import version
 
-    return f"SGLang {version('sglang')} on the CPU ({model_path(preset)})"
+    where = "the CPU" if engine == "cpu" else gpu_name()
+    return f"SGLang {version('sglang')} on {where} ({model_path(preset)})"
+
+
+def gpu_name() -> str:
+    import torch
+
+    return torch.cuda.get_device_name(0) if torch.cuda.is_available() else "no GPU"
 
 
 def acked(folder: Path) -> int:
@@ -221,7 +234,10 @@ def offline(work: Path, a, env) -> dict:
     """Capture, export, SpecForge's offline trainer: its losses and the drafter's ids."""
     ds, ex = work / "ds", work / "ex"
     args = capture_args(a.samples, a.max_len, 0, a.engine, a.model)
+    t = time.time()  # the capture alone (no trainer beside it), its engine's start included
     run([sys.executable, "extract.py", *args, f"output.dir={ds}"], env)
+    alone_s = time.time() - t
+    tokens = sum(json.loads((ds / "index.json").read_text())["samples"]["length"])
     # SpecForge feeds its records to the drafter as stored: written in the trainer's dtype
     run([sys.executable, "-m", "hsdump", "export", ds, ex, "--to", "specforge", "--kind", KIND,
          "--dtype", a.dtype, "--no-progress", *(["--allow-dry"] if a.engine == "dry" else [])],
@@ -238,6 +254,8 @@ def offline(work: Path, a, env) -> dict:
     maps = sorted((work / "train" / "cache" / "vocab_mapping").glob("*.pt"))
     return dict(losses=losses(log), train_s=round(time.time() - t, 2), target=target, draft=draft,
                 records=len(list(ex.glob("rows_*/*.ckpt"))),
+                capture_alone=dict(tokens=tokens, wall_s=round(alone_s, 2),
+                                   tokens_per_s=round(tokens / alone_s, 1)),
                 vocab_mapping=str(maps[0]) if maps else "")  # fmt: skip
 
 
@@ -357,6 +375,11 @@ def online(work: Path, a, env, off: dict, cap: int, kill_at: int = 0,
     if capture_killed is not None:
         capture_killed.update(restarted=True, published_after=len(ids))
     sent = bytes_published(folder)
+    from hsdump.online.folder import ShardBook
+
+    book = ShardBook(folder)
+    book.refresh()
+    tokens = sum(book.length_of.get(i, 0) for i in set(ids))
     return dict(
         bytes_published=sent,
         cap_share_of_published=round(cap / sent, 4) if cap and sent else None,
@@ -377,6 +400,10 @@ def online(work: Path, a, env, off: dict, cap: int, kill_at: int = 0,
         sample_bytes_max=plan["sample_bytes_max"],
         capture_s=round(capture_s, 2),
         capture_samples_per_s=round(summary["samples_published"] / capture_s, 3),
+        # every published sample's tokens over the run's wall time, the trainer beside it (its
+        # engine's start and a restart included: compare with the offline capture_alone's)
+        capture_tokens_per_s_with_trainer=round(tokens / wall, 1),
+        tokens_published=tokens,
         gate_wait_s=summary["gate_wait_s"],
         trainer_data_wait_s=data_wait_s([x for x in logs if x.exists()]),
         wall_s=round(wall, 2),
@@ -423,10 +450,14 @@ def main(argv=None) -> int:
     ap.add_argument("--max-len", type=int, default=256)
     ap.add_argument("--cap", type=int, default=0, help="bytes (0: 4 windows of the longest sample)")
     ap.add_argument("--pace", type=float, default=150.0, help="capture tokens/s (dry engine)")
-    ap.add_argument("--engine", default="dry", choices=("dry", "cpu"),
+    ap.add_argument("--engine", default="dry", choices=("dry", "cpu", "gpu"),
                     help="dry: rows of the tiny Llama's shapes; cpu: SGLang's engine on the "
                     "CPU, the model's own hidden states")  # fmt: skip
     ap.add_argument("--model", default="tiny", help="the capture's conf/model preset")
+    ap.add_argument("--data", default=None,
+                    help="a conversations file (hsdump export --to messages: regenerated answers)"
+                    " for every capture; default the model preset's dataset")  # fmt: skip
+    ap.add_argument("--data-format", default="messages")
     ap.add_argument("--save-interval", type=int, default=0)
     ap.add_argument("--runs", default="uncapped,capped")
     ap.add_argument("--kill-trainer-at", type=int, default=5,
@@ -455,6 +486,8 @@ def main(argv=None) -> int:
     a = ap.parse_args(argv)  # fmt: skip
     global KIND
     KIND = a.kind
+    if a.data:
+        DATA[:] = [f"dataset.path={Path(a.data).resolve()}", f"dataset.format={a.data_format}"]
     if a.dtype is None:  # SpecForge 0.2.0 loads EAGLE-3's target head in bf16 only
         a.dtype = "bfloat16" if KIND == "eagle3" else "float32"
     elif KIND == "eagle3" and a.dtype != "bfloat16":
@@ -482,11 +515,29 @@ def main(argv=None) -> int:
         "specforge_version": "0.2.0",
         "kind": KIND,
         "engine": (
-            f"dry ({model_path(a.model)} shapes)" if a.engine == "dry" else engine_name(a.model)
+            f"dry ({model_path(a.model)} shapes)"
+            if a.engine == "dry"
+            else engine_name(a.model, a.engine)
         ),
         "cap_bytes": main_run["cap_bytes"],
         "peak_bytes": main_run["peak_bytes"],
         "bytes_published": main_run["bytes_published"],
+        "gpu": gpu_name() if a.engine == "gpu" else None,
+        "waits": dict(
+            capture_at_cap_s=main_run["gate_wait_s"],
+            trainer_for_data_s=main_run["trainer_data_wait_s"],
+        ),  # fmt: skip
+        "capture_tokens_per_s": dict(
+            with_trainer=main_run["capture_tokens_per_s_with_trainer"],
+            alone=off["capture_alone"]["tokens_per_s"],
+        ),
+        "kills": dict(
+            trainer=main_run["trainer_killed"],
+            capture=main_run["capture_killed"],
+            samples_lost=main_run["samples_lost"],
+            published_twice=main_run["published_twice"],
+            steps_trained_twice=main_run["steps_trained_twice"],
+        ),
         "epochs": a.epochs,
         "samples_published": main_run["samples_published"],
         "samples_consumed": main_run["samples_consumed"],
@@ -501,7 +552,12 @@ def main(argv=None) -> int:
         ),
         "uncapped_peak_bytes": u and u["peak_bytes"],
         "steps": len(off["losses"]),
-        "offline": dict(losses=off["losses"], train_s=off["train_s"], records=off["records"]),
+        "offline": dict(
+            losses=off["losses"],
+            train_s=off["train_s"],
+            records=off["records"],
+            capture_alone=off["capture_alone"],
+        ),  # fmt: skip
         "runs": runs,
         "settings": dict(
             samples=a.samples,
