@@ -32,6 +32,12 @@ compares each online run's with the offline run's, step by step (exact equality)
 `acked` table); SpecForge drops a tail shorter than one optimizer window (none when the samples
 of all epochs fill whole windows).
 
+`--engine gpu --data MESSAGES` is the same on a GPU, on a conversations file (`hsdump export
+--to messages` of a regenerating capture: the online mode does not regenerate); its JSON gathers
+the fields issue 73 asks (`gpu`, `bytes_published`, `waits`, `capture_tokens_per_s`: with the
+trainer against the offline twin's capture alone, `kills`), and `bench/online_pair.py` adds the
+two drafters' served accept lengths, paired. Not run on a GPU yet.
+
 SpecForge 0.2.0 and accelerate 1.15.0 are not installable beside SGLang: pass their unpacked
 wheels' roots (--specforge, --accelerate; default the test suite's cache,
 ~/.cache/hsdump/peers/specforge-0.2.0 and accelerate-1.15.0, which `make test` fills).
