@@ -61,6 +61,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path[:] = [str(ROOT), *(p for p in sys.path if Path(p or ".").resolve() != ROOT / "bench")]
 
 KIND = "dflash"  # --kind sets it
+PATCH_LOSS = [False]  # EAGLE-3 off the GPU: its loss in eager torch (main sets it)
 DATA = []  # --data: the dataset overrides of every capture (default: the model preset's)
 # the online consumer with EAGLE-3's loss in eager torch: SpecForge's is a Triton kernel, and
 # this bench runs on the CPU (bench/acceptance/patches/cpu_eagle3_loss.py; one process, so the
@@ -102,7 +103,9 @@ class Sampler(threading.Thread):
 
 def peer_env(specforge: str, accelerate: str) -> dict:
     env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([specforge, accelerate, str(ROOT)])
+    # the peers first, then what the caller had (the GPU host's SGLang site), then the repo
+    had = [x for x in env.get("PYTHONPATH", "").split(os.pathsep) if x]
+    env["PYTHONPATH"] = os.pathsep.join([specforge, accelerate, *had, str(ROOT)])
     env.pop("HSDUMP_FORBID_ENGINE", None)
     return env
 
@@ -255,7 +258,7 @@ def offline(work: Path, a, env) -> dict:
     cfg = run_config(work / "train", target, draft, str(ex), a)
     log = work / "train.log"
     t = time.time()
-    cli = ["bench.acceptance.specforge_cli", "--cpu"] if KIND == "eagle3" else ["specforge.cli"]
+    cli = ["bench.acceptance.specforge_cli", "--cpu"] if PATCH_LOSS[0] else ["specforge.cli"]
     run([sys.executable, "-m", *cli, "train", "--config", cfg], env, log=log)
     maps = sorted((work / "train" / "cache" / "vocab_mapping").glob("*.pt"))
     return dict(losses=losses(log), train_s=round(time.time() - t, 2), target=target, draft=draft,
@@ -329,7 +332,7 @@ def online(work: Path, a, env, off: dict, cap: int, kill_at: int = 0,
     while not (folder / "online.json").exists() and p.poll() is None:
         time.sleep(0.05)
     logs = [work / "consumer.log"]
-    cons = [sys.executable, *(["-c", CPU_CONSUMER] if KIND == "eagle3" else
+    cons = [sys.executable, *(["-c", CPU_CONSUMER] if PATCH_LOSS[0] else
                               ["-m", "hsdump.online.consumer"]), folder, "-c", cfg]  # fmt: skip
     c = run(cons, env, log=logs[0], wait=False)
     killed = capture_killed = None
@@ -492,6 +495,7 @@ def main(argv=None) -> int:
     a = ap.parse_args(argv)  # fmt: skip
     global KIND
     KIND = a.kind
+    PATCH_LOSS[0] = KIND == "eagle3" and a.engine != "gpu"  # a GPU runs SpecForge's own kernel
     if a.data:
         DATA[:] = [f"dataset.path={Path(a.data).resolve()}", f"dataset.format={a.data_format}"]
     if a.dtype is None:  # SpecForge 0.2.0 loads EAGLE-3's target head in bf16 only
