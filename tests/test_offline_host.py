@@ -291,6 +291,25 @@ def test_lrp_hands_the_probe_its_args_in_the_stacks_env(tmp_path):
     assert got["path"].startswith(f"{ht / 'site517'}:")
 
 
+def test_onl_hands_the_online_run_its_args_and_specforges_site(tmp_path):
+    """`onl` runs bench/online_gpu.py (here a stand-in that records how it was called) with the
+    stack's site first on the path, the host's work folder, .acc/data, $OUT/onl, SpecForge's
+    and accelerate's site (.whl-sf installed) and ONL_ARGS; refused before install."""
+    ht = tmp_path / "host"
+    repo = checkout(tmp_path, "0517")
+    stand_in(repo, "online_gpu.py", "--out")
+    p = host(repo, ht, "onl")
+    assert "not installed" in steps_of(ht)["onl"]["note"], p.stdout
+    assert host(repo, ht, "stash", "00", "stash", "01", "install").returncode == 0
+    p = host(repo, ht, "onl", ONL_ARGS="--samples 2000 --epochs 2")
+    assert steps_of(ht)["onl"]["rc"] == 0, p.stdout + p.stderr
+    got = json.loads((ht / "out" / "onl" / "called.json").read_text())
+    assert got["argv"] == ["--work", f"{ht}/onl", "--data", ".acc/data", "--out", f"{ht}/out/onl",
+                           "--specforge", f"{ht}/site3", "--accelerate", f"{ht}/site3",
+                           "--samples", "2000", "--epochs", "2"]  # fmt: skip
+    assert got["path"].startswith(f"{ht / 'site517'}:")
+
+
 def test_acck_tells_run_all_its_deadline(tmp_path):
     """`acck` runs `python3 -m bench.acceptance run-all` (here a stand-in that records how it was
     called) with --deadline-s: what the step's deadline leaves (DEADLINE_S from the script's

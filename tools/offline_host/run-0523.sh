@@ -83,6 +83,12 @@
 #                second call resumes; run it with `bg acck` (ACCK_LIMIT_S, default 3000; ACCK_ARGS
 #                adds run-all flags); run-all is told what the deadline leaves (--deadline-s) and
 #                stops the trainings in time for the exports and the serving
+#   onl          python3 bench/online_gpu.py (issue 73: train while capturing, EAGLE-3 on the
+#                SmolLM2 target beside its offline twin, a trainer and a capture kill, both
+#                drafters served and paired; needs .acc/data, the SmolLM2 parts and .whl-sf/
+#                installed) -> $OUT/onl/ (each step's log, online-bench.json, serve-*.json,
+#                online.json); its work folder /tmp/onl is kept, so a second call resumes; run
+#                it with `bg onl` (ONL_LIMIT_S, default 1500; ONL_ARGS adds its flags)
 #   collect      $OUT/bg.tgz: what the bg run has written so far (its steps, logs, JSON), and
 #                whether it is still running (bg-state.txt)
 #   poll [S]     wait up to S seconds (default 540) while the bg run goes on, packing what it has
@@ -143,7 +149,7 @@ SHARE_TOKENS=${SHARE_TOKENS:-65536}
 BG=$HT/gpu523-bg                  # the bg run's OUT, pid (= its session id) and log
 BGREPO=$HT/gpu-bg-repo            # the bg run's own copy of the checkout (a later call's sync
                                    # of the working tree cannot change what it runs)
-STEPS=" stash stash514 install514 import514 smollm2 qwen mla gemm sf whl install import pytest probe kimi bench8b sfspeed speedpair check acck lrp bg collect poll stop env together "   # an argument that is none of these is the step's own
+STEPS=" stash stash514 install514 import514 smollm2 qwen mla gemm sf whl install import pytest probe kimi bench8b sfspeed speedpair check acck lrp onl bg collect poll stop env together "   # an argument that is none of these is the step's own
 # SHARE_GPU=1 (set by `together` for its children): cap every engine's KV pool (see together)
 SHARE_OVR=()
 if [ "${SHARE_GPU:-0}" = 1 ]; then
@@ -438,7 +444,7 @@ print('torch', torch.__version__, 'sglang', sglang.__version__, 'transformers', 
       stash_wheels whl .whl "$PARTS/whl" make-whl.sh ;;
     install)
       do_install || { echo "[run-0523] install failed: stopping"; break; } ;;
-    import|pytest|probe|kimi|bench8b|sfspeed|speedpair|check|acck|lrp)
+    import|pytest|probe|kimi|bench8b|sfspeed|speedpair|check|acck|lrp|onl)
       if ! installed; then record "$step" 1 0 "not installed: run install first"; break; fi
       env523
       case $step in
@@ -555,6 +561,15 @@ speculators.train.trainer, speculators.train.data; print('speculators imports')"
           # shellcheck disable=SC2086
           run_step lrp "${LRP_LIMIT_S:-600}" python3 bench/lr_probe.py --work $HT/lrp \
             --data .acc/data --out "$OUT/lrp" ${LRP_ARGS:-} ;;
+        onl)
+          # bench/online_gpu.py: issue 73's run (train while capturing, EAGLE-3, the SmolLM2
+          # target, both kills, both drafters served and paired) with SpecForge and accelerate
+          # from .whl-sf ($SITE3); its step logs and JSON into $OUT/onl as written (ONL_ARGS)
+          install_smollm2 || true
+          # shellcheck disable=SC2086
+          run_step onl "${ONL_LIMIT_S:-1500}" python3 bench/online_gpu.py --work $HT/onl \
+            --data .acc/data --out "$OUT/onl" --specforge "$SITE3" --accelerate "$SITE3" \
+            ${ONL_ARGS:-} ;;
         check)
           rm -rf /tmp/gpu523-check && mkdir -p "$OUT/gpu-check"
           HSDUMP_GPU_RESULTS="$OUT/gpu-check" run_step gpu-check 560 python3 -m pytest -q -s \
