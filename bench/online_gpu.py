@@ -33,7 +33,8 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path[:] = [str(ROOT), *(p for p in sys.path if Path(p or ".").resolve() != ROOT / "bench")]
+# SpecForge's and accelerate's roots unless given: where `make test` unpacks their wheels
+PEERS = Path(os.environ.get("HSDUMP_CACHE", Path.home() / ".cache" / "hsdump")) / "peers"
 
 
 ENV = dict(os.environ)  # main puts SpecForge and accelerate first on its PYTHONPATH
@@ -76,11 +77,12 @@ def main(argv=None) -> int:
                     help="SpecForge 0.2.0's root (default: online_bench's)")  # fmt: skip
     ap.add_argument("--accelerate", default=os.environ.get("HSDUMP_ACCELERATE_SRC"))
     a = ap.parse_args(argv)
-    from bench.online_bench import CACHE, model_path
+    import yaml
+
     from hsdump.tiny import resolve_model_path
 
-    a.specforge = a.specforge or str(CACHE / "specforge-0.2.0")
-    a.accelerate = a.accelerate or str(CACHE / "accelerate-1.15.0")
+    a.specforge = a.specforge or str(PEERS / "specforge-0.2.0")
+    a.accelerate = a.accelerate or str(PEERS / "accelerate-1.15.0")
     had = [x for x in ENV.get("PYTHONPATH", "").split(os.pathsep) if x]
     ENV["PYTHONPATH"] = os.pathsep.join([a.specforge, a.accelerate, *had, str(ROOT)])
 
@@ -88,7 +90,8 @@ def main(argv=None) -> int:
     w.mkdir(parents=True, exist_ok=True)
     out.mkdir(parents=True, exist_ok=True)
     py = sys.executable
-    target = resolve_model_path(model_path(a.model))
+    preset = yaml.safe_load((ROOT / "conf" / "model" / f"{a.model}.yaml").read_text())
+    target = resolve_model_path(preset["path"])
     regen, msgs = w / "regen", w / "messages" / "conversations.jsonl"
     step(out, "regen", [py, "extract.py", f"model={a.model}", f"engine={a.engine}",
                         f"dataset.path={data / 'train.jsonl'}", "dataset.format=sharegpt",
