@@ -50,9 +50,10 @@ class Consumer(threading.Thread):
     windows: SpecForge's consumer-failure file instead; `hold`: reads, never acknowledges;
     `silent`: never beats."""
 
-    def __init__(self, folder: Path, fail_after=None, silent=False, hold=False):
+    def __init__(self, folder: Path, fail_after=None, silent=False, hold=False, kind=KIND):
         super().__init__(daemon=True)
         self.folder, self.fail_after, self.silent, self.hold = folder, fail_after, silent, hold
+        self.kind = kind
         self.consumed, self.peak, self.windows, self.error = [], 0, 0, None
         self.halt = threading.Event()
 
@@ -89,8 +90,9 @@ class Consumer(threading.Thread):
                 if ref.sample_id in acked:
                     continue
                 tensors, handle = store.get(ref)
-                assert set(tensors) == set(F.KEYS[KIND])
-                assert tensors["hidden_states"].shape[:2] == tensors["input_ids"].shape
+                assert set(tensors) == set(F.KEYS[self.kind])
+                if self.kind == KIND:
+                    assert tensors["hidden_states"].shape[:2] == tensors["input_ids"].shape
                 store.release(handle)
                 window.append(ref.sample_id)
             while len(window) >= BATCH and not self.hold:
@@ -111,16 +113,22 @@ class Consumer(threading.Thread):
             time.sleep(0.01)
 
 
-def producer_cfg(folder: Path, *over):
+def producer_cfg(folder: Path, *over, kind=KIND, online=True):
+    """The dry engine's capture of 12 samples for `kind`: online on `folder`, or (`online`
+    false) offline into `folder`."""
     from hsdump.cli import register_resolvers
     from hsdump.config import register_configs, to_config
 
     register_configs()
     register_resolvers()
     base = ["engine=dry", "dataset.max_samples=12", "dataset.max_seq_len=256",
-            f"capture.kinds=[{KIND}]", "online=specforge", f"online.folder={folder}",
-            f"online.kind={KIND}", "online.epochs=2", f"online.batch_size={BATCH}",
-            "online.peer_timeout_s=30", "progress=false"]  # fmt: skip
+            f"capture.kinds=[{kind}]", "progress=false",
+            *(["capture.final=[post_norm]"] if kind == "eagle3" else [])]  # fmt: skip
+    if online:
+        base += ["online=specforge", f"online.folder={folder}", f"online.kind={kind}",
+                 "online.epochs=2", f"online.batch_size={BATCH}", "online.peer_timeout_s=30"]  # fmt: skip
+    else:
+        base += [f"output.dir={folder}"]
     return to_config(compose_config(*base, *over))
 
 
@@ -530,3 +538,91 @@ def test_the_consumer_bounds_its_checkpoints(tmp_path, specforge):
     assert got.training.num_epochs == 2 and got.training.prompt_seed == 3
     got = consumer_config(load_config(str(cfg), ["training.max_checkpoints=0"]), tmp_path, plan)
     assert got.training.max_checkpoints == 0
+
+
+def test_eagle3_counts_are_specforges_offline_counts_in_its_order(tmp_path, specforge):
+    """hsdump.online.vocab counts the loss-masked ids as SpecForge's offline trainer counts an
+    export's files, in the same order, so SpecForge's map builder picks the same ids where
+    counts tie (Counter.most_common keeps the first-counted); in id order it would not."""
+    from collections import Counter
+
+    from specforge.data.preprocessing import process_token_dict_to_mappings
+    from specforge.training.vocab_mapping import count_effective_feature_tokens
+    from test_export import KLENS, kind_sample, kinds_dataset
+
+    import hsdump.tools.export as ex
+    from hsdump.online.producer import file_order
+    from hsdump.online.vocab import NoCounts, ordered_counts, specforge_map, write_counts
+
+    ds = kinds_dataset(tmp_path / "ds")
+    ex.export(str(ds), str(tmp_path / "ex"), "specforge", kind="eagle3", progress=False)
+    theirs = count_effective_feature_tokens(str(tmp_path / "ex"))
+    ours = ordered_counts(kind_sample(sid, KLENS[sid])[:2] for sid in file_order(list(KLENS)))
+    assert ours == [[t, c] for t, c in theirs.items()]
+    assert [t for t, _ in ours] != sorted(t for t, _ in ours)
+
+    folder = tmp_path / "f"
+    folder.mkdir()
+    write_counts(folder, ours, len(KLENS), max(KLENS.values()))
+    got = torch.load(specforge_map(folder, str(tmp_path / "c"), 20, 100, 64), weights_only=True)
+    want = process_token_dict_to_mappings(Counter(theirs), 20, 100)
+    assert torch.equal(got["d2t"], want[0]) and torch.equal(got["t2d"], want[1])
+    by_id = process_token_dict_to_mappings(Counter(dict(sorted(theirs.items()))), 20, 100)
+    assert not torch.equal(by_id[1], want[1])  # the ties: the order decides
+    # a trainer that cuts the samples shorter would count other tokens: refused, with the fix
+    with pytest.raises(NoCounts, match=r"set data.max_length >= 40"):
+        specforge_map(folder, str(tmp_path / "c"), 20, 100, 32)
+    with pytest.raises(NoCounts, match=r"model.vocab_mapping_path="):
+        specforge_map(tmp_path, str(tmp_path / "c"), 20, 100, 64)
+
+
+def test_an_eagle3_capture_gives_its_trainer_specforges_offline_vocabulary_map(tmp_path, specforge):
+    """An EAGLE-3 capture through the folder (dry engine) writes its counts with its plan; the
+    consumer command, given a run.yaml with no model.vocab_mapping_path, hands SpecForge the
+    map its offline trainer derives from `hsdump export --to specforge` of an offline capture
+    of the same samples (SpecForge refuses an online EAGLE-3 run without one)."""
+    from specforge.config import load_config
+    from specforge.data.preprocessing import process_token_dict_to_mappings
+    from specforge.training.vocab_mapping import count_effective_feature_tokens
+
+    import hsdump.tools.export as ex
+    from hsdump.online.consumer import consumer_config, with_vocab_map
+    from hsdump.online.producer import run
+    from hsdump.pipeline import run as capture
+    from hsdump.tiny import resolve_model_path
+
+    folder = tmp_path / "f"
+    c = Consumer(folder, kind="eagle3")
+    c.start()
+    cfg = producer_cfg(folder, kind="eagle3")
+    run(cfg)
+    c.join(60)
+    assert c.error is None and not c.is_alive()
+    capture(producer_cfg(tmp_path / "ds", kind="eagle3", online=False))
+    ex.export(str(tmp_path / "ds"), str(tmp_path / "ex"), "specforge", kind="eagle3",
+              progress=False, allow_dry=True)  # fmt: skip
+    theirs = count_effective_feature_tokens(str(tmp_path / "ex"))
+    doc = json.loads((folder / "token_freq.json").read_text())
+    assert [[int(t), n] for t, n in doc["counts"].items()] == [[t, n] for t, n in theirs.items()]
+
+    target = resolve_model_path(cfg.model.path)
+    vocab = json.loads((Path(target) / "config.json").read_text())["vocab_size"]
+    draft = tmp_path / "draft.json"
+    draft.write_text(json.dumps({"architectures": ["LlamaForCausalLMEagle3"],
+                                 "vocab_size": vocab, "draft_vocab_size": 64}))  # fmt: skip
+    run_yaml = tmp_path / "run.json"
+    run_yaml.write_text(json.dumps(dict(
+        model=dict(target_model_path=target, draft_model_config=str(draft)),
+        data=dict(hidden_states_path="unused", max_length=256, cache_dir=str(tmp_path / "cache")),
+        training=dict(strategy="eagle3"))))  # fmt: skip
+    plan = json.loads((folder / F.PLAN).read_text())
+    got = with_vocab_map(consumer_config(load_config(str(run_yaml), []), folder, plan), folder,
+                         plan)  # fmt: skip
+    path = got.model.vocab_mapping_path
+    assert Path(path).parent == tmp_path / "cache" / "vocab_mapping"
+    mapping = torch.load(path, weights_only=True)
+    want = process_token_dict_to_mappings(theirs, 64, vocab)
+    assert torch.equal(mapping["d2t"], want[0]) and torch.equal(mapping["t2d"], want[1])
+    # run.yaml's own map stands
+    named = load_config(str(run_yaml), ["model.vocab_mapping_path=/maps/mine.pt"])
+    assert with_vocab_map(named, folder, plan).model.vocab_mapping_path == "/maps/mine.pt"

@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import List, Optional
 
 from hsdump.online import folder as F
+from hsdump.online.vocab import NoCounts
 
 KEEP_CHECKPOINTS = 2
 """training.max_checkpoints when run.yaml leaves it unset: the newest two (and SpecForge's best
@@ -199,6 +200,25 @@ def check_draft_ids(draft_config: Optional[str], plan: dict) -> None:
         )
 
 
+def with_vocab_map(cfg, folder: Path, plan: dict):
+    """`cfg` with model.vocab_mapping_path set for an EAGLE-3 capture when run.yaml names
+    none and the drafter's vocabulary is smaller than the target's: SpecForge's own map of the
+    capture's counts (hsdump.online.vocab), the one its offline trainer would derive from an
+    export of the same samples. Raises NoCounts, naming the fix."""
+    from hsdump.online.vocab import sizes, specforge_map
+
+    if plan.get("kind") != "eagle3" or cfg.model.vocab_mapping_path:
+        return cfg
+    draft, target = sizes(cfg)
+    if draft == target:
+        return cfg
+    path = specforge_map(folder, cfg.data.cache_dir, draft, target, cfg.data.max_length)
+    print(f"hsdump: EAGLE-3's vocabulary map from the capture's counts: {path}", file=sys.stderr)
+    raw = cfg.model_dump()
+    raw["model"]["vocab_mapping_path"] = path
+    return type(cfg).model_validate(raw)
+
+
 def train(folder: Path, a, rank0: bool) -> int:
     import json
 
@@ -227,6 +247,12 @@ def train(folder: Path, a, rank0: bool) -> int:
     try:
         check_draft_ids(cfg.model.draft_model_config, plan)
     except Refused as e:
+        print(e, file=sys.stderr)
+        failed(folder, f"the trainer was refused: {e}")
+        return 2
+    try:
+        cfg = with_vocab_map(cfg, folder, plan)
+    except NoCounts as e:
         print(e, file=sys.stderr)
         failed(folder, f"the trainer was refused: {e}")
         return 2

@@ -30,6 +30,7 @@ from typing import Dict, List, Optional
 from hsdump.errors import Refusal
 from hsdump.online import folder as F
 from hsdump.pipeline import Interrupted
+from hsdump.store.layout import TOKEN_FREQ
 
 log = logging.getLogger(__name__)
 
@@ -88,13 +89,19 @@ def epoch_order(ids: List[int], epoch: int, seed: int) -> List[int]:
     run through the folder and an offline run on the export train on the same batches."""
     import torch
 
+    listed = file_order(ids)
+    g = torch.Generator()
+    g.manual_seed(int(seed) + int(epoch))
+    return [listed[k] for k in torch.randperm(len(listed), generator=g).tolist()]
+
+
+def file_order(ids: List[int]) -> List[int]:
+    """The sample ids `ids` in the order SpecForge 0.2.0's offline reader lists the files of
+    an `hsdump export --to specforge` of them (sorted paths: data_10 before data_2)."""
     from hsdump.tools.export import rel_path
 
     ids = sorted(ids)
-    listed = sorted(range(len(ids)), key=lambda i: rel_path("specforge", i))
-    g = torch.Generator()
-    g.manual_seed(int(seed) + int(epoch))
-    return [ids[listed[k]] for k in torch.randperm(len(ids), generator=g).tolist()]
+    return [ids[i] for i in sorted(range(len(ids)), key=lambda i: rel_path("specforge", i))]
 
 
 class Producer:
@@ -248,6 +255,18 @@ class Producer:
             self.pos.setdefault(self.epoch, 0)
         if self.plan_doc is None:
             self._write_plan(writer.manifest, len(order), data)
+            if self.o.kind == "eagle3" and not (self.folder / TOKEN_FREQ).exists():
+                self._write_counts(data, keep, index)
+
+    def _write_counts(self, data, keep: List[int], index: Dict[int, int]) -> None:
+        """FOLDER/token_freq.json for EAGLE-3's vocabulary map (hsdump.online.vocab): the
+        kept samples' loss-masked ids, in the order SpecForge's offline trainer counts them."""
+        from hsdump.online.vocab import ordered_counts, write_counts
+
+        pos = [index[sid] for sid in file_order(keep)]
+        pairs = ordered_counts((data.input_ids[i], data.loss_mask[i]) for i in pos)
+        longest = max((int(data.lengths[i]) for i in pos), default=0)
+        write_counts(self.folder, pairs, len(pos), longest)
 
     def open_engine(self, start):
         """hsdump.pipeline's hook: one engine for every epoch, started by the first
