@@ -2,9 +2,9 @@
 online DFlash trainer through one folder, with and without a disk cap, beside an offline run of
 SpecForge's trainer on `hsdump export --to specforge --kind dflash` of the same samples.
 `--kind eagle3` does the same for EAGLE-3: bf16, its loss in eager torch on the CPU (SpecForge's
-is a Triton kernel: bench/acceptance/patches/cpu_eagle3_loss.py, in both trainers), and the
-online run on the vocabulary map SpecForge derived in the offline run (it derives one from
-offline data only; `model.vocab_mapping_path`).
+is a Triton kernel: bench/acceptance/patches/cpu_eagle3_loss.py, in both trainers); the online
+run names no vocabulary map (the consumer builds SpecForge's from the capture's counts), and
+`vocab_map_equal_to_offline` says whether it is the one SpecForge derived in the offline run.
 
     python bench/online_bench.py --out bench/results/online-cpu.json     # CPU: results/online-cpu.json
 
@@ -141,11 +141,9 @@ def draft_files(work: Path, target: str, export: Path, env) -> Path:
     return path
 
 
-def run_config(work: Path, target: str, draft: Path, data: str, a, kill_at: int = 0,
-               vocab_mapping: str = "") -> Path:  # fmt: skip
-    """SpecForge's run config (one process, CPU: NO_SHARD is DDP on gloo; sdpa attention);
-    EAGLE-3's online run reads the offline run's vocabulary map (`vocab_mapping`: SpecForge
-    derives one from offline data only)."""
+def run_config(work: Path, target: str, draft: Path, data: str, a, kill_at: int = 0) -> Path:
+    """SpecForge's run config (one process, CPU: NO_SHARD is DDP on gloo; sdpa attention); no
+    vocabulary map named: SpecForge derives EAGLE-3's offline, the consumer online."""
     import bench.acceptance as ak
 
     cfg = dict(
@@ -155,7 +153,6 @@ def run_config(work: Path, target: str, draft: Path, data: str, a, kill_at: int 
             target_model_path=ak.trainer_target(target, work / "target"),
             draft_model_config=str(draft),
             torch_dtype=a.dtype,
-            **({"vocab_mapping_path": vocab_mapping} if vocab_mapping else {}),
         ),
         data=dict(
             hidden_states_path=data,
@@ -318,8 +315,8 @@ def online(work: Path, a, env, off: dict, cap: int, kill_at: int = 0,
     folder = work / "folder"
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
-    cfg = run_config(work / "train", off["target"], off["draft"], "unused", a, kill_at,
-                     off["vocab_mapping"])  # fmt: skip
+    # no vocabulary map named: the consumer builds EAGLE-3's from the capture's counts
+    cfg = run_config(work / "train", off["target"], off["draft"], "unused", a, kill_at)
     sampler = Sampler(folder / "store")
     sampler.start()
     prod = [sys.executable, "extract.py", *capture_args(a.samples, a.max_len, a.pace, a.engine, a.model),
@@ -421,7 +418,20 @@ def online(work: Path, a, env, off: dict, cap: int, kill_at: int = 0,
         + [r for log in logs[1:] for r in losses(log)],
         trainer_killed=killed,
         engine_starts=summary.get("engine_starts"),
+        **({"vocab_map_equal_to_offline": same_map(work, off)} if KIND == "eagle3" else {}),
     )
+
+
+def same_map(work: Path, off: dict) -> bool:
+    """Whether the vocabulary map the consumer built from the capture's counts is the one
+    SpecForge's offline trainer derived from the export (its d2t and t2d equal)."""
+    import torch
+
+    maps = sorted((work / "train" / "cache" / "vocab_mapping").glob("hsdump-*.pt"))
+    if len(maps) != 1 or not off["vocab_mapping"]:
+        return False
+    a, b = (torch.load(m, weights_only=True) for m in (maps[0], off["vocab_mapping"]))
+    return all(torch.equal(a[k], b[k]) for k in ("d2t", "t2d"))
 
 
 def run(cmd, env, log: Path = None, wait=True):
@@ -476,7 +486,7 @@ def main(argv=None) -> int:
                     "samples, then start it again with the same command (0: no kill)")  # fmt: skip
     ap.add_argument("--kind", default="dflash", choices=("dflash", "eagle3"),
                     help="the drafter SpecForge trains (eagle3: its loss in eager torch on the "
-                    "CPU, bf16, the online run on the offline run's vocabulary map)")  # fmt: skip
+                    "CPU, bf16; the online run's vocabulary map from the capture's counts)")  # fmt: skip
     ap.add_argument("--ttt-length", type=int, default=3, help="EAGLE-3's unrolled draft steps")
     ap.add_argument("--anchors", type=int, default=16, help="DFlash's num_anchors (recipe: 512)")
     ap.add_argument("--timeout", type=float, default=1200)

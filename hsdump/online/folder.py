@@ -3,6 +3,8 @@
     FOLDER/
       online.json                 the producer's plan (kind, layers, final state, epochs, seed,
                                   the trainer's quantum, the cap): the store reads it
+      token_freq.json             EAGLE-3 only: the fed samples' loss-masked token counts, for
+                                  its vocabulary map (hsdump.online.vocab)
       control/refs.jsonl          SpecForge's ref channel: one SampleRef (JSON) per line,
                                   appended by the producer in each epoch's order
       control/refs.jsonl.*        SpecForge's side files (.closed, .failed, .consumed_count,

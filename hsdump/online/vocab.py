@@ -108,9 +108,9 @@ def specforge_map(folder, cache_dir: str, draft_size: int, target_size: int,
     path = Path(folder) / TOKEN_FREQ
     if not path.exists():
         raise NoCounts(
-            f"{path} is missing: the capture writes it with its plan (hsdump 2026-12-07 and "
-            "later); start the capture again with this hsdump, or give the trainer a map: "
-            "model.vocab_mapping_path=<SpecForge's d2t/t2d file>"
+            f"{path} is missing: an EAGLE-3 capture writes it with its plan (an older hsdump "
+            "did not); run the capture command again with this hsdump, or give the trainer a "
+            "map: model.vocab_mapping_path=<SpecForge's d2t/t2d file>"
         )
     text = path.read_text()
     doc = json.loads(text)
