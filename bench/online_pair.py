@@ -50,6 +50,10 @@ def main(argv=None) -> int:
     b = json.loads(Path(a.bench).read_text())
     on, off = (json.loads(Path(p).read_text()) for p in (a.online, a.offline))
     res = {k: b.get(k) for k in KEEP}
+    # EAGLE-3's online map, built by the consumer from the capture's counts, against SpecForge's
+    res["vocab_map_equal_to_offline"] = (
+        b.get("runs", {}).get("capped", {}).get("vocab_map_equal_to_offline")
+    )
     res["online_minus_offline"] = pair(on, off)
     n = res["online_minus_offline"]["prompts"]
     if n < a.min_prompts:  # written, and said: the issue asks for at least 256
