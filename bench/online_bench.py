@@ -63,6 +63,8 @@ sys.path[:] = [str(ROOT), *(p for p in sys.path if Path(p or ".").resolve() != R
 KIND = "dflash"  # --kind sets it
 PATCH_LOSS = [False]  # EAGLE-3 off the GPU: its loss in eager torch (main sets it)
 DATA = []  # --data: the dataset overrides of every capture (default: the model preset's)
+EXTRA = []  # --capture-arg: more extract.py overrides of every capture (a GPU shared with the
+# trainer: engine.mem_fraction_static, so SGLang leaves the trainer its memory)
 # the online consumer with EAGLE-3's loss in eager torch: SpecForge's is a Triton kernel, and
 # this bench runs on the CPU (bench/acceptance/patches/cpu_eagle3_loss.py; one process, so the
 # patch applied here is the one its trainer runs)
@@ -129,6 +131,7 @@ def capture_args(
         f"capture.kinds=[{KIND}]",
         *(["capture.final=[post_norm]"] if KIND == "eagle3" else []),
         "progress=false",
+        *EXTRA,
     ]
 
 
@@ -477,6 +480,9 @@ def main(argv=None) -> int:
                     help="a conversations file (hsdump export --to messages: regenerated answers)"
                     " for every capture; default the model preset's dataset")  # fmt: skip
     ap.add_argument("--data-format", default="messages")
+    ap.add_argument("--capture-arg", action="append", default=[],
+                    help="an extract.py override for every capture, e.g. "
+                    "engine.mem_fraction_static=0.5 on a GPU the trainer shares")  # fmt: skip
     ap.add_argument("--save-interval", type=int, default=0)
     ap.add_argument("--runs", default="uncapped,capped")
     ap.add_argument("--kill-trainer-at", type=int, default=5,
@@ -508,6 +514,7 @@ def main(argv=None) -> int:
     PATCH_LOSS[0] = KIND == "eagle3" and a.engine != "gpu"  # a GPU runs SpecForge's own kernel
     if a.data:
         DATA[:] = [f"dataset.path={Path(a.data).resolve()}", f"dataset.format={a.data_format}"]
+    EXTRA[:] = a.capture_arg
     if a.dtype is None:  # SpecForge 0.2.0 loads EAGLE-3's target head in bf16 only
         a.dtype = "bfloat16" if KIND == "eagle3" else "float32"
     elif KIND == "eagle3" and a.dtype != "bfloat16":

@@ -71,6 +71,9 @@ def main(argv=None) -> int:
     ap.add_argument("--kill-trainer-at", type=int, default=50)
     ap.add_argument("--kill-capture-at", type=int, default=0,
                     help="published samples (0: two thirds of the first epoch's and a half)")  # fmt: skip
+    ap.add_argument("--engine-memory", type=float, default=0.5,
+                    help="the captures' engine.mem_fraction_static (engine=gpu: SGLang's share of "
+                    "the GPU the trainer shares; its default 0.8 leaves the trainer 0.2)")  # fmt: skip
     ap.add_argument("--prompts", type=int, default=256)
     ap.add_argument("--serve-new-tokens", type=int, default=192)
     ap.add_argument("--specforge", default=os.environ.get("HSDUMP_SPECFORGE_SRC"),
@@ -110,7 +113,9 @@ def main(argv=None) -> int:
                         "--runs", "capped", "--kill-trainer-at", a.kill_trainer_at,
                         "--kill-capture-at", kill_capture, "--pace", "0", "--timeout", 7200,
                         "--specforge", a.specforge, "--accelerate", a.accelerate,
-                        "--work", w / "bench", "--out", bench], bench)  # fmt: skip
+                        "--work", w / "bench", "--out", bench,
+                        *(["--capture-arg", f"engine.mem_fraction_static={a.engine_memory}"]
+                          if a.engine == "gpu" else [])], bench)  # fmt: skip
     served = {}
     for name, run in (("online", "capped"), ("offline", "offline")):
         served[name] = w / "served" / name
