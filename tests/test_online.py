@@ -626,3 +626,27 @@ def test_an_eagle3_capture_gives_its_trainer_specforges_offline_vocabulary_map(t
     # run.yaml's own map stands
     named = load_config(str(run_yaml), ["model.vocab_mapping_path=/maps/mine.pt"])
     assert with_vocab_map(named, folder, plan).model.vocab_mapping_path == "/maps/mine.pt"
+
+
+@pytest.mark.parametrize("chunk", [1, 3, 4096])
+def test_counts_in_counter_order_across_chunks(chunk):
+    """ordered_counts, counting a chunk of samples at a time, gives the order and counts of a
+    Counter updated sample by sample with each sample's distinct ids ascending (SpecForge's
+    offline count), whatever the chunk."""
+    from collections import Counter
+
+    import numpy as np
+
+    from hsdump.online.vocab import ordered_counts
+
+    rng = np.random.default_rng(7)
+    samples = []
+    for n in rng.integers(1, 40, 25):
+        ids = rng.integers(0, 300 if len(samples) % 2 else 60, n)
+        samples.append((ids.tolist(), (rng.random(n) < 0.6).astype(int).tolist()))
+    want = Counter()
+    for ids, mask in samples:
+        sel = np.asarray(ids)[np.asarray(mask, dtype=bool)]
+        for t, c in zip(*np.unique(sel, return_counts=True)):
+            want[int(t)] += int(c)
+    assert ordered_counts(samples, chunk=chunk) == [[t, c] for t, c in want.items()]

@@ -34,28 +34,45 @@ COUNTED = (
 )
 
 
-def ordered_counts(samples: Iterable[Tuple[Iterable[int], Iterable[int]]]) -> List[List[int]]:
+def ordered_counts(
+    samples: Iterable[Tuple[Iterable[int], Iterable[int]]], chunk: int = 4096
+) -> List[List[int]]:
     """[[token id, count], ...] over the loss-masked ids of `samples` ((input_ids, loss_mask)
-    in SpecForge's file order), in the order SpecForge's Counter first meets each id."""
-    firsts, total = [], np.zeros(0, dtype=np.int64)
+    in SpecForge's file order), in the order SpecForge's Counter first meets each id: each
+    sample's distinct ids ascending, sample after sample (`bench/online_counts.py` times it)."""
+    total = np.zeros(0, dtype=np.int64)
+    first = np.zeros(0, dtype=np.int64)  # per id: its first position in that sequence (+1)
+    seen = 0  # positions so far
+    sels, uniqs = [], []
+
+    def flush() -> None:
+        nonlocal total, first, seen
+        if not sels:
+            return
+        every, seq = np.concatenate(sels), np.concatenate(uniqs)
+        sels.clear(), uniqs.clear()
+        if every.min() < 0:
+            raise ValueError("negative token id in input_ids")
+        size = max(total.size, int(every.max()) + 1)
+        total = np.pad(total, (0, size - total.size))
+        first = np.pad(first, (0, size - first.size))
+        total += np.bincount(every, minlength=size)
+        at = np.full(size, seq.size + 1, dtype=np.int64)
+        np.minimum.at(at, seq, np.arange(1, seq.size + 1))  # each id's first position here
+        new = (first == 0) & (at <= seq.size)
+        first[new] = seen + at[new]
+        seen += seq.size
+
     for ids, mask in samples:
         sel = np.asarray(ids, dtype=np.int64)[np.asarray(mask).astype(bool)]
-        if sel.size == 0:
-            continue
-        if sel.min() < 0:
-            raise ValueError("negative token id in input_ids")
-        firsts.append(np.unique(sel))
-        c = np.bincount(sel)
-        if c.size > total.size:
-            c[: total.size] += total
-            total = c
-        else:
-            total[: c.size] += c
-    if not firsts:
-        return []
-    seq = np.concatenate(firsts)
-    ids, first = np.unique(seq, return_index=True)
-    order = ids[np.argsort(first, kind="stable")]
+        if sel.size:
+            sels.append(sel)
+            uniqs.append(np.unique(sel))
+            if len(sels) >= chunk:
+                flush()
+    flush()
+    met = np.nonzero(first)[0]
+    order = met[np.argsort(first[met], kind="stable")]
     return [[int(t), int(total[t])] for t in order]
 
 
