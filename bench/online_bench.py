@@ -49,6 +49,7 @@ import argparse
 import json
 import os
 import shutil
+import signal
 import sqlite3
 import subprocess
 import sys
@@ -73,6 +74,44 @@ CPU_CONSUMER = (
     "from hsdump.online.consumer import main; sys.exit(main(sys.argv[1:]))"
 )
 CACHE = Path(os.environ.get("HSDUMP_CACHE", Path.home() / ".cache" / "hsdump")) / "peers"
+RANKS = [1]  # --ranks: the trainer's processes (torchrun), online.dp_size
+
+
+def launcher() -> list:
+    """How a trainer command starts: python, or torchrun with --ranks processes (each a
+    worker; SpecForge's CLI recognizes torchrun's environment and does not launch again)."""
+    n = RANKS[0]
+    if n == 1:
+        return [sys.executable]
+    # rank 0's output alone in the log: every rank logs SpecForge's step lines
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={n}",
+            "--local-ranks-filter=0"]  # fmt: skip
+
+
+def kill_tree(pid: int) -> None:
+    """SIGKILL `pid` and every process below it, as a crash of the machine would (torchrun
+    starts its workers in sessions of their own: killing torchrun alone leaves them training)."""
+    children: dict = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+    tree, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        tree.append(p)
+        todo += children.get(p, [])
+    for p in tree:
+        try:
+            os.kill(p, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+def ranks_override() -> list:
+    return [f"deployment.trainer.nproc_per_node={RANKS[0]}"] if RANKS[0] > 1 else []
 
 
 def dir_bytes(path: Path) -> int:
@@ -259,7 +298,7 @@ def offline(work: Path, a, env) -> dict:
     log = work / "train.log"
     t = time.time()
     cli = ["bench.acceptance.specforge_cli", "--cpu"] if PATCH_LOSS[0] else ["specforge.cli"]
-    run([sys.executable, "-m", *cli, "train", "--config", cfg], env, log=log)
+    run([*launcher(), "-m", *cli, "train", "--config", cfg, *ranks_override()], env, log=log)
     maps = sorted((work / "train" / "cache" / "vocab_mapping").glob("*.pt"))
     return dict(losses=losses(log), train_s=round(time.time() - t, 2), target=target, draft=draft,
                 records=len(list(ex.glob("rows_*/*.ckpt"))),
@@ -277,7 +316,7 @@ def cap_for(ds: Path, a) -> int:
     m = json.loads((ds / "manifest.json").read_text())
     slots = len(m["layers"]) + len(m["final"])
     one = sample_bytes(a.max_len, m["model"]["hidden_size"], slots, m["storage_dtype"])
-    return 2 * least_cap(a.batch, one)
+    return 2 * least_cap(a.batch * RANKS[0], one)
 
 
 def durable_step(folder: Path):
@@ -325,6 +364,7 @@ def online(work: Path, a, env, off: dict, cap: int, kill_at: int = 0,
     prod = [sys.executable, "extract.py", *capture_args(a.samples, a.max_len, a.pace, a.engine, a.model),
             "online=specforge", f"online.folder={folder}", f"online.cap_bytes={cap}",
             f"online.kind={KIND}", f"online.epochs={a.epochs}", f"online.batch_size={a.batch}",
+            f"online.dp_size={RANKS[0]}",
             "online.peer_timeout_s=120"]  # fmt: skip
     t = time.time()
     plog = work / "producer.log"
@@ -332,8 +372,9 @@ def online(work: Path, a, env, off: dict, cap: int, kill_at: int = 0,
     while not (folder / "online.json").exists() and p.poll() is None:
         time.sleep(0.05)
     logs = [work / "consumer.log"]
-    cons = [sys.executable, *(["-c", CPU_CONSUMER] if PATCH_LOSS[0] else
-                              ["-m", "hsdump.online.consumer"]), folder, "-c", cfg]  # fmt: skip
+    cons = [*launcher(), *(["-c", CPU_CONSUMER] if PATCH_LOSS[0] else
+                           ["-m", "hsdump.online.consumer"]), folder, "-c", cfg,
+            *ranks_override()]  # fmt: skip
     c = run(cons, env, log=logs[0], wait=False)
     killed = capture_killed = None
     plogs = [plog]
@@ -357,7 +398,7 @@ def online(work: Path, a, env, off: dict, cap: int, kill_at: int = 0,
                 and ckpt.exists()
                 and ckpt.resolve().name.endswith(f"-step{step}")
             ):  # its newest checkpoint is its acknowledged step: SIGKILL, then resume from it
-                c.kill()
+                kill_tree(c.pid)  # the trainer's every process: torchrun's workers too
                 c.wait()
                 killed = dict(at_step=step, resumed_from=ckpt.resolve().name)
                 logs.append(work / "consumer-resumed.log")
@@ -440,7 +481,8 @@ def same_map(work: Path, off: dict) -> bool:
 def run(cmd, env, log: Path = None, wait=True):
     cmd = [str(c) for c in cmd]
     out = open(log, "w") if log else subprocess.PIPE
-    p = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, text=True)
+    p = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, text=True,
+                         start_new_session=not wait)  # fmt: skip
     if not wait:
         return p
     text, _ = p.communicate(timeout=1800)
@@ -480,6 +522,8 @@ def main(argv=None) -> int:
                     help="a conversations file (hsdump export --to messages: regenerated answers)"
                     " for every capture; default the model preset's dataset")  # fmt: skip
     ap.add_argument("--data-format", default="messages")
+    ap.add_argument("--ranks", type=int, default=1,
+                    help="the trainer's processes (torchrun; online.dp_size), each trainer's")  # fmt: skip
     ap.add_argument("--capture-arg", action="append", default=[],
                     help="an extract.py override for every capture, e.g. "
                     "engine.mem_fraction_static=0.5 on a GPU the trainer shares")  # fmt: skip
@@ -515,6 +559,10 @@ def main(argv=None) -> int:
     if a.data:
         DATA[:] = [f"dataset.path={Path(a.data).resolve()}", f"dataset.format={a.data_format}"]
     EXTRA[:] = a.capture_arg
+    RANKS[0] = a.ranks
+    if a.ranks > 1 and PATCH_LOSS[0]:
+        raise SystemExit("--ranks > 1 with --kind eagle3 on the CPU: its loss patch runs in one "
+                         "process only")  # fmt: skip
     if a.dtype is None:  # SpecForge 0.2.0 loads EAGLE-3's target head in bf16 only
         a.dtype = "bfloat16" if KIND == "eagle3" else "float32"
     elif KIND == "eagle3" and a.dtype != "bfloat16":
@@ -589,6 +637,7 @@ def main(argv=None) -> int:
         "settings": dict(
             samples=a.samples,
             batch=a.batch,
+            ranks=a.ranks,
             max_len=a.max_len,
             pace=a.pace,
             command=" ".join(["python", "bench/online_bench.py", *command_args(argv)]),

@@ -4,9 +4,11 @@ samples of the tiny Llama's shapes (dry engine), exports them with `hsdump expor
 specforge --kind dflash` and trains SpecForge's offline trainer on the export; then the capture
 runs again with `online=specforge` and a disk cap of twice hsdump's floor, beside
 `python -m hsdump.online.consumer` (SpecForge's own online consumer: its RefDistributor, SQLite
-ledger, acknowledgements per optimizer step, hsdump's store), which is SIGKILLed after its
-second acknowledged and checkpointed step and restarted with training.resume_from, while the
-capture is SIGKILLed once it has published 3 samples (or more: it is polled) and started again with the same command.
+ledger, acknowledgements per optimizer step, hsdump's store) on two ranks under torchrun (gloo,
+online.dp_size=2; the offline trainer on two ranks too), which is SIGKILLed (torchrun and its
+workers) after its second acknowledged and checkpointed step and restarted with
+training.resume_from, while the capture is SIGKILLed once it has published 3 samples (or more:
+it is polled) and started again with the same command.
 """
 
 import json
@@ -21,14 +23,14 @@ from test_export import _peer_root
 
 # the slow tier, as SpecForge's other trainer runs (tests/test_acceptance_train.py)
 @pytest.mark.engine
-def test_dflash_through_the_folder_trains_as_offline_across_a_trainer_kill(tmp_path):
+def test_dflash_through_the_folder_on_two_ranks_trains_as_offline_across_both_kills(tmp_path):
     sf, ac = _peer_root("HSDUMP_SPECFORGE_SRC"), _peer_root("HSDUMP_ACCELERATE_SRC")
     env = dict(os.environ, HSDUMP_SPECFORGE_SRC=sf, HSDUMP_ACCELERATE_SRC=ac)
     env.pop("HSDUMP_FORBID_ENGINE", None)  # no SGLang here: SpecForge's trainer, the dry engine
     out = tmp_path / "online.json"
     p = subprocess.run(
         [sys.executable, "bench/online_bench.py", "--out", out, "--work", tmp_path / "w",
-         "--samples", "4", "--epochs", "2", "--batch", "2", "--max-len", "256",
+         "--samples", "4", "--epochs", "2", "--batch", "1", "--ranks", "2", "--max-len", "256",
          "--anchors", "8", "--pace", "0", "--runs", "capped", "--kill-trainer-at", "2",
          "--kill-capture-at", "3"],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=900,
@@ -61,3 +63,7 @@ def test_dflash_through_the_folder_trains_as_offline_across_a_trainer_kill(tmp_p
     killed = run["capture_killed"]
     assert 3 <= killed["at_published"] < 8 and killed["published_after"] == 8, killed
     assert (run["published_twice"], run["samples_lost"], run["steps_trained_twice"]) == (0, 0, 0)
+    # both ranks acknowledged their samples into one file, each id once
+    assert r["settings"]["ranks"] == 2
+    acks = (tmp_path / "w" / "capped" / "folder" / "store" / "acks.jsonl").read_text().split()
+    assert len(acks) == len(set(acks)) == 8, acks
