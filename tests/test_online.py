@@ -650,3 +650,28 @@ def test_counts_in_counter_order_across_chunks(chunk):
         for t, c in zip(*np.unique(sel, return_counts=True)):
             want[int(t)] += int(c)
     assert ordered_counts(samples, chunk=chunk) == [[t, c] for t, c in want.items()]
+
+
+def test_the_publisher_sees_an_epoch_only_once_the_plan_is_written(
+    tmp_path, specforge, monkeypatch
+):
+    """A restarted capture has committed samples the publisher thread takes at once; their refs
+    need the plan (the trainer's bytes of a sample): the epoch's order is handed to the
+    publisher only after the plan is written (a trial with two trainer ranks lost the race:
+    TypeError in the publisher, the capture failed)."""
+    from hsdump.online.producer import Producer, run
+
+    seen = []
+    write = Producer._write_plan
+
+    def checked(self, *args):
+        seen.append(dict(self.order))  # what the publisher could see while the plan is written
+        return write(self, *args)
+
+    monkeypatch.setattr(Producer, "_write_plan", checked)
+    folder = tmp_path / "f"
+    c = Consumer(folder)
+    c.start()
+    run(producer_cfg(folder))
+    c.join(60)
+    assert c.error is None and seen == [{}]

@@ -250,13 +250,15 @@ class Producer:
         for i in dropped:  # recorded, as the trainer's filter would drop them: not captured
             writer.skip(data.ids[i], f"SpecForge's {self.o.kind} filter drops it (online)")
         job.todo = [index[sid] for sid in order if index[sid] in todo]
-        with self.lock:
-            self.order[self.epoch] = order
-            self.pos.setdefault(self.epoch, 0)
         if self.plan_doc is None:
             self._write_plan(writer.manifest, len(order), data)
             if self.o.kind == "eagle3" and not (self.folder / TOKEN_FREQ).exists():
                 self._write_counts(data, keep, index)
+        # then the publisher sees the epoch: its refs need the plan (a restarted capture has
+        # committed samples to publish at once)
+        with self.lock:
+            self.order[self.epoch] = order
+            self.pos.setdefault(self.epoch, 0)
 
     def _write_counts(self, data, keep: List[int], index: Dict[int, int]) -> None:
         """FOLDER/token_freq.json for EAGLE-3's vocabulary map (hsdump.online.vocab): the
