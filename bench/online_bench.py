@@ -403,7 +403,10 @@ def online(work: Path, a, env, off: dict, cap: int, kill_at: int = 0,
                 killed = dict(at_step=step, resumed_from=ckpt.resolve().name)
                 logs.append(work / "consumer-resumed.log")
                 resume = f"training.resume_from={ckpt.resolve()}"
-                c = run([*cons, resume], env, log=logs[1], wait=False)
+                # a checkpoint a step was for the kill (SpecForge resumes from the last durable
+                # step's only); the resumed trainer saves as asked (0: at its end), not 500 times
+                every = f"training.save_interval={a.save_interval}"
+                c = run([*cons, resume, every], env, log=logs[1], wait=False)
         time.sleep(0.05)
     wall = time.time() - t
     rc_c = c.wait(timeout=a.timeout)

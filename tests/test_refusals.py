@@ -135,6 +135,7 @@ def test_bad_input_is_raised_as_a_refusal():
 
     plain = {"hsdump/store/fp8.py": 3, "hsdump/store/stats.py": 2, "hsdump/store/reader.py": 1}
     plain["hsdump/capture/rows.py"] = 8
+    plain["hsdump/online/vocab.py"] = 1  # token counts, as stats.py's: a negative id
     # a caller's misuse of the capture API: rows that do not fit the spec, a sample without mask
     plain["hsdump/capture/base.py"], plain["hsdump/store/writer.py"] = 2, 1
     found = {}
