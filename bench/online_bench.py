@@ -91,19 +91,9 @@ def launcher() -> list:
 def kill_tree(pid: int) -> None:
     """SIGKILL `pid` and every process below it, as a crash of the machine would (torchrun
     starts its workers in sessions of their own: killing torchrun alone leaves them training)."""
-    children: dict = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
-    tree, todo = [], [pid]
-    while todo:
-        p = todo.pop()
-        tree.append(p)
-        todo += children.get(p, [])
-    for p in tree:
+    from bench.bench_monitor import _tree_pids
+
+    for p in _tree_pids(pid):
         try:
             os.kill(p, signal.SIGKILL)
         except ProcessLookupError:
@@ -484,8 +474,7 @@ def same_map(work: Path, off: dict) -> bool:
 def run(cmd, env, log: Path = None, wait=True):
     cmd = [str(c) for c in cmd]
     out = open(log, "w") if log else subprocess.PIPE
-    p = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, text=True,
-                         start_new_session=not wait)  # fmt: skip
+    p = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, text=True)
     if not wait:
         return p
     text, _ = p.communicate(timeout=1800)

@@ -26,7 +26,9 @@ from typing import Iterable, List, Optional, Tuple
 
 import numpy as np
 
-from hsdump.store.layout import TOKEN_FREQ, TOKEN_FREQ_FORMAT, TOKEN_FREQ_VERSION
+from hsdump.errors import Refusal
+from hsdump.store.layout import TOKEN_FREQ
+from hsdump.store.stats import freq_fields, read_token_freq
 
 COUNTED = (
     "input_ids where loss_mask == 1, of the samples the trainer is fed, in the order SpecForge "
@@ -81,17 +83,9 @@ def write_counts(folder, pairs: List[List[int]], samples: int, max_tokens: int) 
     `max_tokens` (the longest sample: a trainer truncating shorter counts other tokens)."""
     from hsdump.online.folder import write_atomic
 
-    doc = dict(
-        format=TOKEN_FREQ_FORMAT,
-        version=TOKEN_FREQ_VERSION,
-        counted=COUNTED,
-        samples=int(samples),
-        loss_tokens=int(sum(c for _, c in pairs)),
-        distinct=len(pairs),
-        target_vocab_size=None,
-        max_tokens=int(max_tokens),
-        counts={str(t): c for t, c in pairs},
-    )
+    freq = {t: c for t, c in pairs}  # in SpecForge's order
+    doc = dict(freq_fields(freq, samples, None, COUNTED), max_tokens=int(max_tokens))
+    doc["counts"] = {str(t): c for t, c in freq.items()}
     path = Path(folder) / TOKEN_FREQ
     write_atomic(path, json.dumps(doc, separators=(",", ":")))
     return path
@@ -129,10 +123,10 @@ def specforge_map(folder, cache_dir: str, draft_size: int, target_size: int,
             "did not); run the capture command again with this hsdump, or give the trainer a "
             "map: model.vocab_mapping_path=<SpecForge's d2t/t2d file>"
         )
-    text = path.read_text()
-    doc = json.loads(text)
-    if doc.get("format") != TOKEN_FREQ_FORMAT or not isinstance(doc.get("counts"), dict):
-        raise NoCounts(f"{path}: not an hsdump token_freq file; start the capture again")
+    try:
+        freq, doc = read_token_freq(str(folder))  # in the file's order: SpecForge's tie order
+    except Refusal as e:
+        raise NoCounts(f"{e}; run the capture command again") from None
     longest = int(doc.get("max_tokens") or 0)
     if max_length is not None and longest > int(max_length):
         raise NoCounts(
@@ -143,14 +137,13 @@ def specforge_map(folder, cache_dir: str, draft_size: int, target_size: int,
     import torch
     from specforge.data.preprocessing import process_token_dict_to_mappings
 
-    counts = Counter()
-    for t, c in doc["counts"].items():  # in the file's order: SpecForge's tie order
-        counts[int(t)] = int(c)
+    counts = Counter(freq)
     if counts and max(counts) >= target_size:
         raise NoCounts(
             f"{path} counts token id {max(counts)}, outside the drafter's vocab_size "
             f"{target_size}: the drafter config is not the captured model's"
         )
+    text = json.dumps(list(freq.items()))
     key = hashlib.sha256(f"{text}:{target_size}:{draft_size}".encode()).hexdigest()[:32]
     out = Path(cache_dir) / "vocab_mapping" / f"hsdump-{key}.pt"
     if not out.exists():

@@ -190,10 +190,10 @@ def committed_frequencies(out_dir: str) -> Tuple[Dict[int, int], Dict[str, Any]]
     (for a dataset folder that cannot be written)."""
     counts, samples = committed_counts(out_dir)
     freq = _as_dict(counts)
-    return freq, _fields(freq, samples, None, COMMITTED)
+    return freq, freq_fields(freq, samples, None, COMMITTED)
 
 
-def _fields(
+def freq_fields(
     freq: Dict[int, int], samples: int, target_vocab_size: Optional[int], counted: str
 ) -> Dict[str, Any]:
     """token_freq.json's fields but `counts`."""
@@ -215,7 +215,7 @@ def _write(
     if target_vocab_size is not None and freq and max(freq) >= target_vocab_size:
         raise Refusal(f"token id {max(freq)} >= target_vocab_size={target_vocab_size}")
     doc = {
-        **_fields(freq, samples, target_vocab_size, counted),
+        **freq_fields(freq, samples, target_vocab_size, counted),
         "counts": {str(k): v for k, v in freq.items()},
     }
     out = Path(out_dir)
