@@ -10,7 +10,13 @@ from factories import ROOT
 
 sys.path.insert(0, str(ROOT))
 
-from bench.acceptance.speedup import agreement, first_difference, speed_rows, speedup  # noqa: E402
+from bench.acceptance.speedup import (  # noqa: E402
+    agreement,
+    first_difference,
+    over_run,
+    speed_rows,
+    speedup,
+)
 
 
 def _row(name, b1_wall, b1_tokens, per_prompt, b8, outputs, batched=None):
@@ -86,6 +92,22 @@ def test_speed_rows_cost_and_break_even(tmp_path):
     assert cost["greedy"]["margins_at_first_difference"]["under_0_1"] == 1
 
 
+def test_over_run_gives_each_stretch_of_the_full_length_prompts():
+    """A round that slows down over the run shows stretch by stretch; the prompts that stopped
+    short (their request's fixed cost spread over fewer rounds) are left out."""
+    # 8 prompts in serving order: 6 ran to 192 tokens, rounds of 3, 3, 4, 4, 6, 6 ms;
+    # two stopped at 20 tokens with slow rounds that must not count
+    pp = [[192, 100, 0.3], [20, 5, 0.2], [192, 100, 0.3], [192, 100, 0.4],
+          [192, 100, 0.4], [20, 5, 0.2], [192, 100, 0.6], [192, 100, 0.6]]  # fmt: skip
+    got = over_run(pp, 1)
+    assert got["completion_tokens"] == 192
+    assert [s["median"] for s in got["stretches"]] == [3.0, 4.0, 4.0, 6.0]
+    assert [s["prompts"] for s in got["stretches"]] == [1, 2, 1, 2]
+    assert over_run(pp, 1, parts=2)["stretches"] == [dict(prompts=3, median=3.0),
+                                                     dict(prompts=3, median=6.0)]  # fmt: skip
+    assert over_run([[192, 100], [192, 90]], 1) is None  # rows without wall times
+
+
 def test_speedup_json_names_target_gpu_and_best(tmp_path):
     _write(tmp_path)
     out = tmp_path / "speedup.json"
@@ -102,7 +124,12 @@ def test_speedup_json_names_target_gpu_and_best(tmp_path):
 
 
 @pytest.mark.parametrize(
-    "run", ["speedup-qwen-coder-1.5b-0517", "speedup-qwen-coder-1.5b-0517-h200"]
+    "run",
+    [
+        "speedup-qwen-coder-1.5b-0517",
+        "speedup-qwen-coder-1.5b-0517-h200",
+        "speedup-qwen-coder-1.5b-0517-h100-alone",
+    ],
 )
 def test_recorded_run_is_its_serve_files(tmp_path, run):
     """The recorded 1.5B runs' speedup.json is what their gzipped serve JSONs and margins give."""

@@ -124,6 +124,26 @@ def spread(per_prompt, col: int):
                 p90=round(_pct(ms, 0.9), 3), max=round(max(ms), 3))  # fmt: skip
 
 
+def over_run(per_prompt, col: int, parts: int = 4):
+    """The same milliseconds per unit as `spread`, over the run's course: the prompts that ran
+    to the longest completion (so that the fixed cost of a request weighs alike on each) in
+    `parts` stretches of the batch-1 run, in the order they were served, and the median of
+    each. A host whose speed drifts while one engine is timed shows here: on the H100 of
+    2026-12-07 a round at 3, 1, 4 went from 3.4 to 5.5 ms over one run while plain's step
+    stayed at 2.1 ms. None (and no key) for rows without each prompt's wall time."""
+    rows = [r for r in per_prompt or [] if len(r) > 2 and r[col]]
+    if not rows:
+        return None
+    longest = max(r[0] for r in rows)
+    idx = [i for i, r in enumerate(rows) if r[0] == longest]
+    n = len(rows)
+    out = []
+    for k in range(parts):
+        ms = [rows[i][2] / rows[i][col] * 1e3 for i in idx if k * n <= i * parts < (k + 1) * n]
+        out.append(dict(prompts=len(ms), median=round(_pct(ms, 0.5), 3) if ms else None))
+    return dict(completion_tokens=longest, stretches=out)
+
+
 def speed_rows(res: Path) -> dict:
     """The speed table from a results folder: plain's serve JSON and each setting's."""
     plain = load(res / "serve-plain.json")
@@ -150,6 +170,7 @@ def speed_rows(res: Path) -> dict:
         by_prompt = spread(b1.get("per_prompt"), 1)
         if by_prompt:
             costs[-1]["round_ms_by_prompt"] = by_prompt
+            costs[-1]["round_ms_over_run"] = over_run(b1.get("per_prompt"), 1)
         for key in ["batch1"] + sorted((k for k in row if re.fullmatch(r"batch\d+", k) and k != "batch1"),
                                        key=lambda k: int(k[5:])):  # fmt: skip
             r, p = row.get(key), plain.get(key)
@@ -170,7 +191,9 @@ def speed_rows(res: Path) -> dict:
     base = dict(batch1_tokens_per_s=plain["batch1"]["tokens_per_s"], step_ms=round(step_s * 1e3, 3))
     by_prompt = spread(plain["batch1"].get("per_prompt"), 0)
     if by_prompt:  # and the host's CPU, kept with it
-        base.update(step_ms_by_prompt=by_prompt, host=plain.get("host"))
+        base.update(step_ms_by_prompt=by_prompt,
+                    step_ms_over_run=over_run(plain["batch1"].get("per_prompt"), 0),
+                    host=plain.get("host"))  # fmt: skip
     return dict(plain=dict(base, engine=plain.get("engine")),
                 rows=rows, costs=costs)  # fmt: skip
 
