@@ -300,6 +300,15 @@ def main(argv=None) -> int:
         "300,000-token KV pool needs about 8 GB of an H200 each, CUDA graphs beside)",
     )
     p.add_argument(
+        "--serve-turns",
+        type=int,
+        default=0,
+        metavar="K",
+        help="time batch 1 in turns: the engines started together (--engines-at-once) take "
+        "the GPU K prompts at a time, plain and each drafter over the same minutes, before "
+        "their batched runs (0: each engine's batch 1 timed alone, one after another)",
+    )
+    p.add_argument(
         "--serve-stagger-s",
         type=float,
         default=10.0,

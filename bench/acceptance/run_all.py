@@ -56,6 +56,7 @@ from .specforge import (
 from .speculators.convert import epochs as speculators_epochs
 from .table import kv_pool_race, table
 from .target import target_of
+from .turns import hand_turns
 
 ME = ("-m", "bench.acceptance")  # this package's CLI, a step of its own
 SPECULATORS = ("-m", "bench.acceptance.speculators")  # the speculators pipeline's CLI
@@ -308,11 +309,17 @@ def run_all(a) -> int:  # noqa: C901 - one pipeline, read top to bottom
                 time.sleep(a.serve_stagger_s)
             cmd = [*serve_cmd(name, algorithm, drafter, eager, *more), "--ready", gate / f"ready-{name}",
                    "--go", gate / f"go-{name}", "--release", gate / "release"]  # fmt: skip
+            if a.serve_turns:  # batch 1 timed in turns with the engines beside it (turns.py)
+                cmd += ["--turns", gate, "--turn-prompts", str(a.serve_turns)]
             step = step_of(name, drafter) + ("-again" if again else "")
             ts[name] = run_thread(run, step, cmd, env, None, False)[0]
         for name, t in ts.items():
             while t.is_alive() and not (gate / f"ready-{name}").exists():
                 time.sleep(0.5)
+        if a.serve_turns and ts:  # every engine up: batch 1 in turns, then the rest one at a time
+            order = hand_turns(gate, list(ts), alive=lambda n: ts[n].is_alive())
+            print(f"batch 1 in turns: {len(order)} groups of {a.serve_turns} prompts, "
+                  f"{len(ts)} engines", flush=True)  # fmt: skip
         for name, t in ts.items():
             (gate / f"go-{name}").write_text("go\n")
             while t.is_alive() and not (P.res / f"serve-{name}.json").exists():

@@ -9,6 +9,8 @@ import os
 import time
 from pathlib import Path
 
+from .turns import Turns, cpu_times, gpu_clock, steal_share
+
 SPEC = dict(
     speculative_algorithm="EAGLE3",
     speculative_num_steps=3,
@@ -56,6 +58,54 @@ def _gen(eng, ids, sp, **kw):
     return outs, time.perf_counter() - t
 
 
+def batch1(eng, prompts, sp, group: int = 16, turns=None):
+    """The prompts one by one (tokens/s at batch 1), in groups of `group`: with `turns`
+    (turns.Turns) each group waits for its turn and says when it is done. Per prompt:
+    completion tokens, verify steps, wall seconds; per group: its turn, first prompt, wall
+    seconds, the host's CPU steal over it and the GPU's clock before and after (read outside
+    the timed calls). Returns (the batch1 dict, the outputs)."""
+    outs, walls, groups = [], [], []
+    starts = list(range(0, len(prompts), max(1, group)))
+    for j, i0 in enumerate(starts):
+        if turns:
+            turns.wait(j)
+        gpu0, cpu0, at = gpu_clock(), cpu_times(), time.time()
+        w_group = 0.0
+        for p in prompts[i0 : i0 + group]:
+            (o,), w = _gen(eng, [p], sp)
+            outs.append(o)
+            walls.append(w)
+            w_group += w
+        groups.append(dict(turn=j, first=i0, prompts=len(prompts[i0 : i0 + group]),
+                           wall_s=round(w_group, 4), at=round(at, 3),
+                           steal_share=steal_share(cpu0, cpu_times()),
+                           gpu_before=gpu0, gpu_after=gpu_clock()))  # fmt: skip
+        if turns:
+            turns.done(j, last=j == len(starts) - 1)
+    tok = sum(int(o["meta_info"]["completion_tokens"]) for o in outs)
+    ver = sum(int(o["meta_info"].get("spec_verify_ct") or 0) for o in outs)
+    wall = sum(walls)
+    res = dict(
+        prompts=len(prompts),
+        completion_tokens=tok,
+        wall_s=round(wall, 3),
+        tokens_per_s=round(tok / wall, 1) if wall else None,
+        accept_length=round(tok / ver, 4) if ver else None,
+        # per prompt: completion tokens, verify steps, wall seconds
+        per_prompt=[
+            [
+                int(o["meta_info"]["completion_tokens"]),
+                int(o["meta_info"].get("spec_verify_ct") or 0),
+                round(w, 5),
+            ]
+            for o, w in zip(outs, walls)
+        ],  # fmt: skip
+        groups=groups,
+        in_turns=bool(turns),
+    )
+    return res, outs
+
+
 def margins_of(out) -> list:
     """Per output token of a greedy run with top_logprobs_num=2: [top-1 minus top-2 logprob,
     the top-2 token] (how near a tie the target's choice was at each position)."""
@@ -98,7 +148,9 @@ def serve(a) -> int:
     """One engine (the plain target, or the target with --drafter), greedy on the held-out
     prompts: all at once (accept length, outputs), then --batch1 of them one by one (tokens/s
     at batch 1). With --ready/--go files the engine starts, says so, and waits its turn, so
-    that several engines start together and are timed one at a time."""
+    that several engines start together and are timed one at a time. With --turns the batch-1
+    timing comes first, a group of --turn-prompts prompts at each turn the coordinator hands
+    (turns.py), so that the engines started together are timed over the same minutes."""
     if a.device == "cpu":  # the rehearsal here: SGLang's CPU engine (no speculative path)
         from hsdump.capture.patch import prepare_process
 
@@ -148,6 +200,13 @@ def serve(a) -> int:
         _gen(eng, prompts[:4], sp)  # warm-up (kernels, graphs)
         if a.ready:
             Path(a.ready).write_text("ready\n")
+        n1 = min(a.batch1, len(prompts))
+        turns = Turns(a.turns, a.name) if getattr(a, "turns", None) else None
+        group = getattr(a, "turn_prompts", None) or 16
+        if turns:  # batch 1 first, in turns with the engines started beside this one
+            res["host"] = host_facts()
+            res["batch1"], outs1 = batch1(eng, prompts[:n1], sp, group, turns)
+            res["host"]["loadavg_after_batch1"] = [round(x, 2) for x in os.getloadavg()]
         if a.go:
             while not Path(a.go).exists():
                 time.sleep(0.2)
@@ -162,31 +221,10 @@ def serve(a) -> int:
             spec_verify_ct=sum(ver),
             accept_length=round(sum(comp) / sum(ver), 4) if sum(ver) else None,
         )
-        res["host"] = host_facts()
-        n1 = min(a.batch1, len(prompts))
-        tok1 = ver1 = 0
-        wall1 = 0.0
-        outs1, walls1 = [], []
-        for p in prompts[:n1]:
-            (o,), w = _gen(eng, [p], sp)
-            outs1.append(o)
-            walls1.append(w)
-            tok1 += int(o["meta_info"]["completion_tokens"])
-            ver1 += int(o["meta_info"].get("spec_verify_ct") or 0)
-            wall1 += w
-        res["batch1"] = dict(
-            prompts=n1,
-            completion_tokens=tok1,
-            wall_s=round(wall1, 3),
-            tokens_per_s=round(tok1 / wall1, 1) if wall1 else None,
-            accept_length=round(tok1 / ver1, 4) if ver1 else None,
-        )
-        # per prompt: completion tokens, verify steps, wall seconds
-        res["batch1"]["per_prompt"] = [[int(o["meta_info"]["completion_tokens"]),
-                                        int(o["meta_info"].get("spec_verify_ct") or 0),
-                                        round(w, 5)]
-                                       for o, w in zip(outs1, walls1)]  # fmt: skip
-        res["host"]["loadavg_after_batch1"] = [round(x, 2) for x in os.getloadavg()]
+        if not turns:  # timed alone, after the batched run
+            res["host"] = host_facts()
+            res["batch1"], outs1 = batch1(eng, prompts[:n1], sp, group)
+            res["host"]["loadavg_after_batch1"] = [round(x, 2) for x in os.getloadavg()]
         for b in getattr(a, "batch_sizes", None) or []:  # the prompts in groups of b at once
             res[f"batch{b}"] = in_groups(eng, prompts, sp, b)
         res["outputs"] = {str(s): list(o["output_ids"]) for s, o in zip(sids, outs)}

@@ -144,6 +144,43 @@ def over_run(per_prompt, col: int, parts: int = 4):
     return dict(completion_tokens=longest, stretches=out)
 
 
+def group_speeds(b1: dict) -> dict:
+    """A batch-1 run's tokens/s by group of prompts (serve.py's `groups`): {turn: tokens/s}."""
+    pp = b1.get("per_prompt") or []
+    out = {}
+    for g in b1.get("groups") or []:
+        tok = sum(r[0] for r in pp[g["first"] : g["first"] + g["prompts"]])
+        if g["wall_s"]:
+            out[g["turn"]] = tok / g["wall_s"]
+    return out
+
+
+def by_turn(row_b1: dict, plain_b1: dict):
+    """Where plain and the row were timed in turns (run-all --serve-turns): each turn's speed
+    against plain's over the same prompts in the same round of turns, a paired figure that a
+    drifting host moves alike on both sides; None otherwise."""
+    if not (row_b1.get("in_turns") and plain_b1.get("in_turns")):
+        return None
+    r, p = group_speeds(row_b1), group_speeds(plain_b1)
+    x = sorted(r[j] / p[j] for j in r if j in p and p[j])
+    if not x:
+        return None
+    return dict(turns=len(x), median=round(_pct(x, 0.5), 3), min=round(x[0], 3),
+                max=round(x[-1], 3))  # fmt: skip
+
+
+def host_over_groups(b1: dict):
+    """The host over a batch-1 run's groups: the largest share of CPU time stolen by the
+    hypervisor, and the GPU's SM clock, lowest and highest; None for rows without groups."""
+    gs = b1.get("groups") or []
+    if not gs:
+        return None
+    steal = [g["steal_share"] for g in gs if g.get("steal_share") is not None]
+    mhz = [x["sm_mhz"] for g in gs for x in (g.get("gpu_before"), g.get("gpu_after")) if x]
+    return dict(groups=len(gs), steal_share_max=max(steal) if steal else None,
+                sm_mhz_min=min(mhz) if mhz else None, sm_mhz_max=max(mhz) if mhz else None)  # fmt: skip
+
+
 def speed_rows(res: Path) -> dict:
     """The speed table from a results folder: plain's serve JSON and each setting's."""
     plain = load(res / "serve-plain.json")
@@ -171,6 +208,12 @@ def speed_rows(res: Path) -> dict:
         if by_prompt:
             costs[-1]["round_ms_by_prompt"] = by_prompt
             costs[-1]["round_ms_over_run"] = over_run(b1.get("per_prompt"), 1)
+        turned = by_turn(b1, plain["batch1"])
+        if turned:
+            costs[-1]["speed_vs_plain_by_turn"] = turned
+        host = host_over_groups(b1)
+        if host:
+            costs[-1]["host_over_groups"] = host
         for key in ["batch1"] + sorted((k for k in row if re.fullmatch(r"batch\d+", k) and k != "batch1"),
                                        key=lambda k: int(k[5:])):  # fmt: skip
             r, p = row.get(key), plain.get(key)
@@ -193,7 +236,11 @@ def speed_rows(res: Path) -> dict:
     if by_prompt:  # and the host's CPU, kept with it
         base.update(step_ms_by_prompt=by_prompt,
                     step_ms_over_run=over_run(plain["batch1"].get("per_prompt"), 0),
+                    in_turns=bool(plain["batch1"].get("in_turns")),
                     host=plain.get("host"))  # fmt: skip
+        host = host_over_groups(plain["batch1"])
+        if host:
+            base["host_over_groups"] = host
     return dict(plain=dict(base, engine=plain.get("engine")),
                 rows=rows, costs=costs)  # fmt: skip
 

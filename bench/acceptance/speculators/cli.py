@@ -65,6 +65,18 @@ def main(argv=None) -> int:
     p.add_argument("--ready")
     p.add_argument("--go")
     p.add_argument("--release")
+    p.add_argument(
+        "--turns",
+        help="a folder: time batch 1 in turns with the engines started beside this one, "
+        "before the batched runs (bench/acceptance/turns.py; run-all --serve-turns hands them)",
+    )
+    p.add_argument(
+        "--turn-prompts",
+        type=int,
+        default=16,
+        help="batch-1 prompts a group (a turn, with --turns); CPU steal and GPU clock are read "
+        "between groups",
+    )
     p.add_argument("--eager", action="store_true", help="no CUDA graphs")
     p.add_argument("--spec", help="EAGLE-3's STEPS,TOPK,DRAFT_TOKENS (default 3,1,4)")
     p.add_argument("--batch-sizes", type=lambda s: [int(x) for x in s.split(",") if x],

@@ -1,0 +1,97 @@
+"""Batch-1 timing in turns: engines that are all up (asleep when idle) take the GPU a few
+prompts at a time, so that plain decoding and each drafter are timed over the same minutes.
+
+On the H100 of 2026-12-07 a speculative round's cost drifted from 3.45 to 5.48 ms over one
+engine's batch-1 timing while plain's step, timed minutes earlier, stayed at 2.1 ms: timed one
+after another, the engines' order decided part of their ratio. In turns, a host that slows down
+slows every engine alike, and each turn is a paired comparison of its own.
+
+The protocol is files in one folder (the run's gate folder): the coordinator (run-all) writes
+`turn-NAME-J`; the engine NAME serves its J-th group of prompts and writes `done-NAME-J`
+holding `last` after its final group, `more` otherwise. The coordinator hands the turns round
+robin, the order rotated each round so that no engine always goes first. Besides: the host's
+CPU steal and the GPU's clock, read between groups (outside the timed calls)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import time
+from pathlib import Path
+
+
+class Turns:
+    """The engine's side: wait for its turn J, then say it is done."""
+
+    def __init__(self, folder, name: str, poll_s: float = 0.02):
+        self.folder, self.name, self.poll_s = Path(folder), name, poll_s
+
+    def wait(self, j: int) -> None:
+        f = self.folder / f"turn-{self.name}-{j}"
+        while not f.exists():
+            time.sleep(self.poll_s)
+
+    def done(self, j: int, last: bool) -> None:
+        f = self.folder / f"done-{self.name}-{j}"
+        tmp = f.with_suffix(".tmp")
+        tmp.write_text("last\n" if last else "more\n")
+        os.replace(tmp, f)
+
+
+def hand_turns(folder, names, alive, poll_s: float = 0.02) -> list:
+    """The coordinator's side: turn 0 to each engine in `names`, one at a time, then turn 1 in
+    the order rotated by one, and so on, until each has said `last` (or its process is gone:
+    `alive(name)` false with no done file). Returns the (turn, name) pairs in the order run."""
+    folder = Path(folder)
+    active, order, j = list(names), [], 0
+    while active:
+        k = j % len(active)
+        for name in active[k:] + active[:k]:
+            (folder / f"turn-{name}-{j}").write_text("go\n")
+            done = folder / f"done-{name}-{j}"
+            while not done.exists() and alive(name):
+                time.sleep(poll_s)
+            if not done.exists():  # the engine died: the others go on
+                active.remove(name)
+                continue
+            order.append((j, name))
+            if done.read_text().strip() == "last":
+                active.remove(name)
+        j += 1
+    return order
+
+
+def cpu_times():
+    """The host's CPU times from /proc/stat (user .. steal, jiffies); None where unreadable."""
+    try:
+        with open("/proc/stat") as f:
+            parts = f.readline().split()
+    except OSError:
+        return None
+    if not parts or parts[0] != "cpu":
+        return None
+    return [int(x) for x in parts[1:9]]
+
+
+def steal_share(before, after):
+    """The share of the host's CPU time a hypervisor gave to others between two readings."""
+    if not before or not after or len(before) < 8 or len(after) < 8:
+        return None
+    d = [b - a for a, b in zip(before, after)]
+    total = sum(d)
+    return round(d[7] / total, 4) if total > 0 else None
+
+
+def gpu_clock():
+    """The first GPU's SM clock (MHz), temperature (C) and power draw (W) from nvidia-smi;
+    None where there is no nvidia-smi (the CPU rehearsal)."""
+    try:
+        out = subprocess.run(
+            ["nvidia-smi", "--query-gpu=clocks.sm,temperature.gpu,power.draw",
+             "--format=csv,noheader,nounits"],
+            capture_output=True, text=True, timeout=10,
+        ).stdout.splitlines()  # fmt: skip
+        sm, temp, power = (x.strip() for x in out[0].split(","))
+        return dict(sm_mhz=int(float(sm)), temp_c=int(float(temp)), power_w=round(float(power), 1))
+    except (OSError, subprocess.SubprocessError, IndexError, ValueError):
+        return None

@@ -1,0 +1,134 @@
+"""Batch-1 timing in turns (bench/acceptance/turns.py, serve.py's batch1, speedup.py's
+by_turn): the engines take the GPU one group of prompts at a time, in a rotating order, never
+two at once; a dead engine does not stop the others; the speed table pairs each turn."""
+
+import sys
+import threading
+import time
+
+import pytest
+from factories import ROOT
+
+sys.path.insert(0, str(ROOT))
+
+from bench.acceptance.serve import batch1  # noqa: E402
+from bench.acceptance.speedup import by_turn, group_speeds, host_over_groups  # noqa: E402
+from bench.acceptance.turns import Turns, cpu_times, hand_turns, steal_share  # noqa: E402
+
+
+def _engine(folder, name, groups, log, lock, die_after=None):
+    t = Turns(folder, name, poll_s=0.001)
+    for j in range(groups):
+        if die_after is not None and j == die_after:
+            return  # gone without a done file
+        t.wait(j)
+        with lock:
+            log.append(("start", name, j, time.perf_counter()))
+        time.sleep(0.01)
+        with lock:
+            log.append(("end", name, j, time.perf_counter()))
+        t.done(j, last=j == groups - 1)
+
+
+def _run(tmp_path, specs):
+    log, lock, threads = [], threading.Lock(), {}
+    for name, groups, die in specs:
+        th = threading.Thread(target=_engine, args=(tmp_path, name, groups, log, lock, die))
+        th.start()
+        threads[name] = th
+    order = hand_turns(tmp_path, [s[0] for s in specs], alive=lambda n: threads[n].is_alive(),
+                       poll_s=0.001)  # fmt: skip
+    for th in threads.values():
+        th.join(timeout=10)
+    return order, log
+
+
+def test_turns_rotate_and_never_overlap(tmp_path):
+    order, log = _run(tmp_path, [("plain", 3, None), ("s3-1-4", 3, None), ("s3-4-8", 3, None)])
+    assert order == [(0, "plain"), (0, "s3-1-4"), (0, "s3-4-8"),
+                     (1, "s3-1-4"), (1, "s3-4-8"), (1, "plain"),
+                     (2, "s3-4-8"), (2, "plain"), (2, "s3-1-4")]  # fmt: skip
+    # one engine on the GPU at a time: each group ends before the next starts
+    ev = sorted(log, key=lambda e: e[3])
+    assert [e[0] for e in ev] == ["start", "end"] * 9
+    assert all(ev[i][1:3] == ev[i + 1][1:3] for i in range(0, 18, 2))
+
+
+def test_a_dead_engine_does_not_stop_the_turns(tmp_path):
+    order, _ = _run(tmp_path, [("plain", 3, None), ("broken", 3, 1)])
+    assert order == [(0, "plain"), (0, "broken"), (1, "plain"), (2, "plain")]
+
+
+class _Engine:
+    """Stands in for sglang.Engine's generate in batch1's bookkeeping (which prompts went in
+    which group, their tokens and wall times): not SGLang's behaviour."""
+
+    def generate(self, input_ids, sampling_params):
+        time.sleep(0.001)
+        return [dict(meta_info=dict(completion_tokens=len(p) * 2, spec_verify_ct=len(p)))
+                for p in input_ids]  # fmt: skip
+
+
+def test_batch1_groups_its_prompts_and_keeps_each_prompt(tmp_path):
+    prompts = [[1] * n for n in (1, 2, 3, 4, 5)]
+    got, outs = batch1(_Engine(), prompts, {}, group=2)
+    assert len(outs) == 5 and got["prompts"] == 5 and not got["in_turns"]
+    assert [(g["turn"], g["first"], g["prompts"]) for g in got["groups"]] == [
+        (0, 0, 2), (1, 2, 2), (2, 4, 1)]  # fmt: skip
+    assert [r[:2] for r in got["per_prompt"]] == [[2, 1], [4, 2], [6, 3], [8, 4], [10, 5]]
+    assert got["completion_tokens"] == 30 and got["accept_length"] == 2.0
+    for g in got["groups"]:  # a group's wall time is its prompts'
+        walls = [r[2] for r in got["per_prompt"][g["first"] : g["first"] + g["prompts"]]]
+        assert abs(g["wall_s"] - sum(walls)) < 1e-3
+    # in turns: it waits for each turn and says when it is done
+    th = threading.Thread(target=lambda: hand_turns(tmp_path, ["x"], alive=lambda n: True,
+                                                    poll_s=0.001))  # fmt: skip
+    th.start()
+    got, _ = batch1(_Engine(), prompts, {}, group=2, turns=Turns(tmp_path, "x", poll_s=0.001))
+    th.join(timeout=10)
+    assert not th.is_alive() and got["in_turns"]
+    assert sorted(p.name for p in tmp_path.glob("done-x-*")) == ["done-x-0", "done-x-1", "done-x-2"]
+    assert (tmp_path / "done-x-2").read_text() == "last\n"
+
+
+def test_steal_share_from_proc_stat():
+    assert steal_share([0] * 8, [50, 0, 25, 20, 0, 0, 0, 5]) == 0.05
+    assert steal_share(None, [1] * 8) is None and steal_share([1] * 8, [1] * 8) is None
+    now = cpu_times()  # this machine's /proc/stat: user .. steal
+    assert now is None or (len(now) == 8 and all(x >= 0 for x in now))
+
+
+def test_speed_by_turn_pairs_the_same_prompts():
+    # plain: 2 groups of 2 prompts, 100 tokens each, 0.2 s a group -> 1000 tok/s
+    pp = [[100, 0, 0.1]] * 4
+    plain = dict(in_turns=True, per_prompt=pp,
+                 groups=[dict(turn=0, first=0, prompts=2, wall_s=0.2),
+                         dict(turn=1, first=2, prompts=2, wall_s=0.2,
+                              steal_share=0.01, gpu_before=dict(sm_mhz=1980),
+                              gpu_after=dict(sm_mhz=1755))])  # fmt: skip
+    # the drafter: 1.5x in turn 0, 1.2x in turn 1 (the host slowed down for both)
+    row = dict(in_turns=True, per_prompt=[[100, 40, 0.1]] * 4,
+               groups=[dict(turn=0, first=0, prompts=2, wall_s=0.2 / 1.5),
+                       dict(turn=1, first=2, prompts=2, wall_s=0.2 / 1.2)])  # fmt: skip
+    assert group_speeds(plain) == {0: 1000.0, 1: 1000.0}
+    assert by_turn(row, plain) == dict(turns=2, median=1.5, min=1.2, max=1.5)
+    assert by_turn(row, dict(plain, in_turns=False)) is None  # timed apart: no pairs
+    assert host_over_groups(plain) == dict(groups=2, steal_share_max=0.01, sm_mhz_min=1755,
+                                           sm_mhz_max=1980)  # fmt: skip
+    assert host_over_groups(dict(per_prompt=pp)) is None
+
+
+@pytest.mark.parametrize(
+    "main, argv, flags",
+    [
+        ("bench.acceptance.cli", ["run-all", "--help"], ["--serve-turns"]),
+        ("bench.acceptance.speculators.cli", ["serve", "--help"], ["--turns", "--turn-prompts"]),
+    ],
+)
+def test_the_turn_options_are_there(capsys, main, argv, flags):
+    import importlib
+
+    with pytest.raises(SystemExit):
+        importlib.import_module(main).main(argv)
+    out = capsys.readouterr().out
+    assert all(f in out for f in flags)
