@@ -87,6 +87,7 @@ def test_batch1_groups_its_prompts_and_keeps_each_prompt(tmp_path):
     got, _ = batch1(_Engine(), prompts, {}, group=2, turns=Turns(tmp_path, "x", poll_s=0.001))
     th.join(timeout=10)
     assert not th.is_alive() and got["in_turns"]
+    assert got["turns_session"] == (tmp_path / "turn-x-2").read_text().strip()
     assert sorted(p.name for p in tmp_path.glob("done-x-*")) == ["done-x-0", "done-x-1", "done-x-2"]
     assert (tmp_path / "done-x-2").read_text() == "last\n"
 
@@ -113,6 +114,7 @@ def test_speed_by_turn_pairs_the_same_prompts():
     assert group_speeds(plain) == {0: 1000.0, 1: 1000.0}
     assert by_turn(row, plain) == dict(turns=2, median=1.5, min=1.2, max=1.5)
     assert by_turn(row, dict(plain, in_turns=False)) is None  # timed apart: no pairs
+    assert by_turn(dict(row, turns_session="b"), dict(plain, turns_session="a")) is None
     assert host_over_groups(plain) == dict(groups=2, steal_share_max=0.01, sm_mhz_min=1755,
                                            sm_mhz_max=1980)  # fmt: skip
     assert host_over_groups(dict(per_prompt=pp)) is None

@@ -102,6 +102,7 @@ def batch1(eng, prompts, sp, group: int = 16, turns=None):
         ],  # fmt: skip
         groups=groups,
         in_turns=bool(turns),
+        turns_session=turns.session if turns else None,
     )
     return res, outs
 

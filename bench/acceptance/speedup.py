@@ -158,9 +158,12 @@ def group_speeds(b1: dict) -> dict:
 def by_turn(row_b1: dict, plain_b1: dict):
     """Where plain and the row were timed in turns (run-all --serve-turns): each turn's speed
     against plain's over the same prompts in the same round of turns, a paired figure that a
-    drifting host moves alike on both sides; None otherwise."""
+    drifting host moves alike on both sides; None otherwise, or where the two took their turns
+    apart (their `turns_session` differs)."""
     if not (row_b1.get("in_turns") and plain_b1.get("in_turns")):
         return None
+    if row_b1.get("turns_session") != plain_b1.get("turns_session"):  # not timed together
+        return None  # (an engine served again alone after a KV-pool race)
     r, p = group_speeds(row_b1), group_speeds(plain_b1)
     x = sorted(r[j] / p[j] for j in r if j in p and p[j])
     if not x:

@@ -25,11 +25,13 @@ class Turns:
 
     def __init__(self, folder, name: str, poll_s: float = 0.02):
         self.folder, self.name, self.poll_s = Path(folder), name, poll_s
+        self.session = None  # the coordinator's: which engines took turns together
 
     def wait(self, j: int) -> None:
         f = self.folder / f"turn-{self.name}-{j}"
         while not f.exists():
             time.sleep(self.poll_s)
+        self.session = f.read_text().strip() or self.session
 
     def done(self, j: int, last: bool) -> None:
         f = self.folder / f"done-{self.name}-{j}"
@@ -43,11 +45,14 @@ def hand_turns(folder, names, alive, poll_s: float = 0.02) -> list:
     the order rotated by one, and so on, until each has said `last` (or its process is gone:
     `alive(name)` false with no done file). Returns the (turn, name) pairs in the order run."""
     folder = Path(folder)
+    session = f"{time.time():.6f}-{os.getpid()}"  # the engines timed together share it
     active, order, j = list(names), [], 0
     while active:
         k = j % len(active)
         for name in active[k:] + active[:k]:
-            (folder / f"turn-{name}-{j}").write_text("go\n")
+            turn = folder / f"turn-{name}-{j}"
+            turn.with_suffix(".tmp").write_text(session + "\n")
+            os.replace(turn.with_suffix(".tmp"), turn)
             done = folder / f"done-{name}-{j}"
             while not done.exists() and alive(name):
                 time.sleep(poll_s)
