@@ -205,13 +205,18 @@ def serve(a) -> int:
             _gen(eng, [p], sp)
         if a.ready:
             Path(a.ready).write_text("ready\n")
-        n1 = min(a.batch1, len(prompts))
         turns = Turns(a.turns, a.name) if getattr(a, "turns", None) else None
-        group = getattr(a, "turn_prompts", None) or 16
-        if turns:  # batch 1 first, in turns with the engines started beside this one
+
+        def timed_batch1():
             res["host"] = host_facts()
-            res["batch1"], outs1 = batch1(eng, prompts[:n1], sp, group, turns)
+            n1 = min(a.batch1, len(prompts))
+            group = getattr(a, "turn_prompts", None) or 16
+            res["batch1"], outs = batch1(eng, prompts[:n1], sp, group, turns)
             res["host"]["loadavg_after_batch1"] = [round(x, 2) for x in os.getloadavg()]
+            return outs
+
+        if turns:  # batch 1 first, in turns with the engines started beside this one
+            outs1 = timed_batch1()
         if a.go:
             while not Path(a.go).exists():
                 time.sleep(0.2)
@@ -227,9 +232,7 @@ def serve(a) -> int:
             accept_length=round(sum(comp) / sum(ver), 4) if sum(ver) else None,
         )
         if not turns:  # timed alone, after the batched run
-            res["host"] = host_facts()
-            res["batch1"], outs1 = batch1(eng, prompts[:n1], sp, group)
-            res["host"]["loadavg_after_batch1"] = [round(x, 2) for x in os.getloadavg()]
+            outs1 = timed_batch1()
         for b in getattr(a, "batch_sizes", None) or []:  # the prompts in groups of b at once
             res[f"batch{b}"] = in_groups(eng, prompts, sp, b)
         res["outputs"] = {str(s): list(o["output_ids"]) for s, o in zip(sids, outs)}

@@ -19,6 +19,8 @@ import subprocess
 import time
 from pathlib import Path
 
+from hsdump.store.files import atomic_write
+
 
 class Turns:
     """The engine's side: wait for its turn J, then say it is done."""
@@ -34,10 +36,7 @@ class Turns:
         self.session = f.read_text().strip() or self.session
 
     def done(self, j: int, last: bool) -> None:
-        f = self.folder / f"done-{self.name}-{j}"
-        tmp = f.with_suffix(".tmp")
-        tmp.write_text("last\n" if last else "more\n")
-        os.replace(tmp, f)
+        atomic_write(self.folder / f"done-{self.name}-{j}", b"last\n" if last else b"more\n")
 
 
 def hand_turns(folder, names, alive, poll_s: float = 0.02) -> list:
@@ -50,9 +49,7 @@ def hand_turns(folder, names, alive, poll_s: float = 0.02) -> list:
     while active:
         k = j % len(active)
         for name in active[k:] + active[:k]:
-            turn = folder / f"turn-{name}-{j}"
-            turn.with_suffix(".tmp").write_text(session + "\n")
-            os.replace(turn.with_suffix(".tmp"), turn)
+            atomic_write(folder / f"turn-{name}-{j}", f"{session}\n".encode())
             done = folder / f"done-{name}-{j}"
             while not done.exists() and alive(name):
                 time.sleep(poll_s)

@@ -28,7 +28,7 @@ import numpy as np
 
 from hsdump.errors import Refusal
 from hsdump.store.layout import TOKEN_FREQ
-from hsdump.store.stats import freq_fields, read_token_freq
+from hsdump.store.stats import read_token_freq, write_freq
 
 COUNTED = (
     "input_ids where loss_mask == 1, of the samples the trainer is fed, in the order SpecForge "
@@ -81,14 +81,8 @@ def ordered_counts(
 def write_counts(folder, pairs: List[List[int]], samples: int, max_tokens: int) -> Path:
     """FOLDER/token_freq.json: hsdump's token_freq format, its counts in `pairs`' order, and
     `max_tokens` (the longest sample: a trainer truncating shorter counts other tokens)."""
-    from hsdump.online.folder import write_atomic
-
     freq = {t: c for t, c in pairs}  # in SpecForge's order
-    doc = dict(freq_fields(freq, samples, None, COUNTED), max_tokens=int(max_tokens))
-    doc["counts"] = {str(t): c for t, c in freq.items()}
-    path = Path(folder) / TOKEN_FREQ
-    write_atomic(path, json.dumps(doc, separators=(",", ":")))
-    return path
+    return write_freq(freq, samples, folder, None, COUNTED, max_tokens=int(max_tokens))
 
 
 class NoCounts(Exception):
@@ -140,8 +134,8 @@ def specforge_map(folder, cache_dir: str, draft_size: int, target_size: int,
     counts = Counter(freq)
     if counts and max(counts) >= target_size:
         raise NoCounts(
-            f"{path} counts token id {max(counts)}, outside the drafter's vocab_size "
-            f"{target_size}: the drafter config is not the captured model's"
+            f"{path} counts token id {max(counts)}, outside the target's vocabulary of "
+            f"{target_size}: the run config's target is not the captured model"
         )
     text = json.dumps(list(freq.items()))
     key = hashlib.sha256(f"{text}:{target_size}:{draft_size}".encode()).hexdigest()[:32]

@@ -211,11 +211,24 @@ def freq_fields(
 def _write(
     counts: np.ndarray, samples: int, out_dir: str, target_vocab_size: Optional[int], counted: str
 ) -> Path:
-    freq = _as_dict(counts)
+    return write_freq(_as_dict(counts), samples, out_dir, target_vocab_size, counted)
+
+
+def write_freq(
+    freq: Dict[int, int],
+    samples: int,
+    out_dir,
+    target_vocab_size: Optional[int],
+    counted: str,
+    **extra: Any,
+) -> Path:
+    """OUT/token_freq.json, atomically: `freq` ({token id: count}, kept in its order), the
+    format's fields and `extra` ones before `counts`."""
     if target_vocab_size is not None and freq and max(freq) >= target_vocab_size:
         raise Refusal(f"token id {max(freq)} >= target_vocab_size={target_vocab_size}")
     doc = {
         **freq_fields(freq, samples, target_vocab_size, counted),
+        **extra,
         "counts": {str(k): v for k, v in freq.items()},
     }
     out = Path(out_dir)
