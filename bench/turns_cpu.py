@@ -94,10 +94,12 @@ def main(argv=None) -> int:
         batched_after={n: got[n]["batched"]["prompts"] for n in names},
     )
     res["one_session"] = len(set(res["sessions"].values())) == 1
+    # each group's busiest process: on the CPU engine the scheduler does the forward itself
+    res["busiest"] = {n: [(g.get("busy") or [[None]])[0][0] for g in res["groups"][n]] for n in names}
     Path(a.out).write_text(json.dumps(res, indent=1) + "\n")
     shutil.rmtree(work, ignore_errors=True)
     print(json.dumps({k: res[k] for k in ("order_handed", "ran_in_the_order_handed",
-                                          "one_session", "exit_codes")}))  # fmt: skip
+                                          "one_session", "exit_codes", "busiest")}))  # fmt: skip
     ok = res["ran_in_the_order_handed"] and res["one_session"] and not any(rcs.values())
     return 0 if ok else 1
 

@@ -2,6 +2,7 @@
 by_turn): the engines take the GPU one group of prompts at a time, in a rotating order, never
 two at once; a dead engine does not stop the others; the speed table pairs each turn."""
 
+import subprocess
 import sys
 import threading
 import time
@@ -13,7 +14,16 @@ sys.path.insert(0, str(ROOT))
 
 from bench.acceptance.serve import batch1  # noqa: E402
 from bench.acceptance.speedup import by_turn, group_speeds, host_over_groups  # noqa: E402
-from bench.acceptance.turns import Turns, cpu_times, hand_turns, steal_share  # noqa: E402
+from bench.acceptance.turns import (  # noqa: E402
+    Turns,
+    cpu_times,
+    hand_turns,
+    proc_cpu,
+    proc_cpu_share,
+    steal_by_cpu,
+    steal_share,
+    stolen_cpus,
+)
 
 
 def _engine(folder, name, groups, log, lock, die_after=None):
@@ -99,6 +109,35 @@ def test_steal_share_from_proc_stat():
     assert now is None or (len(now) == 8 and all(x >= 0 for x in now))
 
 
+def test_busy_processes_and_stolen_cpus():
+    # a child that spins for 0.5 s (then says so and sleeps) and one that sleeps: only the
+    # spinning one is busy, most of the wall time (an engine's scheduler in a CPU-bound round)
+    spin = ("import sys, time\nt = time.process_time()\nwhile time.process_time() - t < 0.5: pass\n"
+            "print('spun', flush=True)\ntime.sleep(2)\n")  # fmt: skip
+    before, t0 = proc_cpu(), time.time()
+    kids = [subprocess.Popen([sys.executable, "-c", spin], stdout=subprocess.PIPE, text=True),
+            subprocess.Popen([sys.executable, "-c", "import time; time.sleep(2)"])]  # fmt: skip
+    assert kids[0].stdout.readline().strip() == "spun"
+    after, wall = proc_cpu(), time.time() - t0
+    for k in kids:
+        k.kill()
+        k.wait()
+    assert kids[0].pid in after and kids[1].pid in after  # descendants of this process
+    name, ticks, cpu = after[kids[0].pid]
+    assert name.startswith("python") and ticks > 0 and cpu >= 0
+    busy = proc_cpu_share(before, after, wall)  # every process, the busiest first
+    spinner = proc_cpu_share(before, {kids[0].pid: after[kids[0].pid]}, wall)
+    sleeper = proc_cpu_share(before, {kids[1].pid: after[kids[1].pid]}, wall)
+    assert spinner and spinner[0][1] >= 0.3, busy  # 0.5 s of CPU in under 1.7 s of wall
+    assert busy[0] == spinner[0], busy
+    assert not sleeper or sleeper[0][1] < spinner[0][1] / 2, busy
+    assert proc_cpu_share({}, after, wall) == []  # nothing read before: no shares
+    now = steal_by_cpu()  # this machine's per-CPU lines: steal <= total
+    assert now and all(0 <= st <= tot for st, tot in now.values())
+    assert stolen_cpus({0: [10, 100], 1: [5, 100]}, {0: [30, 200], 1: [5, 200]}) == {0: 0.2}
+    assert stolen_cpus(None, {0: [1, 1]}) == {}
+
+
 def test_speed_by_turn_pairs_the_same_prompts():
     # plain: 2 groups of 2 prompts, 100 tokens each, 0.2 s a group -> 1000 tok/s
     pp = [[100, 0, 0.1]] * 4
@@ -116,7 +155,12 @@ def test_speed_by_turn_pairs_the_same_prompts():
     assert by_turn(row, dict(plain, in_turns=False)) is None  # timed apart: no pairs
     assert by_turn(dict(row, turns_session="b"), dict(plain, turns_session="a")) is None
     assert host_over_groups(plain) == dict(groups=2, steal_share_max=0.01, sm_mhz_min=1755,
-                                           sm_mhz_max=1980)  # fmt: skip
+                                           sm_mhz_max=1980, busiest_min=None,
+                                           busiest_max=None)  # fmt: skip
+    plain["groups"][0]["busy"] = [["sglang::schedul", 0.97, 3], ["python3", 0.1, 5]]
+    plain["groups"][1]["busy"] = [["sglang::schedul", 0.62, 4]]
+    assert host_over_groups(plain)["busiest_min"] == 0.62
+    assert host_over_groups(plain)["busiest_max"] == 0.97
     assert host_over_groups(dict(per_prompt=pp)) is None
 
 

@@ -9,7 +9,16 @@ import os
 import time
 from pathlib import Path
 
-from .turns import Turns, cpu_times, gpu_clock, steal_share
+from .turns import (
+    Turns,
+    cpu_times,
+    gpu_clock,
+    proc_cpu,
+    proc_cpu_share,
+    steal_by_cpu,
+    steal_share,
+    stolen_cpus,
+)
 
 SPEC = dict(
     speculative_algorithm="EAGLE3",
@@ -62,14 +71,17 @@ def batch1(eng, prompts, sp, group: int = 16, turns=None):
     """The prompts one by one (tokens/s at batch 1), in groups of `group`: with `turns`
     (turns.Turns) each group waits for its turn and says when it is done. Per prompt:
     completion tokens, verify steps, wall seconds; per group: its turn, first prompt, wall
-    seconds, the host's CPU steal over it and the GPU's clock before and after (read outside
-    the timed calls). Returns (the batch1 dict, the outputs)."""
+    seconds, the host's CPU steal over it (and the CPUs that lost time to it), how busy each of
+    the engine's processes was (CPU seconds over wall seconds, and the CPU it ran on), and the
+    GPU's clock before and after (read outside the timed calls). Returns (the batch1 dict, the
+    outputs)."""
     outs, walls, groups = [], [], []
     starts = list(range(0, len(prompts), max(1, group)))
     for j, i0 in enumerate(starts):
         if turns:
             turns.wait(j)
         gpu0, cpu0, at = gpu_clock(), cpu_times(), time.time()
+        procs0, each0 = proc_cpu(), steal_by_cpu()
         w_group = 0.0
         for p in prompts[i0 : i0 + group]:
             (o,), w = _gen(eng, [p], sp)
@@ -79,6 +91,8 @@ def batch1(eng, prompts, sp, group: int = 16, turns=None):
         groups.append(dict(turn=j, first=i0, prompts=len(prompts[i0 : i0 + group]),
                            wall_s=round(w_group, 4), at=round(at, 3),
                            steal_share=steal_share(cpu0, cpu_times()),
+                           stolen_cpus=stolen_cpus(each0, steal_by_cpu()),
+                           busy=proc_cpu_share(procs0, proc_cpu(), time.time() - at),
                            gpu_before=gpu0, gpu_after=gpu_clock()))  # fmt: skip
         if turns:
             turns.done(j, last=j == len(starts) - 1)

@@ -174,14 +174,20 @@ def by_turn(row_b1: dict, plain_b1: dict):
 
 def host_over_groups(b1: dict):
     """The host over a batch-1 run's groups: the largest share of CPU time stolen by the
-    hypervisor, and the GPU's SM clock, lowest and highest; None for rows without groups."""
+    hypervisor, the GPU's SM clock, lowest and highest, and how busy the engine's busiest
+    process was (CPU seconds over wall seconds; 1 is one thread busy all the group, as a
+    scheduler whose decode waits on the CPU),
+    lowest and highest; None for rows without groups."""
     gs = b1.get("groups") or []
     if not gs:
         return None
     steal = [g["steal_share"] for g in gs if g.get("steal_share") is not None]
     mhz = [x["sm_mhz"] for g in gs for x in (g.get("gpu_before"), g.get("gpu_after")) if x]
+    busy = [g["busy"][0][1] for g in gs if g.get("busy")]
     return dict(groups=len(gs), steal_share_max=max(steal) if steal else None,
-                sm_mhz_min=min(mhz) if mhz else None, sm_mhz_max=max(mhz) if mhz else None)  # fmt: skip
+                sm_mhz_min=min(mhz) if mhz else None, sm_mhz_max=max(mhz) if mhz else None,
+                busiest_min=min(busy) if busy else None,
+                busiest_max=max(busy) if busy else None)  # fmt: skip
 
 
 def speed_rows(res: Path) -> dict:

@@ -84,6 +84,80 @@ def steal_share(before, after):
     return round(d[7] / total, 4) if total > 0 else None
 
 
+def _stat(pid):
+    """(parent pid, name, CPU ticks used, the CPU it last ran on) from /proc/PID/stat."""
+    with open(f"/proc/{pid}/stat") as f:
+        raw = f.read()
+    name = raw[raw.index("(") + 1 : raw.rindex(")")]
+    rest = raw[raw.rindex(")") + 2 :].split()  # from field 3 (state) on
+    return int(rest[1]), name, int(rest[11]) + int(rest[12]), int(rest[36])
+
+
+def proc_cpu(root=None):
+    """This process and its descendants (an engine's scheduler and detokenizer): {pid: [name,
+    CPU ticks used, the CPU it last ran on]}; {} where /proc is unreadable. Read before and
+    after a group, it says whether a speculative round waits on the CPU (its scheduler busy
+    the whole group) and on which CPUs it ran."""
+    root = os.getpid() if root is None else root
+    stats = {}
+    try:
+        pids = [int(d) for d in os.listdir("/proc") if d.isdigit()]
+    except OSError:
+        return {}
+    for pid in pids:
+        try:
+            stats[pid] = _stat(pid)
+        except (OSError, ValueError, IndexError):
+            continue
+    kids, todo = {}, [root]
+    while todo:
+        me = todo.pop()
+        if me in stats and me not in kids:
+            kids[me] = list(stats[me][1:])
+            todo += [p for p, s in stats.items() if s[0] == me]
+    return kids
+
+
+def proc_cpu_share(before, after, wall_s):
+    """Per process busy over a group: [name, CPU seconds / wall seconds, the CPU it ran on at
+    the end], the busiest first; processes that used no CPU are left out."""
+    if not before or not after or not wall_s:
+        return []
+    hz = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+    rows = []
+    for pid, (name, ticks, cpu) in after.items():
+        used = ticks - before.get(pid, [name, 0, cpu])[1]  # one started since: all of it
+        if used > 0:
+            rows.append([name, round(used / hz / wall_s, 3), cpu])
+    return sorted(rows, key=lambda r: -r[1])
+
+
+def steal_by_cpu():
+    """Each CPU's steal and total jiffies from /proc/stat: {cpu: [steal, total]}."""
+    out = {}
+    try:
+        with open("/proc/stat") as f:
+            for line in f:
+                parts = line.split()
+                if parts and parts[0].startswith("cpu") and parts[0] != "cpu":
+                    v = [int(x) for x in parts[1:9]]
+                    out[int(parts[0][3:])] = [v[7], sum(v)]
+    except (OSError, ValueError):
+        return {}
+    return out
+
+
+def stolen_cpus(before, after, least: float = 0.01):
+    """The CPUs that lost at least `least` of their time to steal between two readings:
+    {cpu: share}."""
+    out = {}
+    for cpu, (s1, t1) in (after or {}).items():
+        s0, t0 = (before or {}).get(cpu, (s1, t1))
+        if t1 > t0 and (s1 - s0) / (t1 - t0) >= least:
+            out[cpu] = round((s1 - s0) / (t1 - t0), 3)
+    return out
+
+
 def gpu_clock():
     """The first GPU's SM clock (MHz), temperature (C) and power draw (W) from nvidia-smi;
     None where there is no nvidia-smi (the CPU rehearsal)."""
