@@ -95,7 +95,9 @@ def main(argv=None) -> int:
     )
     res["one_session"] = len(set(res["sessions"].values())) == 1
     # each group's busiest process: on the CPU engine the scheduler does the forward itself
-    res["busiest"] = {n: [(g.get("busy") or [[None]])[0][0] for g in res["groups"][n]] for n in names}
+    res["busiest"] = {
+        n: [(g.get("busy") or [[None]])[0][0] for g in res["groups"][n]] for n in names
+    }
     Path(a.out).write_text(json.dumps(res, indent=1) + "\n")
     shutil.rmtree(work, ignore_errors=True)
     print(json.dumps({k: res[k] for k in ("order_handed", "ran_in_the_order_handed",
