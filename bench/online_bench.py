@@ -209,6 +209,10 @@ def run_config(work: Path, target: str, draft: Path, data: str, a, kill_at: int 
             },
         ),
     )
+    from hsdump.online.consumer import TIED_HEAD_KEY, tied_head
+
+    if tied_head(cfg["model"]):  # SmolLM2: the target's LM head is its embedding, in both runs
+        cfg["model"]["lm_head_key"] = TIED_HEAD_KEY
     path = work / "run.json"
     path.write_text(json.dumps(cfg, indent=1))
     return path

@@ -540,6 +540,33 @@ def test_the_consumer_bounds_its_checkpoints(tmp_path, specforge):
     assert got.training.max_checkpoints == 0
 
 
+def test_the_consumer_loads_a_tied_targets_head_from_its_embedding(tmp_path, specforge):
+    """A target whose LM head is its embedding (SmolLM2: no lm_head.weight in its files) gets
+    model.lm_head_key=model.embed_tokens.weight where run.yaml leaves SpecForge's default; an
+    untied target, or one that cannot be read, keeps it, and another key named is kept. On the H100 of 2026-12-07 SpecForge's
+    trainer died on SmolLM2 without it: KeyError 'lm_head.weight' in TargetHead.load_weights."""
+    from specforge.config import load_config
+
+    from hsdump.online.consumer import TIED_HEAD_KEY, consumer_config, tied_head
+
+    cfg = ROOT / "docs" / "configs" / "online-dflash-cpu.yaml"
+    plan = dict(kind=KIND, epochs=2, seed=3)
+    tied, untied, nested = tmp_path / "tied", tmp_path / "untied", tmp_path / "nested"
+    for d, c in ((tied, {"tie_word_embeddings": True}), (untied, {"tie_word_embeddings": False}),
+                 (nested, {"text_config": {"tie_word_embeddings": True}})):  # fmt: skip
+        d.mkdir()
+        (d / "config.json").write_text(json.dumps(c))
+    assert tied_head({"target_model_path": str(nested)})
+    assert not tied_head({"target_model_path": "org/model-on-the-hub"})
+
+    def key(*over):
+        return consumer_config(load_config(str(cfg), list(over)), tmp_path, plan).model.lm_head_key
+
+    assert key(f"model.target_model_path={tied}") == TIED_HEAD_KEY
+    assert key(f"model.target_model_path={untied}") == "lm_head.weight"
+    assert key(f"model.target_model_path={tied}", "model.lm_head_key=my.head") == "my.head"
+
+
 def test_eagle3_counts_are_specforges_offline_counts_in_its_order(tmp_path, specforge):
     """hsdump.online.vocab counts the loss-masked ids as SpecForge's offline trainer counts an
     export's files, in the same order, so SpecForge's map builder picks the same ids where

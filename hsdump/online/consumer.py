@@ -29,6 +29,7 @@ its last acknowledged step: training.save_interval=1 makes every step one).
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 import threading
@@ -41,6 +42,24 @@ from hsdump.online.vocab import NoCounts
 KEEP_CHECKPOINTS = 2
 """training.max_checkpoints when run.yaml leaves it unset: the newest two (and SpecForge's best
 one) are kept, the older deleted as each is written."""
+
+
+DEFAULT_HEAD_KEY = "lm_head.weight"  # SpecForge 0.2.0's model.lm_head_key
+TIED_HEAD_KEY = "model.embed_tokens.weight"
+"""model.lm_head_key when run.yaml leaves SpecForge's default and the target ties its LM head to
+its embedding: the weight SpecForge's trainer then loads as the target's head."""
+
+
+def tied_head(model: dict) -> bool:
+    """Whether the target (model.target_model_path, a local folder) ties its LM head to its
+    embedding (config.json's tie_word_embeddings, or its text_config's); False where it cannot
+    be read (a hub id: SpecForge's own default stands)."""
+    cfg = Path(str(model.get("target_model_path") or "")) / "config.json"
+    try:
+        c = json.loads(cfg.read_text())
+    except (OSError, ValueError):
+        return False
+    return bool(c.get("tie_word_embeddings", (c.get("text_config") or {}).get("tie_word_embeddings")))
 
 
 def consumer_config(cfg, folder: Path, plan: dict):
@@ -58,6 +77,10 @@ def consumer_config(cfg, folder: Path, plan: dict):
         # resuming needs the checkpoint of the last acknowledged step (save_interval: 1 makes
         # every step one); SpecForge keeps every checkpoint unless told: a drafter's each step
         tr["max_checkpoints"] = KEEP_CHECKPOINTS
+    if raw["model"].get("lm_head_key") == DEFAULT_HEAD_KEY and tied_head(raw["model"]):
+        # SpecForge loads the target's LM head by this key, which a target that ties it to its
+        # embedding (SmolLM2) does not have in its files (the embedding is the same weight)
+        raw["model"]["lm_head_key"] = TIED_HEAD_KEY
     raw["model"]["target_backend"] = "sglang"
     raw["deployment"] = dict(
         mode="disaggregated",
