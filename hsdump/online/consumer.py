@@ -59,7 +59,9 @@ def tied_head(model: dict) -> bool:
         c = json.loads(cfg.read_text())
     except (OSError, ValueError):
         return False
-    return bool(c.get("tie_word_embeddings", (c.get("text_config") or {}).get("tie_word_embeddings")))
+    return bool(
+        c.get("tie_word_embeddings", (c.get("text_config") or {}).get("tie_word_embeddings"))
+    )
 
 
 def consumer_config(cfg, folder: Path, plan: dict):
