@@ -16,6 +16,8 @@ import subprocess
 import time
 from pathlib import Path
 
+from hsdump.online.consumer import TIED_HEAD_KEY, tied_head
+
 from .drafter import EXPORT_TO, SERVED_STEPS, TRAINING
 from .patches import draft_options
 from .pipeline import package_env
@@ -82,14 +84,13 @@ def run_config(a, kind: str, train_dir: Path, eval_dir, n_train: int, out: Path)
     if a.cpu:  # FSDP needs an accelerator; SpecForge's NO_SHARD is DDP, which runs on gloo
         tr["fsdp_sharding"] = "NO_SHARD"
     target = trainer_target(a.target, out / "target")
-    t = json.loads((Path(a.target) / "config.json").read_text())
     model = dict(
         target_model_path=target,
         draft_model_config=str(Path(a.draft_config).resolve()),
         torch_dtype=train_dtype(a),
     )
-    if t.get("tie_word_embeddings"):  # SmolLM2: the LM head is the embedding
-        model["lm_head_key"] = "model.embed_tokens.weight"
+    if tied_head(dict(target_model_path=a.target)):  # SmolLM2: the LM head is the embedding
+        model["lm_head_key"] = TIED_HEAD_KEY
     data = dict(
         hidden_states_path=str(train_dir),
         max_length=a.max_length,
