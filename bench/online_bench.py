@@ -36,7 +36,9 @@ of all epochs fill whole windows).
 --to messages` of a regenerating capture: the online mode does not regenerate); its JSON gathers
 the fields issue 73 asks (`gpu`, `bytes_published`, `waits`, `capture_tokens_per_s`: with the
 trainer against the offline twin's capture alone, `kills`), and `bench/online_pair.py` adds the
-two drafters' served accept lengths, paired. Not run on a GPU yet.
+two drafters' served accept lengths, paired. Not run through on a GPU yet: its one try (an
+H100, docs/reports/2026-12-07-online-eagle3-gpu-first-try.md) stopped at the offline trainer's
+start, on SmolLM2's tied LM head (run_config now names its key).
 
 SpecForge 0.2.0 and accelerate 1.15.0 are not installable beside SGLang: pass their unpacked
 wheels' roots (--specforge, --accelerate; default the test suite's cache,
