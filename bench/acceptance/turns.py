@@ -63,16 +63,24 @@ def hand_turns(folder, names, alive, poll_s: float = 0.02) -> list:
     return order
 
 
-def cpu_times():
-    """The host's CPU times from /proc/stat (user .. steal, jiffies); None where unreadable."""
+def _proc_stat() -> dict:
+    """/proc/stat's CPU lines: {"cpu": [user .. steal], "cpu0": [...], ...} (jiffies); {}
+    where unreadable."""
+    out = {}
     try:
         with open("/proc/stat") as f:
-            parts = f.readline().split()
-    except OSError:
-        return None
-    if not parts or parts[0] != "cpu":
-        return None
-    return [int(x) for x in parts[1:9]]
+            for line in f:
+                parts = line.split()
+                if parts and parts[0].startswith("cpu"):
+                    out[parts[0]] = [int(x) for x in parts[1:9]]
+    except (OSError, ValueError):
+        return {}
+    return out
+
+
+def cpu_times():
+    """The host's CPU times from /proc/stat (user .. steal, jiffies); None where unreadable."""
+    return _proc_stat().get("cpu")
 
 
 def steal_share(before, after):
@@ -134,17 +142,7 @@ def proc_cpu_share(before, after, wall_s):
 
 def steal_by_cpu():
     """Each CPU's steal and total jiffies from /proc/stat: {cpu: [steal, total]}."""
-    out = {}
-    try:
-        with open("/proc/stat") as f:
-            for line in f:
-                parts = line.split()
-                if parts and parts[0].startswith("cpu") and parts[0] != "cpu":
-                    v = [int(x) for x in parts[1:9]]
-                    out[int(parts[0][3:])] = [v[7], sum(v)]
-    except (OSError, ValueError):
-        return {}
-    return out
+    return {int(k[3:]): [v[7], sum(v)] for k, v in _proc_stat().items() if k != "cpu"}
 
 
 def stolen_cpus(before, after, least: float = 0.01):
