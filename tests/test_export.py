@@ -23,6 +23,7 @@ from datasets import load_from_disk
 from factories import LAYERS, ROOT, H, make_dataset, rows_manifest, stored_sample
 from safetensors.torch import load_file
 
+from hsdump.errors import Refusal
 from hsdump.store.reader import HsdumpDataset
 from hsdump.tools import export as ex
 
@@ -760,3 +761,13 @@ def test_export_writes_the_states_in_the_dtype_asked(kind, tmp_path):
     assert json.loads((b / "hsdump_export.json").read_text())["dtype"] == "float32"
     with pytest.raises(ex.ExportError, match="dtype: 'float32' -> None"):
         ex.export(str(ds), str(b), "specforge", kind=kind, progress=False)
+
+
+def test_a_record_promising_absent_samples_is_refused_before_anything_is_written(src, tmp_path):
+    index = json.loads((src / "index.json").read_text())
+    index["samples"]["777"] = "shard-00002.safetensors"  # the last shard lacks it
+    (src / "index.json").write_text(json.dumps(index))
+    dest = tmp_path / "d"
+    with pytest.raises(Refusal, match=r"samples it does not hold \(e.g. \[777\]\)"):
+        ex.export(str(src), str(dest), "speculators-v1", progress=False)
+    assert not dest.exists()

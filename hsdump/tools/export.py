@@ -322,6 +322,8 @@ def export(
             f"{fmt} needs the verifier's final state: pass --final-state "
             f"pre_norm, post_norm or {LAST_LAYER}"
         )
+    for name in ds.commits.names:  # a record promising samples its shard lacks: refused
+        ds.header(name)  # here, before anything is written (each header is read once)
     dest_p = Path(dest)
     state = {
         "tool": "hsdump export",
