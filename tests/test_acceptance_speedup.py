@@ -92,6 +92,29 @@ def test_speed_rows_cost_and_break_even(tmp_path):
     assert cost["greedy"]["margins_at_first_difference"]["under_0_1"] == 1
 
 
+def test_a_setting_with_the_collector_frozen_is_a_row_of_its_own(tmp_path):
+    """run-all's --serve-settings '3,1,4;3,1,4,gc': the second engine serves with --freeze-gc,
+    under its own name, and its rows say so; a malformed setting is refused before the run."""
+    from bench.acceptance.run_all import setting_item
+
+    d = tmp_path / "served"
+    assert setting_item("eagle3-default", "3,1,4", d) == (
+        "eagle3-default-s3-1-4", "EAGLE3", d, ["--spec", "3,1,4"])  # fmt: skip
+    assert setting_item("eagle3-default", "3,1,4,gc", d) == (
+        "eagle3-default-s3-1-4-gc", "EAGLE3", d, ["--spec", "3,1,4", "--freeze-gc"])  # fmt: skip
+    for bad in ("3,1", "3,1,4,xx", "a,1,4"):
+        with pytest.raises(SystemExit, match="STEPS,TOPK,TOKENS"):
+            setting_item("eagle3-default", bad, d)
+    _write(tmp_path)
+    frozen = json.loads((tmp_path / "serve-eagle3-default-s3-1-4.json").read_text())
+    frozen.update(name="eagle3-default-s3-1-4-gc", freeze_gc=True)
+    (tmp_path / "serve-eagle3-default-s3-1-4-gc.json").write_text(json.dumps(frozen))
+    rows = {(r["variant"], r["batch"]): r for r in speed_rows(tmp_path)["rows"]}
+    assert rows[("eagle3-default-s3-1-4-gc", 1)]["freeze_gc"] is True
+    assert rows[("eagle3-default-s3-1-4-gc", 1)]["steps"] == 3
+    assert "freeze_gc" not in rows[("eagle3-default-s3-1-4", 1)]
+
+
 def test_over_run_gives_each_stretch_of_the_full_length_prompts():
     """A round that slows down over the run shows stretch by stretch; the prompts that stopped
     short (their request's fixed cost spread over fewer rounds) are left out."""

@@ -168,7 +168,11 @@ def test_speed_by_turn_pairs_the_same_prompts():
     "main, argv, flags",
     [
         ("bench.acceptance.cli", ["run-all", "--help"], ["--serve-turns"]),
-        ("bench.acceptance.speculators.cli", ["serve", "--help"], ["--turns", "--turn-prompts"]),
+        (
+            "bench.acceptance.speculators.cli",
+            ["serve", "--help"],
+            ["--turns", "--turn-prompts", "--freeze-gc"],
+        ),
     ],
 )
 def test_the_turn_options_are_there(capsys, main, argv, flags):

@@ -345,7 +345,8 @@ def main(argv=None) -> int:
         "--serve-settings",
         default=None,
         help="EAGLE-3 served at each STEPS,TOPK,TOKENS of a ;-list, one engine each "
-        "(then `margins` and `speedup`)",
+        "(then `margins` and `speedup`); STEPS,TOPK,TOKENS,gc: that engine freezes Python's "
+        "collector after its warm-up (serve --freeze-gc), a row of its own",
     )
     p.add_argument(
         "--batch-sizes",

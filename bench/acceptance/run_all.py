@@ -74,6 +74,17 @@ SMOKE_SIZE = dict(new_tokens=64, batch1=1, limit=8, mem_fraction=0.95, kv_tokens
 SERVE_MEM_FRACTION = 0.5
 
 
+def setting_item(name: str, setting: str, drafter: Path) -> tuple:
+    """One --serve-settings entry, STEPS,TOPK,TOKENS or STEPS,TOPK,TOKENS,gc (the engine
+    freezes Python's collector after its warm-up), as a served row: (row name, algorithm,
+    drafter, serve's extra arguments)."""
+    f = setting.split(",")
+    if len(f) not in (3, 4) or not all(x.isdigit() for x in f[:3]) or f[3:] not in ([], ["gc"]):
+        raise SystemExit(f"--serve-settings {setting!r}: give STEPS,TOPK,TOKENS[,gc], e.g. 3,1,4")
+    gc = ["--freeze-gc"] if f[3:] else []
+    return (f"{name}-s{'-'.join(f)}", "EAGLE3", drafter, ["--spec", ",".join(f[:3]), *gc])
+
+
 def run_all(a) -> int:  # noqa: C901 - one pipeline, read top to bottom
     """The GPU run, resumable (each step is skipped when its output exists): build the
     target; capture every kind's layers once (regenerated answers) and once one layer off;
@@ -90,6 +101,9 @@ def run_all(a) -> int:  # noqa: C901 - one pipeline, read top to bottom
     ):
         raise SystemExit(f"run-all: --data {a.data} holds no heldout.jsonl: "
                          "python3 -m bench.acceptance.speculators prepare --out DIR writes it")  # fmt: skip
+    for x in (a.serve_settings or "").split(";"):  # a bad setting refused before the run
+        if x:
+            setting_item("eagle3-default", x, Path())
     w = Path(a.work).resolve()
     claim_work(w)
     a.work = str(w)
@@ -531,7 +545,7 @@ def run_all(a) -> int:  # noqa: C901 - one pipeline, read top to bottom
             if kind == "eagle3" and a.serve_settings:  # the drafter at each (steps, topk, tokens)
                 d = f"{kind}-default"
                 items = [("plain", None, None)] + [
-                    (f"{d}-s{x.replace(',', '-')}", "EAGLE3", w / "served" / d, ["--spec", x])
+                    setting_item(d, x, w / "served" / d)
                     for x in a.serve_settings.split(";") if d in names]  # fmt: skip
             n = a.engines_at_once
             for i in range(0, len(items), n):  # --mem-fraction each

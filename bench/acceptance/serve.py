@@ -217,6 +217,9 @@ def serve(a) -> int:
         # prompts ran slower than the next (plain 4-7 %, the drafter at 3, 1, 4 about 30 %)
         for p in prompts[-2:]:
             _gen(eng, [p], sp)
+        if getattr(a, "freeze_gc", False):  # the warm-up's objects out of the collector's way
+            eng.freeze_gc()
+            res["freeze_gc"] = True
         if a.ready:
             Path(a.ready).write_text("ready\n")
         turns = Turns(a.turns, a.name) if getattr(a, "turns", None) else None

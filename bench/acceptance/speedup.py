@@ -28,7 +28,7 @@ TARGETS = {
     "hsdump's qwen2.5-coder:1.5b-instruct, bf16 from its Q4_K/Q6_K GGUF)"
 }
 SETTING = re.compile(
-    r"serve-(?P<name>.+-s(?P<steps>\d+)-(?P<topk>\d+)-(?P<tokens>\d+))\.json(\.gz)?$"
+    r"serve-(?P<name>.+-s(?P<steps>\d+)-(?P<topk>\d+)-(?P<tokens>\d+)(?P<gc>-gc)?)\.json(\.gz)?$"
 )
 
 
@@ -204,6 +204,8 @@ def speed_rows(res: Path) -> dict:
         row = load(f)
         steps, topk, tokens = (int(m[k]) for k in ("steps", "topk", "tokens"))
         spec = dict(steps=steps, topk=topk, draft_tokens=tokens)
+        if m["gc"]:  # served with --freeze-gc (run-all's STEPS,TOPK,TOKENS,gc)
+            spec["freeze_gc"] = bool(row.get("freeze_gc"))
         b1 = row["batch1"]
         ver = sum(p[1] for p in b1.get("per_prompt") or []) or None
         round_s = b1["wall_s"] / ver if ver else None

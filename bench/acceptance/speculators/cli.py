@@ -78,6 +78,12 @@ def main(argv=None) -> int:
         "between groups",
     )
     p.add_argument("--eager", action="store_true", help="no CUDA graphs")
+    p.add_argument(
+        "--freeze-gc",
+        action="store_true",
+        help="after the warm-up, SGLang's Engine.freeze_gc(): the scheduler's objects so far "
+        "leave Python's collector (a suspect for a speculative round that grows dearer)",
+    )
     p.add_argument("--spec", help="EAGLE-3's STEPS,TOPK,DRAFT_TOKENS (default 3,1,4)")
     p.add_argument("--batch-sizes", type=lambda s: [int(x) for x in s.split(",") if x],
                    default=[], help="also serve the prompts B at a time, for each B")  # fmt: skip
