@@ -768,6 +768,6 @@ def test_a_record_promising_absent_samples_is_refused_before_anything_is_written
     index["samples"]["777"] = "shard-00002.safetensors"  # the last shard lacks it
     (src / "index.json").write_text(json.dumps(index))
     dest = tmp_path / "d"
-    with pytest.raises(Refusal, match=r"samples it does not hold \(e.g. \[777\]\)"):
+    with pytest.raises(Refusal, match=r"lists 1 sample it does not hold \(e.g. \[777\]\)"):
         ex.export(str(src), str(dest), "speculators-v1", progress=False)
     assert not dest.exists()

@@ -164,7 +164,7 @@ class HsdumpDataset(torch.utils.data.Dataset):
                 self.path,
                 shard,
                 f"its commit record lists {len(missing):,} "
-                f"samples it does not hold (e.g. "
+                f"sample{'s' * (len(missing) != 1)} it does not hold (e.g. "
                 f"{missing[:5]})",
             )
 
