@@ -152,6 +152,7 @@ def test_speedup_json_names_target_gpu_and_best(tmp_path):
         "speedup-qwen-coder-1.5b-0517",
         "speedup-qwen-coder-1.5b-0517-h200",
         "speedup-qwen-coder-1.5b-0517-h100-alone",
+        "speedup-qwen-coder-1.5b-0517-turns-gc",
     ],
 )
 def test_recorded_run_is_its_serve_files(tmp_path, run):
